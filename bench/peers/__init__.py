@@ -1,0 +1,1 @@
+"""Third-party quantized linear layers used as benchmark peers for qlinear."""

@@ -1,0 +1,312 @@
+// The private extension module qlinear._core: validation of arrays at the boundary, GIL release
+// around compute, and nothing else. The public API lives in python/qlinear.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "qlinear/cpu.h"
+#include "qlinear/kernels.h"
+#include "qlinear/layout.h"
+#include "qlinear/matmul.h"
+#include "qlinear/pack.h"
+#include "qlinear/threadpool.h"
+
+namespace py = pybind11;
+using namespace qlinear;
+
+namespace {
+
+constexpr int kNpyHalf = 23, kNpyFloat = 11;
+
+// A packed weight: its geometry and a read-only view of the bytes, kept alive (an mmap cannot be
+// closed while a PackedWeight uses it).
+class PackedWeightHandle {
+ public:
+  PackedWeightHandle(const WeightGeometry& g, py::buffer owner) : geom_(g), owner_(owner) {
+    view_ = std::make_unique<py::buffer_info>(owner.request());
+    if (view_->size * view_->itemsize != g.total_bytes)
+      throw std::invalid_argument("packed buffer holds " + std::to_string(view_->size * view_->itemsize) +
+                                  " bytes, the geometry needs " + std::to_string(g.total_bytes));
+    if (!PyBuffer_IsContiguous(view_->view(), 'C'))
+      throw std::invalid_argument("packed buffer must be contiguous");
+    data_ = static_cast<const uint8_t*>(view_->ptr);
+  }
+  const WeightGeometry& geom() const { return geom_; }
+  const uint8_t* data() const { return data_; }
+  py::object owner() const { return owner_; }
+
+ private:
+  WeightGeometry geom_;
+  py::object owner_;
+  std::unique_ptr<py::buffer_info> view_;
+  const uint8_t* data_ = nullptr;
+};
+
+LayoutId layout_by_name(const std::string& name) {
+  const LayoutInfo* info = find_layout(name);
+  if (info == nullptr) throw std::invalid_argument("unknown packed layout '" + name + "'");
+  return info->id;
+}
+
+int dtype_num(const py::array& a) { return a.dtype().num(); }
+
+std::string dtype_str(const py::array& a) { return py::str(a.dtype()).cast<std::string>(); }
+
+// Activations: float32 or float16, [K] or [M, K], unit inner stride (else copied).
+struct ActView {
+  py::array arr;  // holds a copy if one was needed
+  DType dtype;
+  int64_t m, k, ldx;
+  bool vector;
+};
+
+ActView view_activations(py::array x, int64_t k_expected, const char* what) {
+  const int num = dtype_num(x);
+  if (num != kNpyFloat && num != kNpyHalf)
+    throw py::type_error(std::string(what) + " must be float32 or float16, got " + dtype_str(x));
+  if (x.ndim() != 1 && x.ndim() != 2)
+    throw py::value_error(std::string(what) + " must have shape [K] or [M, K], got " +
+                          std::to_string(x.ndim()) + " dimensions");
+  const int64_t item = x.itemsize();
+  const bool vector = x.ndim() == 1;
+  const int64_t k = x.shape(x.ndim() - 1), m = vector ? 1 : x.shape(0);
+  if (k_expected >= 0 && k != k_expected)
+    throw py::value_error(std::string(what) + " has K = " + std::to_string(k) +
+                          " but the weight has K = " + std::to_string(k_expected));
+  if (k == 0) throw py::value_error(std::string(what) + " has K = 0");
+  bool ok = x.strides(x.ndim() - 1) == item || k == 1;
+  if (!vector) ok = ok && x.strides(0) >= 0 && x.strides(0) % item == 0;
+  if (!ok) x = py::array::ensure(x, py::array::c_style);
+  const int64_t ldx = vector || m == 1 ? k : x.strides(0) / item;
+  return {x, num == kNpyFloat ? DType::f32 : DType::f16, m, k, std::max<int64_t>(ldx, 1), vector};
+}
+
+thread_local std::vector<float> tl_y32, tl_bias32;
+
+py::array py_matmul_int8(py::array x_in, const PackedWeightHandle& w, py::object bias_in,
+                      py::object out_in, int64_t act_block) {
+  const WeightGeometry& g = w.geom();
+  ActView x = view_activations(x_in, g.k, "x");
+  if (act_block <= 0) throw py::value_error("act_block must be positive");
+  if (act_block < g.k && act_block % g.block != 0)
+    throw py::value_error("act_block must be None (per row) or a multiple of the weight's group size " +
+                          std::to_string(g.block) + ", got " + std::to_string(act_block));
+  const float* bias = nullptr;
+  if (!bias_in.is_none()) {
+    py::array b = py::array::ensure(bias_in);
+    if (!b || (dtype_num(b) != kNpyFloat && dtype_num(b) != kNpyHalf))
+      throw py::type_error("bias must be a float32 or float16 array");
+    if (b.ndim() != 1 || b.shape(0) != g.n)
+      throw py::value_error("bias must have shape [" + std::to_string(g.n) + "]");
+    auto b32 = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(b);
+    tl_bias32.assign(b32.data(), b32.data() + g.n);
+    bias = tl_bias32.data();
+  }
+  std::vector<py::ssize_t> shape = x.vector ? std::vector<py::ssize_t>{g.n}
+                                            : std::vector<py::ssize_t>{x.m, g.n};
+  py::array out;
+  if (out_in.is_none()) {
+    out = py::array(x.arr.dtype(), shape);
+  } else {
+    if (!py::isinstance<py::array>(out_in)) throw py::type_error("out must be a numpy array");
+    out = out_in.cast<py::array>();
+    if (!out.dtype().is(x.arr.dtype()))
+      throw py::type_error("out must have the dtype of x (" + dtype_str(x.arr) + "), got " + dtype_str(out));
+    bool shape_ok = out.ndim() == static_cast<py::ssize_t>(shape.size());
+    for (size_t i = 0; shape_ok && i < shape.size(); ++i) shape_ok = out.shape(i) == shape[i];
+    if (!shape_ok) throw py::value_error("out has the wrong shape");
+    if (!(out.flags() & py::array::c_style) || !out.writeable())
+      throw py::value_error("out must be C-contiguous and writeable");
+  }
+  MatmulRequest req{&g, w.data(), x.arr.data(), x.dtype, x.m, x.ldx, act_block, bias, nullptr, g.n};
+  if (x.dtype == DType::f32) {
+    req.y = static_cast<float*>(out.mutable_data());
+    py::gil_scoped_release release;
+    matmul_int8(req);
+  } else {
+    auto* y16 = static_cast<uint16_t*>(out.mutable_data());
+    py::gil_scoped_release release;
+    tl_y32.resize(static_cast<size_t>(x.m * g.n));
+    req.y = tl_y32.data();
+    matmul_int8(req);
+    for (size_t i = 0; i < tl_y32.size(); ++i) y16[i] = float_to_half(tl_y32[i]);
+  }
+  return out;
+}
+
+py::tuple quantize_activation(py::array x_in, int64_t block) {
+  ActView x = view_activations(x_in, -1, "x");
+  if (block <= 0) throw py::value_error("block must be positive");
+  const int64_t nb = ceil_div(x.k, block);
+  const int64_t kpad = nb * block;
+  std::vector<int8_t> q(static_cast<size_t>(x.m * kpad));
+  py::array_t<float> scale({x.m, nb});
+  py::array_t<int32_t> sums({x.m, nb});
+  {
+    py::gil_scoped_release release;
+    quantize_activations(x.arr.data(), x.dtype, x.m, x.ldx, x.k, block, block, q.data(), kpad,
+                         scale.mutable_data(), sums.mutable_data());
+  }
+  py::array_t<int8_t> xq({x.m, x.k});
+  for (int64_t i = 0; i < x.m; ++i)
+    std::memcpy(xq.mutable_data(i, 0), q.data() + i * kpad, static_cast<size_t>(x.k));
+  return py::make_tuple(xq, scale, sums);
+}
+
+py::array_t<float> as_f32_matrix(py::array w) {
+  if (w.ndim() != 2) throw py::value_error("weight must have shape [N, K], got " + std::to_string(w.ndim()) + " dimensions");
+  const int num = dtype_num(w);
+  if (num != kNpyFloat && num != kNpyHalf && num != 12 /* float64 */)
+    throw py::type_error("weight must be float32, float16 or float64, got " + dtype_str(w));
+  return py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(w);
+}
+
+PackedWeightHandle quantize_and_pack(py::array w_in, int bits, int64_t group_size, bool symmetric,
+                                     const std::string& layout) {
+  py::array_t<float> w = as_f32_matrix(w_in);
+  const WeightGeometry g = make_geometry(w.shape(0), w.shape(1), bits, group_size, symmetric,
+                                         layout.empty() ? family_layout() : layout_by_name(layout));
+  py::array_t<uint8_t> packed(g.total_bytes);
+  {
+    py::gil_scoped_release release;
+    std::vector<uint8_t> codes(static_cast<size_t>(g.n * g.k));
+    std::vector<uint16_t> scale(static_cast<size_t>(g.n * g.ngroups)), offset(scale.size());
+    const QuantizedWeight q{codes.data(), scale.data(), offset.data()};
+    quantize_weight(g, w.data(), g.k, q);
+    pack_weight(g, q, packed.mutable_data());
+  }
+  return PackedWeightHandle(g, packed);
+}
+
+// A C-contiguous array of the given dtype and shape (copied only if not contiguous).
+py::array expect(py::array a, const char* name, int num, std::vector<int64_t> shape) {
+  if (dtype_num(a) != num) throw py::type_error(std::string(name) + " has dtype " + dtype_str(a));
+  bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = a.shape(i) == shape[i];
+  if (!ok) throw py::value_error(std::string(name) + " has the wrong shape");
+  return py::array::ensure(a, py::array::c_style);
+}
+
+// Packs already-quantized codes (stored form) and fp16 scales / offsets: no rounding happens.
+PackedWeightHandle pack_quantized(py::array codes_in, py::array scale_in, py::object offset_in,
+                                  int bits, int64_t group_size, bool symmetric, const std::string& layout) {
+  if (codes_in.ndim() != 2) throw py::value_error("codes must have shape [N, K]");
+  const WeightGeometry g = make_geometry(codes_in.shape(0), codes_in.shape(1), bits, group_size, symmetric,
+                                         layout.empty() ? family_layout() : layout_by_name(layout));
+  py::array codes = expect(codes_in, "codes", 2 /* uint8 */, {g.n, g.k});
+  py::array scale = expect(scale_in, "scale (float16)", kNpyHalf, {g.n, g.ngroups});
+  std::vector<uint16_t> zeros;
+  py::array offset;
+  if (symmetric) {
+    zeros.assign(static_cast<size_t>(g.n * g.ngroups), 0);
+  } else {
+    if (offset_in.is_none()) throw py::value_error("asymmetric weights need offsets");
+    offset = expect(py::array::ensure(offset_in), "offset (float16)", kNpyHalf, {g.n, g.ngroups});
+  }
+  const int qmax = bits == 4 ? 15 : 255;
+  const auto* c = static_cast<const uint8_t*>(codes.data());
+  for (int64_t i = 0; i < g.n * g.k; ++i)
+    if (c[i] > qmax) throw py::value_error("codes exceed " + std::to_string(qmax) + " for " + std::to_string(bits) + "-bit weights");
+  py::array_t<uint8_t> packed(g.total_bytes);
+  const QuantizedWeight q{const_cast<uint8_t*>(c), static_cast<uint16_t*>(const_cast<void*>(scale.data())),
+                          symmetric ? zeros.data() : static_cast<uint16_t*>(const_cast<void*>(offset.data()))};
+  {
+    py::gil_scoped_release release;
+    pack_weight(g, q, packed.mutable_data());
+  }
+  return PackedWeightHandle(g, packed);
+}
+
+py::tuple unpack(const PackedWeightHandle& w) {
+  const WeightGeometry& g = w.geom();
+  py::array_t<uint8_t> codes({g.n, g.k});
+  py::array scale(py::dtype("float16"), {g.n, g.ngroups});
+  py::array offset(py::dtype("float16"), {g.n, g.ngroups});
+  const QuantizedWeight q{codes.mutable_data(), static_cast<uint16_t*>(scale.mutable_data()),
+                          static_cast<uint16_t*>(offset.mutable_data())};
+  {
+    py::gil_scoped_release release;
+    unpack_weight(g, w.data(), q);
+  }
+  return py::make_tuple(codes, scale, g.symmetric ? py::object(py::none()) : py::object(offset));
+}
+
+py::dict kernel_info(const PackedWeightHandle& w) {
+  const WeightGeometry& g = w.geom();
+  const KernelTable& kt = kernels_for_weight(g);
+  const int idx = g.bits == 8 ? 1 : 0;
+  py::dict d;
+  d["isa"] = isa_name(kt.isa);
+  d["layout"] = layout_info(g.layout).name;
+  d["quantize_acts"] = kt.quantize_acts_name;
+  d["gemv"] = kt.gemv_name[idx];
+  d["gemm"] = kt.gemm_name[idx];
+  return d;
+}
+
+py::dict cpu_info() {
+  const CpuFeatures& f = cpu_features();
+  py::dict d;
+  d["arch"] = f.arch;
+  d["features"] = f.flags;
+  d["best_isa"] = isa_name(f.best);
+  d["active_isa"] = isa_name(active_kernels().isa);
+  std::vector<std::string> levels;
+  for (Isa isa : available_isas()) levels.emplace_back(isa_name(isa));
+  d["available_isas"] = levels;
+  d["physical_cores"] = f.physical_cores;
+  d["layout"] = layout_info(family_layout()).name;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "qlinear's compiled core (private: use the qlinear package)";
+  active_kernels();  // fail at import, not at the first call, on a bad QLINEAR_ISA
+
+  py::class_<PackedWeightHandle>(m, "PackedWeightHandle")
+      .def(py::init([](py::buffer buf, int64_t n, int64_t k, int bits, int64_t group_size,
+                       bool symmetric, const std::string& layout) {
+             return PackedWeightHandle(make_geometry(n, k, bits, group_size, symmetric, layout_by_name(layout)), buf);
+           }),
+           py::arg("buffer"), py::arg("n"), py::arg("k"), py::arg("bits"), py::arg("group_size"),
+           py::arg("symmetric"), py::arg("layout"))
+      .def_property_readonly("n", [](const PackedWeightHandle& w) { return w.geom().n; })
+      .def_property_readonly("k", [](const PackedWeightHandle& w) { return w.geom().k; })
+      .def_property_readonly("bits", [](const PackedWeightHandle& w) { return w.geom().bits; })
+      .def_property_readonly("group_size", [](const PackedWeightHandle& w) { return w.geom().group_size; })
+      .def_property_readonly("block", [](const PackedWeightHandle& w) { return w.geom().block; })
+      .def_property_readonly("symmetric", [](const PackedWeightHandle& w) { return w.geom().symmetric; })
+      .def_property_readonly("layout", [](const PackedWeightHandle& w) { return std::string(layout_info(w.geom().layout).name); })
+      .def_property_readonly("nbytes", [](const PackedWeightHandle& w) { return w.geom().total_bytes; })
+      .def_property_readonly("buffer", &PackedWeightHandle::owner);
+
+  m.def("quantize_and_pack", &quantize_and_pack, py::arg("w"), py::arg("bits"), py::arg("group_size"),
+        py::arg("symmetric"), py::arg("layout") = "");
+  m.def("pack_quantized", &pack_quantized, py::arg("codes"), py::arg("scale"), py::arg("offset"),
+        py::arg("bits"), py::arg("group_size"), py::arg("symmetric"), py::arg("layout") = "");
+  m.def("unpack", &unpack);
+  m.def("matmul_int8", &py_matmul_int8, py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("out"),
+        py::arg("act_block"));
+  m.def("quantize_activation", &quantize_activation, py::arg("x"), py::arg("block"));
+  m.def("kernel_info", &kernel_info);
+  m.def("cpu_info", &cpu_info);
+  m.def("set_num_threads", [](int n) {
+    if (n < 1) throw py::value_error("number of threads must be >= 1, got " + std::to_string(n));
+    py::gil_scoped_release release;
+    ThreadPool::global().set_num_threads(n);
+  });
+  m.def("get_num_threads", [] { return ThreadPool::global().num_threads(); });
+  m.def("set_isa", [](const std::string& name) {
+    Isa isa;
+    if (!parse_isa(name, &isa)) throw py::value_error("unknown ISA level '" + name + "'");
+    if (!set_active_isa(isa)) throw py::value_error("ISA level '" + name + "' is not supported by this CPU");
+  });
+  m.def("family_layout", [] { return std::string(layout_info(family_layout()).name); });
+}

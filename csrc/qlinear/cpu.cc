@@ -1,0 +1,133 @@
+#include "cpu.h"
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <thread>
+#include <utility>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define QLINEAR_X86 1
+#include <cpuid.h>
+#endif
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
+namespace qlinear {
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::scalar: return "scalar";
+    case Isa::avx2: return "avx2";
+    case Isa::neon: return "neon";
+  }
+  return "unknown";
+}
+
+bool parse_isa(const std::string& name, Isa* out) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::neon}) {
+    if (name == isa_name(isa)) { *out = isa; return true; }
+  }
+  return false;
+}
+
+namespace {
+
+#ifdef QLINEAR_X86
+void detect_x86(CpuFeatures& f) {
+  f.arch = "x86_64";
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+  const bool osxsave = c & (1u << 27);
+  const bool fma = c & (1u << 12), f16c = c & (1u << 29), avx = c & (1u << 28);
+  unsigned long long xcr0 = 0;
+  if (osxsave) {
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    xcr0 = (static_cast<unsigned long long>(hi) << 32) | lo;
+  }
+  const bool ymm_state = (xcr0 & 0x6) == 0x6;              // SSE + AVX state enabled by the OS
+  const bool zmm_state = (xcr0 & 0xE6) == 0xE6;            // + opmask, ZMM_Hi256, Hi16_ZMM
+  const bool tile_state = (xcr0 & 0x60000) == 0x60000;     // AMX TILECFG + TILEDATA
+  unsigned b7 = 0, c7 = 0, d7 = 0, a71 = 0;
+  if (__get_cpuid_max(0, nullptr) >= 7) {
+    __cpuid_count(7, 0, a, b7, c7, d7);
+    unsigned t1, t2, t3;
+    __cpuid_count(7, 1, a71, t1, t2, t3);
+  }
+  auto add = [&](bool cond, const char* name) { if (cond) f.flags.emplace_back(name); };
+  add(avx && ymm_state, "avx");
+  add((b7 & (1u << 5)) && ymm_state, "avx2");
+  add(fma && ymm_state, "fma");
+  add(f16c && ymm_state, "f16c");
+  add((a71 & (1u << 4)) && ymm_state, "avxvnni");
+  add((b7 & (1u << 16)) && zmm_state, "avx512f");
+  add((b7 & (1u << 30)) && zmm_state, "avx512bw");
+  add((b7 & (1u << 31)) && zmm_state, "avx512vl");
+  add((c7 & (1u << 11)) && zmm_state, "avx512vnni");
+  add((d7 & (1u << 25)) && tile_state, "amx-int8");
+  add((d7 & (1u << 24)) && tile_state, "amx-tile");
+  const auto has = [&](const char* n) {
+    return std::find(f.flags.begin(), f.flags.end(), n) != f.flags.end();
+  };
+  if (has("avx2") && has("fma") && has("f16c")) f.best = Isa::avx2;
+}
+#endif
+
+// Physical cores this process may run on: distinct (package, core) pairs in the affinity mask.
+int count_physical_cores() {
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    std::set<std::pair<int, int>> cores;
+    int logical = 0;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (!CPU_ISSET(cpu, &set)) continue;
+      ++logical;
+      const std::string base = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+      int pkg = -1, core = -1;
+      std::ifstream(base + "physical_package_id") >> pkg;
+      std::ifstream(base + "core_id") >> core;
+      cores.emplace(pkg, core < 0 ? cpu : core);
+    }
+    if (!cores.empty()) return static_cast<int>(cores.size());
+    if (logical > 0) return logical;
+  }
+#endif
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+CpuFeatures detect() {
+  CpuFeatures f;
+  f.arch = "unknown";
+#ifdef QLINEAR_X86
+  detect_x86(f);
+#endif
+  f.physical_cores = count_physical_cores();
+  return f;
+}
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures features = detect();
+  return features;
+}
+
+bool cpu_supports(Isa isa) {
+  const Isa best = cpu_features().best;
+  if (isa == Isa::scalar) return true;
+  // Levels of another family are never supported.
+  const int family = static_cast<int>(isa) / 10, best_family = static_cast<int>(best) / 10;
+  return family == best_family && static_cast<int>(isa) <= static_cast<int>(best);
+}
+
+std::vector<Isa> available_isas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::neon})
+    if (cpu_supports(isa)) out.push_back(isa);
+  return out;
+}
+
+}  // namespace qlinear

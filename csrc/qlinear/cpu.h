@@ -1,0 +1,35 @@
+// CPU feature detection (cpuid/xgetbv on x86, getauxval on Linux/Android ARM) and the ISA
+// levels kernels are built for. QLINEAR_ISA=<level> caps the level, so that every level can be
+// exercised on one machine.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace qlinear {
+
+// Ordered within a family: a higher level implies the lower ones.
+enum class Isa : int {
+  scalar = 0,
+  // x86-64
+  avx2 = 10,        // AVX2 + FMA + F16C
+  // aarch64 (kernels to come)
+  neon = 20,
+};
+
+const char* isa_name(Isa isa);
+bool parse_isa(const std::string& name, Isa* out);
+
+struct CpuFeatures {
+  std::string arch;                  // "x86_64", "aarch64" or "unknown"
+  std::vector<std::string> flags;    // detected features, e.g. "avx2", "fma", "f16c", "avx512f"
+  Isa best = Isa::scalar;            // best level with kernels in this build
+  int physical_cores = 1;
+};
+
+const CpuFeatures& cpu_features();
+bool cpu_supports(Isa isa);
+// Levels usable on this machine, lowest first (scalar always included).
+std::vector<Isa> available_isas();
+
+}  // namespace qlinear

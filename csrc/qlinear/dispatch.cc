@@ -1,0 +1,55 @@
+// Picks the kernel table once: the best level this CPU supports, capped by QLINEAR_ISA.
+#include <atomic>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "kernels.h"
+
+namespace qlinear {
+
+const KernelTable& kernels_for(Isa isa) {
+  switch (isa) {
+#if defined(__x86_64__) || defined(_M_X64)
+    case Isa::avx2: return avx2_kernels();
+#endif
+    default: return scalar_kernels();
+  }
+}
+
+namespace {
+
+// The highest supported level <= cap (within the CPU's family), or scalar.
+Isa capped_level(Isa cap) {
+  Isa best = Isa::scalar;
+  for (Isa isa : available_isas())
+    if (static_cast<int>(isa) <= static_cast<int>(cap)) best = isa;
+  return best;
+}
+
+Isa initial_level() {
+  const char* env = std::getenv("QLINEAR_ISA");
+  if (env == nullptr || *env == '\0') return cpu_features().best;
+  Isa cap;
+  if (!parse_isa(env, &cap))
+    throw std::invalid_argument(std::string("QLINEAR_ISA=") + env +
+                                " is not a known level (scalar, avx2, neon)");
+  return capped_level(cap);
+}
+
+std::atomic<const KernelTable*>& active() {
+  static std::atomic<const KernelTable*> table{&kernels_for(initial_level())};
+  return table;
+}
+
+}  // namespace
+
+const KernelTable& active_kernels() { return *active().load(std::memory_order_acquire); }
+
+bool set_active_isa(Isa isa) {
+  if (!cpu_supports(isa)) return false;
+  active().store(&kernels_for(isa), std::memory_order_release);
+  return true;
+}
+
+}  // namespace qlinear

@@ -1,0 +1,67 @@
+// The kernel interface. Every ISA level provides the same small set of stateless functions over
+// the packed layouts of layout.h; a KernelTable collects one level's functions, and dispatch
+// picks a table once (capped by QLINEAR_ISA). Kernels never allocate and never spawn threads:
+// the driver (matmul.cc) tiles the work and hands each thread a range.
+#pragma once
+
+#include <cstdint>
+
+#include "common.h"
+#include "cpu.h"
+#include "layout.h"
+
+namespace qlinear {
+
+// Activations after dynamic quantization: int8 codes zero-padded to the weight's padded K,
+// and for every (row, storage block) the activation scale and the sum of the codes.
+struct QuantizedActs {
+  const int8_t* q = nullptr;     // [m, ldq]
+  int64_t ldq = 0;
+  const float* scale = nullptr;  // [m, nblocks]: s_x of the activation block holding the block
+  const int32_t* sum = nullptr;  // [m, nblocks]: sum of q over the storage block
+};
+
+// Quantizes rows [m0, m1) of x (row stride ldx elements, K = k) with absmax scales per
+// `act_block` consecutive k (act_block >= k: per row; else a multiple of `block`).
+// Writes q [.., ldq] (zero past k up to nblocks*block), scale and sum [.., nblocks].
+struct ActQuantArgs {
+  const void* x; DType dtype; int64_t ldx;
+  int64_t k, block, nblocks, act_block;
+  int8_t* q; int64_t ldq; float* scale; int32_t* sum;
+};
+using QuantizeActsFn = void (*)(const ActQuantArgs& a, int64_t m0, int64_t m1);
+
+// y[m, n] = sum_blocks s_x * scale * (acc - zp * sum) (+ s_x * offset * sum) + bias[n]
+// for rows [m0, m1) of the activations and panels [p0, p1) of the weight.
+struct Int8MatmulArgs {
+  const WeightGeometry* w; const uint8_t* packed;
+  QuantizedActs act;
+  const float* bias;             // [N] or nullptr
+  float* y; int64_t ldy;         // [m, ldy]
+};
+using Int8MatmulFn = void (*)(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1);
+
+struct KernelTable {
+  Isa isa;
+  QuantizeActsFn quantize_acts; const char* quantize_acts_name;
+  // Indexed by bits == 8: [0] int4 weights, [1] int8 weights. GEMV runs M == 1, GEMM M > 1;
+  // each level picks them independently.
+  Int8MatmulFn gemv[2]; const char* gemv_name[2];
+  Int8MatmulFn gemm[2]; const char* gemm_name[2];
+  LayoutId layout;  // the layout these kernels read
+};
+
+// One table per level, defined in kernels/<level>.cc.
+const KernelTable& scalar_kernels();
+#if defined(__x86_64__) || defined(_M_X64)
+const KernelTable& avx2_kernels();
+#endif
+
+// The table in use: the best level of this CPU, capped by QLINEAR_ISA at start-up.
+const KernelTable& active_kernels();
+// The table of a given level (must be supported: see cpu_supports).
+const KernelTable& kernels_for(Isa isa);
+// Switches the active level at run time (for tests and A/B benchmarks); false if unsupported.
+bool set_active_isa(Isa isa);
+
+}  // namespace qlinear

@@ -1,0 +1,99 @@
+// Scalar twins of every kernel: the fallback on CPUs without SIMD support and the oracle the
+// SIMD kernels are tested against. They read any layout through layout_access.h and follow
+// DESIGN section 1 literally.
+#include <cmath>
+
+#include "../kernels.h"
+#include "../layout_access.h"
+
+namespace qlinear {
+namespace {
+
+inline float load_x(const void* x, DType dt, int64_t i) {
+  return dt == DType::f32 ? static_cast<const float*>(x)[i]
+                          : half_to_float(static_cast<const uint16_t*>(x)[i]);
+}
+
+void quantize_acts(const ActQuantArgs& a, int64_t m0, int64_t m1) {
+  const int64_t kpad = a.nblocks * a.block;
+  const int64_t act_block = a.act_block >= a.k ? kpad : a.act_block;
+  for (int64_t m = m0; m < m1; ++m) {
+    const int64_t row = m * a.ldx;
+    int8_t* q = a.q + m * a.ldq;
+    for (int64_t a0 = 0; a0 < kpad; a0 += act_block) {
+      const int64_t a1 = std::min(a0 + act_block, a.k);
+      float absmax = 0.f;
+      bool finite = true;
+      for (int64_t i = a0; i < a1; ++i) {
+        const float v = load_x(a.x, a.dtype, row + i);
+        finite &= std::isfinite(v);
+        absmax = std::max(absmax, std::fabs(v));
+      }
+      float s = absmax / 127.f;
+      if (!finite) s = NAN;  // the block's outputs become NaN
+      const bool zero = !finite || s == 0.f;
+      for (int64_t i = a0; i < a1; ++i) {
+        const float v = zero ? 0.f : std::nearbyint(load_x(a.x, a.dtype, row + i) / s);
+        q[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
+      }
+      for (int64_t i = std::max(a1, a0); i < std::min(a0 + act_block, kpad); ++i) q[i] = 0;
+      for (int64_t b = a0 / a.block; b < std::min(a0 + act_block, kpad) / a.block; ++b)
+        a.scale[m * a.nblocks + b] = s;
+    }
+    for (int64_t b = 0; b < a.nblocks; ++b) {
+      int32_t sum = 0;
+      for (int64_t i = b * a.block; i < (b + 1) * a.block; ++i) sum += q[i];
+      a.sum[m * a.nblocks + b] = sum;
+    }
+  }
+}
+
+// One kernel for int4 and int8 weights and any layout: the integer core per (row, block), then
+// the float epilogue of DESIGN section 1.
+void int8_matmul(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  const WeightGeometry& w = *a.w;
+  const int zp = w.zero_point();
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = a.packed + p * w.panel_bytes;
+    const int rows = static_cast<int>(std::min<int64_t>(w.nr, w.n - p * w.nr));
+    for (int64_t m = m0; m < m1; ++m) {
+      const int8_t* xq = a.act.q + m * a.act.ldq;
+      for (int r = 0; r < rows; ++r) {
+        float y = 0.f;
+        for (int64_t b = 0; b < w.nblocks; ++b) {
+          const uint8_t* block = panel + b * w.block_bytes;
+          int32_t acc = 0;
+          for (int64_t kk = 0; kk < w.block; ++kk)
+            acc += int32_t(xq[b * w.block + kk]) * read_code(block, w.bits, w.nr, w.kr, r, kk);
+          const auto* scales = reinterpret_cast<const uint16_t*>(block + w.code_bytes);
+          const float sx = a.act.scale[m * w.nblocks + b];
+          const int32_t xsum = a.act.sum[m * w.nblocks + b];
+          const float scale = half_to_float(scales[r]);
+          if (w.symmetric) {
+            y += (sx * scale) * float(acc - zp * xsum);
+          } else {
+            const float offset = half_to_float(scales[w.nr + r]);
+            y += (sx * scale) * float(acc) + (sx * float(xsum)) * offset;
+          }
+        }
+        const int64_t n = p * w.nr + r;
+        a.y[m * a.ldy + n] = a.bias ? y + a.bias[n] : y;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+const KernelTable& scalar_kernels() {
+  static const KernelTable table = {
+      Isa::scalar,
+      quantize_acts, "quantize_acts_absmax_scalar",
+      {int8_matmul, int8_matmul}, {"gemv_w4a8_scalar", "gemv_w8a8_scalar"},
+      {int8_matmul, int8_matmul}, {"gemm_w4a8_scalar", "gemm_w8a8_scalar"},
+      family_layout(),  // reads any layout; packs for the SIMD family of this build
+  };
+  return table;
+}
+
+}  // namespace qlinear

@@ -1,0 +1,79 @@
+// Packed weight layouts: how quantized weight codes, scales and offsets sit in memory.
+//
+// A packed weight is a sequence of *panels*; a panel holds `nr` consecutive output rows (n) over
+// the whole K range, so a kernel streams one panel front to back. A panel is a sequence of
+// *blocks*, one per `block` consecutive k (the storage block: the weight group, or 256 for
+// per-channel weights, whose scale then repeats in every block so that int32 sums stay short):
+//
+//   block := codes[nr * block * bits / 8] | scale fp16[nr] | offset fp16[nr] (asymmetric only)
+//
+// Codes are unsigned: asymmetric weights store q (0..15 / 0..255) and dequantize to
+// offset + scale * q; symmetric weights store q + zero_point (8 / 128) and dequantize to
+// scale * (code - zero_point), the offset being implied (-zero_point * scale, never stored).
+//
+// Inside a block's codes, k advances in *chunks*; a chunk is one SIMD register of nr x kr bytes:
+//   int8 : chunk c holds k = c*kr .. c*kr+kr-1;      byte r*kr + i = code[r][c*kr + i]
+//   int4 : chunk c holds k = c*2kr .. c*2kr+2kr-1;   byte r*kr + i = code[r][c*2kr + i]        (low nibble)
+//                                                                  | code[r][c*2kr + kr + i] << 4 (high nibble)
+// so one byte-wise AND / shift splits an int4 chunk into two int8 chunks, and every 4-byte lane
+// of a chunk is one output row times kr consecutive k: the operand shape of x86 VPMADDUBSW +
+// VPMADDWD and of VPDPBUSD (u8 weights x s8 activations, kr = 4), with the activations
+// broadcast 4 bytes at a time. Rows past N and k past K are zero codes with zero scales.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common.h"
+
+namespace qlinear {
+
+enum class LayoutId : uint8_t {
+  x86_nr8_kr4 = 1,  // AVX2 / AVX-VNNI / AVX512-VNNI family: 8 rows x 4 k per 32-byte chunk
+};
+
+struct LayoutInfo {
+  LayoutId id;
+  const char* name;
+  int nr;  // output rows per panel
+  int kr;  // consecutive k of one row in a chunk
+};
+
+const LayoutInfo& layout_info(LayoutId id);
+// Looks a layout up by name; returns nullptr if unknown.
+const LayoutInfo* find_layout(const std::string& name);
+// The layout of this build's SIMD family (x86 or ARM): what pack_weight produces, so that every
+// level of the family, scalar included, runs the same packed weight.
+LayoutId family_layout();
+
+// Storage block for a semantic group size: the group itself (32..256, multiples of 32), or
+// min(round_up(K, 32), 256) for per-channel weights (group_size >= K).
+int64_t storage_block(int64_t k, int64_t group_size);
+
+// Everything a kernel needs to walk a packed weight; computed once at pack / load time.
+struct WeightGeometry {
+  int64_t n = 0, k = 0;       // logical shape [N, K]
+  int bits = 4;               // 4 or 8
+  bool symmetric = false;
+  int64_t group_size = 0;     // semantic group (== K for per-channel)
+  int64_t ngroups = 0;        // ceil(K / group_size)
+  int64_t block = 0;          // storage block (k per scale entry), multiple of 32
+  int64_t nblocks = 0;        // ceil(K / block)
+  LayoutId layout = LayoutId::x86_nr8_kr4;
+  int nr = 8, kr = 4;
+  int64_t npanels = 0;        // ceil(N / nr)
+  int64_t code_bytes = 0;     // codes per block: nr * block * bits / 8
+  int64_t block_bytes = 0;    // codes + scales (+ offsets)
+  int64_t panel_bytes = 0;    // nblocks * block_bytes
+  int64_t total_bytes = 0;    // npanels * panel_bytes
+
+  int zero_point() const { return symmetric ? (bits == 4 ? 8 : 128) : 0; }
+  int64_t padded_k() const { return nblocks * block; }
+};
+
+// Validates the parameters (throws std::invalid_argument naming the problem) and fills in the
+// derived sizes.
+WeightGeometry make_geometry(int64_t n, int64_t k, int bits, int64_t group_size, bool symmetric,
+                             LayoutId layout);
+
+}  // namespace qlinear

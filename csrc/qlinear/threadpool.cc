@@ -1,0 +1,125 @@
+#include "threadpool.h"
+
+#include <algorithm>
+
+#include "cpu.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define QLINEAR_PAUSE() _mm_pause()
+#elif defined(__aarch64__)
+#define QLINEAR_PAUSE() __asm__ volatile("yield")
+#else
+#define QLINEAR_PAUSE() ((void)0)
+#endif
+
+namespace qlinear {
+
+namespace {
+thread_local bool tl_inside_job = false;
+constexpr int kSpinIterations = 1 << 16;  // ~1-2 ms of PAUSE before a worker sleeps
+}  // namespace
+
+ThreadPool& ThreadPool::global() {
+  // Leaked on purpose: workers must not be joined during static destruction at exit.
+  static ThreadPool* pool = new ThreadPool(cpu_features().physical_cores);
+  return *pool;
+}
+
+ThreadPool::ThreadPool(int n) { set_num_threads(n); }
+
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::set_num_threads(int n) {
+  n = std::max(1, n);
+  std::lock_guard<std::mutex> lock(job_mutex_);
+  if (n == num_threads() && int(workers_.size()) == n - 1) return;
+  stop_workers();
+  num_threads_.store(n);
+  start_workers(n - 1);
+}
+
+void ThreadPool::start_workers(int count) {
+  stopping_.store(false);
+  // Workers start from the current generation: a job published before a worker thread first
+  // runs is still seen as new by it.
+  const uint64_t gen = generation_.load();
+  for (int i = 0; i < count; ++i) workers_.emplace_back([this, gen] { worker_loop(gen); });
+}
+
+void ThreadPool::stop_workers() {
+  {
+    std::lock_guard<std::mutex> lock(sleep_mutex_);
+    stopping_.store(true);
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+  workers_.clear();
+}
+
+void ThreadPool::work_on_job() {
+  const int64_t ntasks = job_tasks_;
+  for (int64_t t = next_task_.fetch_add(1, std::memory_order_relaxed); t < ntasks;
+       t = next_task_.fetch_add(1, std::memory_order_relaxed))
+    (*job_fn_)(t);
+}
+
+void ThreadPool::worker_loop(uint64_t seen) {
+  tl_inside_job = true;  // a job's task that calls run() again runs inline
+  for (;;) {
+    uint64_t gen = seen;
+    for (int spin = 0; spin < kSpinIterations; ++spin) {
+      gen = generation_.load(std::memory_order_acquire);
+      if (gen != seen || stopping_.load(std::memory_order_relaxed)) break;
+      QLINEAR_PAUSE();
+    }
+    if (gen == seen) {
+      std::unique_lock<std::mutex> lock(sleep_mutex_);
+      sleepers_.fetch_add(1);
+      wake_.wait(lock, [&] {
+        // seq_cst pairs with run(): either it sees this sleeper or this sees its generation.
+        return generation_.load() != seen || stopping_.load();
+      });
+      sleepers_.fetch_sub(1);
+      gen = generation_.load(std::memory_order_acquire);
+    }
+    if (stopping_.load()) return;
+    seen = gen;
+    work_on_job();
+    workers_done_.fetch_add(1, std::memory_order_acq_rel);
+  }
+}
+
+void ThreadPool::run(int64_t ntasks, TaskRef fn) {
+  if (ntasks <= 0) return;
+  const auto run_inline = [&] {
+    const bool was_inside = tl_inside_job;
+    tl_inside_job = true;
+    for (int64_t t = 0; t < ntasks; ++t) fn(t);
+    tl_inside_job = was_inside;
+  };
+  if (ntasks == 1 || num_threads() == 1 || tl_inside_job) return run_inline();
+  std::unique_lock<std::mutex> lock(job_mutex_, std::try_to_lock);
+  if (!lock.owns_lock() || workers_.empty()) return run_inline();
+
+  job_fn_ = &fn;
+  job_tasks_ = ntasks;
+  next_task_.store(0, std::memory_order_relaxed);
+  workers_done_.store(0, std::memory_order_relaxed);
+  generation_.fetch_add(1);  // seq_cst: see worker_loop
+  if (sleepers_.load() > 0) {
+    std::lock_guard<std::mutex> sleep_lock(sleep_mutex_);
+    wake_.notify_all();
+  }
+  tl_inside_job = true;
+  work_on_job();
+  tl_inside_job = false;
+  // Every worker checks in before the job's state may be reused.
+  const int nworkers = static_cast<int>(workers_.size());
+  for (int spin = 0; workers_done_.load(std::memory_order_acquire) < nworkers; ++spin) {
+    if (spin < kSpinIterations) QLINEAR_PAUSE();
+    else std::this_thread::yield();
+  }
+}
+
+}  // namespace qlinear

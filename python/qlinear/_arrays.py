@@ -1,0 +1,34 @@
+"""Conversions between the array kinds users pass (numpy, torch CPU tensors) and numpy."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+
+def is_torch_tensor(x) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def weight_to_numpy(w) -> np.ndarray:
+    """A float weight as numpy (float32 / float16 kept; bfloat16 and float64 made float32)."""
+    if is_torch_tensor(w):
+        import torch
+        if w.device.type != "cpu":
+            raise ValueError(f"weight must be a CPU tensor, got device {w.device}")
+        if not w.is_floating_point():
+            raise TypeError(f"weight must be a float tensor, got {w.dtype}")
+        w = w.detach()
+        if w.dtype not in (torch.float32, torch.float16):
+            w = w.float()
+        return w.numpy()
+    if not isinstance(w, np.ndarray):
+        if isinstance(w, (list, tuple)):
+            w = np.asarray(w)
+        else:
+            raise TypeError(f"weight must be a numpy array or a torch tensor, got {type(w).__name__}")
+    if w.dtype not in (np.float32, np.float16, np.float64):
+        raise TypeError(f"weight must be float32, float16 or float64, got {w.dtype}")
+    return w

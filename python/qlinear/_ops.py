@@ -1,0 +1,118 @@
+"""The matmul entry points: y = x @ W.T (+ bias) on packed weights."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import numpy as np
+
+from . import _core
+from ._arrays import is_torch_tensor
+from ._packed import PackedWeight
+
+#: Default activation granularity: one int8 scale per row *and* weight group (ggml's Q8_0 way).
+#: Measured on MiniLM's real activations and random ones, it is markedly more accurate than one
+#: scale per row at no measurable speed cost (see README, "Choosing act_block").
+DEFAULT_ACT_BLOCK = "group"
+
+ActBlock = Union[None, int, str]
+
+_core_matmul = _core.matmul_int8
+
+
+def _act_block(pw: PackedWeight, act_block: ActBlock) -> int:
+    if act_block == "group":
+        return pw._h.block
+    if act_block is None:
+        return pw._h.k
+    if isinstance(act_block, bool) or not isinstance(act_block, (int, np.integer)):
+        raise TypeError(f"act_block must be None, 'group' or an int, got {act_block!r}")
+    return int(act_block)
+
+
+def _int8_matmul(x, pw, bias, out, act_block, bits: int):
+    if type(pw) is not PackedWeight:
+        raise TypeError(f"weight must be a qlinear.PackedWeight, got {type(pw).__name__}")
+    if pw._h.bits != bits:
+        raise ValueError(f"matmul_w{bits}a8 needs a {bits}-bit weight, got a {pw._h.bits}-bit one")
+    blk = pw._h.block if act_block == "group" else _act_block(pw, act_block)
+    if type(x) is np.ndarray:  # the fast path: decode calls this thousands of times
+        return _core_matmul(x, pw._h, bias, out, blk)
+    if is_torch_tensor(x):
+        return _torch_matmul(x, pw, bias, out, blk)
+    raise TypeError(f"x must be a numpy array or a torch CPU tensor, got {type(x).__name__}")
+
+
+def _torch_matmul(x, pw, bias, out, blk):
+    import torch
+    if x.device.type != "cpu":
+        raise ValueError(f"x must be a CPU tensor, got device {x.device}")
+    dtype = x.dtype
+    if dtype == torch.bfloat16:  # computed from float32, returned as bfloat16
+        x = x.float()
+    elif dtype not in (torch.float32, torch.float16):
+        raise TypeError(f"x must be float32, float16 or bfloat16, got {dtype}")
+    xn = x.detach().numpy()
+    if is_torch_tensor(bias):
+        bias = bias.detach().float().numpy()
+    if out is not None:
+        if not is_torch_tensor(out):
+            raise TypeError("out must be a torch tensor when x is one")
+        if out.dtype != dtype:
+            raise TypeError(f"out must have the dtype of x ({dtype}), got {out.dtype}")
+        if dtype == torch.bfloat16:
+            out.copy_(torch.from_numpy(_core_matmul(xn, pw._h, bias, None, blk)))
+        else:
+            _core_matmul(xn, pw._h, bias, out.numpy(), blk)
+        return out
+    y = torch.from_numpy(_core_matmul(xn, pw._h, bias, None, blk))
+    return y.to(torch.bfloat16) if dtype == torch.bfloat16 else y
+
+
+def matmul_w4a8(x, pw: PackedWeight, bias=None, out=None, act_block: ActBlock = DEFAULT_ACT_BLOCK):
+    """y = x @ W.T (+ bias) with int4 weights and int8 activations quantized on the fly.
+
+    x: ``[M, K]`` or ``[K]``, float32 or float16 (output in the same dtype), numpy or torch.
+    act_block: ``"group"`` (default) one activation scale per row and weight group; ``None`` one
+    per row; an int: per that many k (a multiple of the weight's group size).
+    """
+    return _int8_matmul(x, pw, bias, out, act_block, 4)
+
+
+def matmul_w8a8(x, pw: PackedWeight, bias=None, out=None, act_block: ActBlock = DEFAULT_ACT_BLOCK):
+    """y = x @ W.T (+ bias) with int8 weights and int8 activations; see matmul_w4a8."""
+    return _int8_matmul(x, pw, bias, out, act_block, 8)
+
+
+def matmul(x, pw: PackedWeight, bias=None, out=None, act: str = "int8",
+           act_block: ActBlock = DEFAULT_ACT_BLOCK):
+    """One entry for every mode; ``act`` is explicit and never changed behind the caller's back.
+
+    act="int8": dynamic int8 activations (W4A8 / W8A8 by the weight's bits).
+    """
+    if act == "int8":
+        if type(pw) is not PackedWeight:
+            raise TypeError(f"weight must be a qlinear.PackedWeight, got {type(pw).__name__}")
+        return _int8_matmul(x, pw, bias, out, act_block, pw.bits)
+    if act == "float":
+        raise NotImplementedError("act='float' (weights dequantized in the kernel) is not available yet")
+    raise ValueError(f"act must be 'int8' or 'float', got {act!r}")
+
+
+def quantize_activation(x, block: Optional[int] = None):
+    """Dynamic int8 quantization as the kernels do it: (xq int8 [M, K], scales float32 [M, B]).
+
+    ``block=None``: one scale per row (B = 1); else one per ``block`` consecutive k.
+    """
+    if is_torch_tensor(x):
+        x = x.detach().float().numpy()
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"x must be a numpy array or a torch CPU tensor, got {type(x).__name__}")
+    if block is not None:
+        if isinstance(block, bool) or not isinstance(block, (int, np.integer)):
+            raise TypeError(f"block must be None or an int, got {block!r}")
+        if block <= 0:
+            raise ValueError(f"block must be positive, got {block}")
+    k = x.shape[-1] if x.ndim else 0
+    xq, scale, _ = _core.quantize_activation(x, max(k, 1) if block is None else min(int(block), max(k, 1)))
+    return (xq[0], scale[0]) if x.ndim == 1 else (xq, scale)

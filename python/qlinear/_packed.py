@@ -1,0 +1,145 @@
+"""PackedWeight: a weight quantized and packed for this CPU's kernels."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import numpy as np
+
+from . import _core
+from ._arrays import weight_to_numpy
+
+
+class PackedWeight:
+    """A weight ``[N, K]`` quantized to int4 / int8 and packed in the layout of this CPU's kernels.
+
+    The packed bytes hold, per panel of ``nr`` output rows and per block of k, the codes followed
+    by float16 scales (and float16 offsets for asymmetric weights): see ``layout``.
+    """
+
+    __slots__ = ("_h", "__weakref__")
+
+    def __init__(self, handle: "_core.PackedWeightHandle"):
+        if not isinstance(handle, _core.PackedWeightHandle):
+            raise TypeError("use qlinear.pack_weight(...) or qlinear.load_weight(...) to make a PackedWeight")
+        self._h = handle
+
+    # -- description -----------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self._h.n, self._h.k)
+
+    @property
+    def bits(self) -> int:
+        return self._h.bits
+
+    @property
+    def group_size(self) -> int:
+        """k per scale; equals K for per-channel weights."""
+        return self._h.group_size
+
+    @property
+    def per_channel(self) -> bool:
+        return self._h.group_size >= self._h.k
+
+    @property
+    def symmetric(self) -> bool:
+        return self._h.symmetric
+
+    @property
+    def layout(self) -> str:
+        return self._h.layout
+
+    @property
+    def scale_dtype(self) -> np.dtype:
+        return np.dtype(np.float16)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of packed codes, scales and offsets (what a GEMV reads)."""
+        return self._h.nbytes
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Stored bits per weight, scales and offsets (and padding) included."""
+        n, k = self.shape
+        return self._h.nbytes * 8 / (n * k)
+
+    @property
+    def buffer(self) -> np.ndarray:
+        """The packed bytes (read-only view)."""
+        b = np.frombuffer(self._h.buffer, dtype=np.uint8)
+        return b
+
+    def __repr__(self) -> str:
+        kind = "per-channel" if self.per_channel else f"group {self.group_size}"
+        sym = "symmetric" if self.symmetric else "asymmetric"
+        return (f"PackedWeight(shape={self.shape}, int{self.bits}, {kind}, {sym}, "
+                f"layout={self.layout!r}, {self.bits_per_weight:.3f} bits/weight)")
+
+    # -- contents --------------------------------------------------------------------------
+    def unpack(self) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+        """(codes uint8 [N, K], scale float16 [N, G], offset float16 [N, G] or None).
+
+        Codes are as stored: q for asymmetric weights, q + zero_point (8 / 128) for symmetric.
+        """
+        return _core.unpack(self._h)
+
+    def dequantize(self, dtype=np.float32) -> np.ndarray:
+        """The weights the kernels really use, ``[N, K]`` (float32 arithmetic)."""
+        from .reference import QuantizedWeight, dequantize_weight
+        codes, scale, offset = self.unpack()
+        qw = QuantizedWeight(codes, scale, offset, self.bits, self.group_size, self.symmetric)
+        return dequantize_weight(qw, np.dtype(dtype))
+
+    def save(self, path: "str | os.PathLike") -> None:
+        """Write a checked, versioned, mmap-able file (see ``qlinear.load_weight``)."""
+        from ._format import save_weights
+        save_weights(path, {"weight": self})
+
+
+def pack_weight(w, bits: int = 4, group_size: Optional[int] = 64,
+                symmetric: bool = False) -> PackedWeight:
+    """Quantize ``w`` ``[N, K]`` (numpy or torch; float32 / float16 / bfloat16) and pack it.
+
+    ``group_size``: 32, 64, 128 or 256 consecutive k per scale, or None (or >= K) for one scale
+    per output row. ``symmetric=False`` (the default, as mnn-llm) stores a float16 offset per
+    group besides the scale.
+    """
+    bits, group_size = _check_params(bits, group_size, symmetric)
+    arr = weight_to_numpy(w)
+    if arr.ndim != 2:
+        raise ValueError(f"weight must have shape [N, K], got shape {arr.shape}")
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ValueError(f"weight must be non-empty, got shape {arr.shape}")
+    gs = arr.shape[1] if group_size is None else group_size
+    return PackedWeight(_core.quantize_and_pack(arr, bits, gs, bool(symmetric)))
+
+
+def pack_quantized(codes, scale, offset, bits: int, group_size: Optional[int],
+                   symmetric: bool, layout: str = "") -> PackedWeight:
+    """Pack weights that are already quantized (stored codes, float16 scales / offsets), without
+    rounding them again: for files of another layout and for other engines' exports."""
+    bits, group_size = _check_params(bits, group_size, symmetric)
+    codes = np.ascontiguousarray(codes)
+    if codes.ndim != 2:
+        raise ValueError(f"codes must have shape [N, K], got shape {codes.shape}")
+    gs = codes.shape[1] if group_size is None else group_size
+    return PackedWeight(_core.pack_quantized(codes, np.asarray(scale), offset, bits, gs,
+                                             bool(symmetric), layout))
+
+
+def _check_params(bits, group_size, symmetric):
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)):
+        raise TypeError(f"bits must be an int (4 or 8), got {type(bits).__name__}")
+    if bits not in (4, 8):
+        raise ValueError(f"bits must be 4 or 8, got {bits}")
+    if group_size is not None:
+        if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)):
+            raise TypeError(f"group_size must be an int or None, got {type(group_size).__name__}")
+        if group_size <= 0:
+            raise ValueError(f"group_size must be positive, got {group_size}")
+    if not isinstance(symmetric, (bool, np.bool_)):
+        raise TypeError(f"symmetric must be a bool, got {type(symmetric).__name__}")
+    return int(bits), None if group_size is None else int(group_size)

@@ -1,0 +1,27 @@
+"""Shared assertions: a kernel output against the numpy reference, within float rounding."""
+
+import numpy as np
+
+from qlinear import reference as ref
+
+# A float32 epilogue adds one term per storage block, each with a few roundings: its error is
+# bounded by ~(blocks + 2) * 4 ulp of the sum of the terms' magnitudes.
+ULP32 = 2.0 ** -24
+
+
+def assert_close_to_reference(y, x, pw, bias=None, act_block=None):
+    codes, scale, offset = pw.unpack()
+    qw = ref.QuantizedWeight(codes, scale, offset, pw.bits, pw.group_size, pw.symmetric)
+    y_ref, mag = ref.matmul_int8(np.atleast_2d(x), qw, bias=bias, act_block=act_block,
+                                 segment=pw._h.block)  # the kernels' storage block
+    y = np.atleast_2d(np.asarray(y, dtype=np.float64))
+    blocks = -(-pw.shape[1] // pw._h.block)
+    tol = 4 * (blocks + 2) * ULP32 * mag + 1e-30
+    if np.asarray(x).dtype == np.float16 or np.asarray(y).dtype == np.float16:
+        tol = tol + 2.0 ** -11 * np.abs(y_ref) + 2.0 ** -24
+    err = np.abs(y - y_ref)
+    bad = ~(err <= tol)
+    assert not bad.any(), (
+        f"{bad.sum()} of {bad.size} outputs differ from the reference: worst err {err.max():.3g} "
+        f"with tol {tol.flat[np.argmax(err - tol)]:.3g}")
+    return y_ref
