@@ -88,8 +88,10 @@ ActView view_activations(py::array x, int64_t k_expected, const char* what) {
 
 thread_local std::vector<float> tl_y32, tl_bias32;
 
-py::array py_matmul_int8(py::array x_in, const PackedWeightHandle& w, py::object bias_in,
-                      py::object out_in, int64_t act_block) {
+// y = x @ W'.T (+ bias) with the given driver: matmul_int8 (act="int8") or matmul_float.
+template <void (*kDriver)(const MatmulRequest&)>
+py::array py_matmul(py::array x_in, const PackedWeightHandle& w, py::object bias_in,
+                    py::object out_in, int64_t act_block) {
   const WeightGeometry& g = w.geom();
   ActView x = view_activations(x_in, g.k, "x");
   if (act_block <= 0) throw py::value_error("act_block must be positive");
@@ -127,13 +129,13 @@ py::array py_matmul_int8(py::array x_in, const PackedWeightHandle& w, py::object
   if (x.dtype == DType::f32) {
     req.y = static_cast<float*>(out.mutable_data());
     py::gil_scoped_release release;
-    matmul_int8(req);
+    kDriver(req);
   } else {
     auto* y16 = static_cast<uint16_t*>(out.mutable_data());
     py::gil_scoped_release release;
     tl_y32.resize(static_cast<size_t>(x.m * g.n));
     req.y = tl_y32.data();
-    matmul_int8(req);
+    kDriver(req);
     for (size_t i = 0; i < tl_y32.size(); ++i) y16[i] = float_to_half(tl_y32[i]);
   }
   return out;
@@ -246,6 +248,8 @@ py::dict kernel_info(const PackedWeightHandle& w) {
   d["quantize_acts"] = kt.quantize_acts_name;
   d["gemv"] = kt.gemv_name[idx];
   d["gemm"] = kt.gemm_name[idx];
+  d["gemv_float"] = kt.gemv_float_name[idx];
+  d["gemm_float"] = kt.gemm_float_name[idx];
   return d;
 }
 
@@ -292,8 +296,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("pack_quantized", &pack_quantized, py::arg("codes"), py::arg("scale"), py::arg("offset"),
         py::arg("bits"), py::arg("group_size"), py::arg("symmetric"), py::arg("layout") = "");
   m.def("unpack", &unpack);
-  m.def("matmul_int8", &py_matmul_int8, py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("out"),
-        py::arg("act_block"));
+  m.def("matmul_int8", &py_matmul<matmul_int8>, py::arg("x"), py::arg("w"), py::arg("bias"),
+        py::arg("out"), py::arg("act_block"));
+  m.def("matmul_float", &py_matmul<matmul_float>, py::arg("x"), py::arg("w"), py::arg("bias"),
+        py::arg("out"), py::arg("act_block"));
   m.def("quantize_activation", &quantize_activation, py::arg("x"), py::arg("block"));
   m.def("kernel_info", &kernel_info);
   m.def("cpu_info", &cpu_info);

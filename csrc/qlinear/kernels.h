@@ -41,6 +41,26 @@ struct Int8MatmulArgs {
 };
 using Int8MatmulFn = void (*)(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1);
 
+// Float activations, weights dequantized in registers (the low-memory float path):
+// y[m, n] = unscale * sum_k x[m, k] * w'[n, k] + bias[n], accumulated in fp32.
+struct FloatMatmulArgs {
+  const WeightGeometry* w; const uint8_t* packed;
+  const float* x; int64_t ldx;   // [m, ldx] float32, zero past K up to the padded K
+  const float* xsum;             // [m, nblocks]: sum of x over each storage block
+  float unscale;                 // x was scaled by 1 / unscale (a power of two) to stay finite
+  const float* bias;             // [N] or nullptr
+  float* y; int64_t ldy;
+};
+using FloatMatmulFn = void (*)(const FloatMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1);
+
+// Copies rows [m0, m1) of x (float32 or float16) into a float32 buffer zero-padded to
+// nblocks * block, with the sum of every block; returns the largest |x| seen (NaN if any).
+struct FloatActArgs {
+  const void* x; DType dtype; int64_t ldx; int64_t k, block, nblocks;
+  float* out; int64_t ldo; float* sum;
+};
+using PrepareFloatActsFn = float (*)(const FloatActArgs& a, int64_t m0, int64_t m1);
+
 struct KernelTable {
   Isa isa;
   QuantizeActsFn quantize_acts; const char* quantize_acts_name;
@@ -48,6 +68,9 @@ struct KernelTable {
   // each level picks them independently.
   Int8MatmulFn gemv[2]; const char* gemv_name[2];
   Int8MatmulFn gemm[2]; const char* gemm_name[2];
+  PrepareFloatActsFn prepare_float_acts;
+  FloatMatmulFn gemv_float[2]; const char* gemv_float_name[2];
+  FloatMatmulFn gemm_float[2]; const char* gemm_float_name[2];
   LayoutId layout;  // the layout these kernels read
 };
 

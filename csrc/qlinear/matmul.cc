@@ -1,6 +1,7 @@
 #include "matmul.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "threadpool.h"
@@ -14,6 +15,7 @@ struct Scratch {
   std::vector<int8_t> q;
   std::vector<float> scale;
   std::vector<int32_t> sum;
+  std::vector<float> xf, xsum;  // float path
 };
 thread_local Scratch tl_scratch;
 
@@ -35,6 +37,39 @@ void quantize_activations(const void* x, DType dtype, int64_t m, int64_t ldx, in
   const QuantizeActsFn fn = active_kernels().quantize_acts;
   const int64_t grain = std::max<int64_t>(1, kMinParallelWork / 16 / std::max<int64_t>(k, 1));
   ThreadPool::global().parallel_for(m, grain, [&](int64_t m0, int64_t m1) { fn(args, m0, m1); });
+}
+
+// Runs a GEMV (m == 1: panels split evenly over the threads) or a GEMM (tasks of a few panels,
+// whose weights stay in L2 while every row block passes over them; rows are split too when
+// there are too few panel tasks to keep the threads busy).
+template <class Args>
+static void run_tiled(const WeightGeometry& w, int64_t m,
+                      void (*gemv)(const Args&, int64_t, int64_t, int64_t, int64_t),
+                      void (*gemm)(const Args&, int64_t, int64_t, int64_t, int64_t), const Args& args) {
+  ThreadPool& pool = ThreadPool::global();
+  const int64_t work = m * w.npanels * w.nr * w.padded_k();
+  if (m == 1) {
+    const int64_t grain = work < kMinParallelWork ? w.npanels : 1;
+    pool.parallel_for(w.npanels, grain, [&](int64_t p0, int64_t p1) { gemv(args, 0, 1, p0, p1); });
+    return;
+  }
+  const int threads = work < kMinParallelWork ? 1 : pool.num_threads();
+  constexpr int64_t kPanelsPerTask = 4;
+  const int64_t panel_tasks = ceil_div(w.npanels, kPanelsPerTask);
+  const int64_t row_tasks = panel_tasks >= 2 * threads ? 1
+      : std::min(ceil_div(m, 4), ceil_div(2 * threads, panel_tasks));
+  const int64_t rows_per_task = round_up(ceil_div(m, row_tasks), 4);
+  auto task = [&](int64_t t) {
+    const int64_t pt = t % panel_tasks, rt = t / panel_tasks;
+    const int64_t p0 = pt * kPanelsPerTask, p1 = std::min(w.npanels, p0 + kPanelsPerTask);
+    const int64_t m0 = rt * rows_per_task, m1 = std::min(m, m0 + rows_per_task);
+    if (m0 < m1) gemm(args, m0, m1, p0, p1);
+  };
+  if (threads == 1) {
+    for (int64_t t = 0; t < panel_tasks * row_tasks; ++t) task(t);
+  } else {
+    pool.run(panel_tasks * row_tasks, TaskRef(task));
+  }
 }
 
 void matmul_int8(const MatmulRequest& r) {
@@ -59,33 +94,30 @@ void matmul_int8(const MatmulRequest& r) {
   const Int8MatmulArgs args{&w, r.packed, {s.q.data(), kpad, s.scale.data(), s.sum.data()},
                             r.bias, r.y, r.ldy};
   const int idx = w.bits == 8 ? 1 : 0;
-  const int64_t work = r.m * w.npanels * w.nr * kpad;
-  if (r.m == 1) {
-    const Int8MatmulFn gemv = kt.gemv[idx];
-    const int64_t grain = work < kMinParallelWork ? w.npanels : 1;
-    pool.parallel_for(w.npanels, grain, [&](int64_t p0, int64_t p1) { gemv(args, 0, 1, p0, p1); });
-    return;
+  run_tiled(w, r.m, kt.gemv[idx], kt.gemm[idx], args);
+}
+
+void matmul_float(const MatmulRequest& r) {
+  if (r.m <= 0) return;
+  const WeightGeometry& w = *r.w;
+  const KernelTable& kt = kernels_for_weight(w);
+  const int64_t kpad = w.padded_k();
+  Scratch& s = tl_scratch;
+  s.xf.resize(static_cast<size_t>(r.m * kpad));
+  s.xsum.resize(static_cast<size_t>(r.m * w.nblocks));
+  const FloatActArgs fa{r.x, r.dtype, r.ldx, w.k, w.block, w.nblocks, s.xf.data(), kpad, s.xsum.data()};
+  float absmax = kt.prepare_float_acts(fa, 0, r.m);
+  // Position-scaled accumulators reach |x| * 2^32 * K: far beyond any real activation, but keep
+  // absurd ones finite by scaling x down by an exact power of two (undone in the epilogue).
+  float unscale = 1.f;
+  if (absmax > 0x1p60f && std::isfinite(absmax)) {
+    unscale = 0x1p64f;
+    for (float& v : s.xf) v *= 0x1p-64f;
+    for (float& v : s.xsum) v *= 0x1p-64f;
   }
-  // GEMM: tasks of a few panels (their weights stay in L2 while every row block passes over
-  // them); rows are split too when there are too few panel tasks to keep the threads busy.
-  const Int8MatmulFn gemm = kt.gemm[idx];
-  const int threads = work < kMinParallelWork ? 1 : pool.num_threads();
-  constexpr int64_t kPanelsPerTask = 4;
-  const int64_t panel_tasks = ceil_div(w.npanels, kPanelsPerTask);
-  const int64_t row_tasks = panel_tasks >= 2 * threads ? 1
-      : std::min(ceil_div(r.m, 4), ceil_div(2 * threads, panel_tasks));
-  const int64_t rows_per_task = round_up(ceil_div(r.m, row_tasks), 4);
-  auto task = [&](int64_t t) {
-    const int64_t pt = t % panel_tasks, rt = t / panel_tasks;
-    const int64_t p0 = pt * kPanelsPerTask, p1 = std::min(w.npanels, p0 + kPanelsPerTask);
-    const int64_t m0 = rt * rows_per_task, m1 = std::min(r.m, m0 + rows_per_task);
-    if (m0 < m1) gemm(args, m0, m1, p0, p1);
-  };
-  if (threads == 1) {
-    for (int64_t t = 0; t < panel_tasks * row_tasks; ++t) task(t);
-  } else {
-    pool.run(panel_tasks * row_tasks, TaskRef(task));
-  }
+  const FloatMatmulArgs args{&w, r.packed, s.xf.data(), kpad, s.xsum.data(), unscale, r.bias, r.y, r.ldy};
+  const int idx = w.bits == 8 ? 1 : 0;
+  run_tiled(w, r.m, kt.gemv_float[idx], kt.gemm_float[idx], args);
 }
 
 }  // namespace qlinear

@@ -21,7 +21,10 @@ struct MatmulRequest {
 // layout is not the active table's).
 const KernelTable& kernels_for_weight(const WeightGeometry& w);
 
+// act="int8": activations quantized per row / block, int8 x int8 products (W4A8 / W8A8).
 void matmul_int8(const MatmulRequest& r);
+// act="float": float activations, weights dequantized in the kernel (act_block is unused).
+void matmul_float(const MatmulRequest& r);
 
 // Quantizes activations only (qlinear.quantize_activation): q [m, ldq], scale/sum [m, nblocks].
 void quantize_activations(const void* x, DType dtype, int64_t m, int64_t ldx, int64_t k,

@@ -18,6 +18,7 @@ DEFAULT_ACT_BLOCK = "group"
 ActBlock = Union[None, int, str]
 
 _core_matmul = _core.matmul_int8
+_core_matmul_float = _core.matmul_float
 
 
 def _act_block(pw: PackedWeight, act_block: ActBlock) -> int:
@@ -43,7 +44,7 @@ def _int8_matmul(x, pw, bias, out, act_block, bits: int):
     raise TypeError(f"x must be a numpy array or a torch CPU tensor, got {type(x).__name__}")
 
 
-def _torch_matmul(x, pw, bias, out, blk):
+def _torch_matmul(x, pw, bias, out, blk, core=_core_matmul):
     import torch
     if x.device.type != "cpu":
         raise ValueError(f"x must be a CPU tensor, got device {x.device}")
@@ -61,11 +62,11 @@ def _torch_matmul(x, pw, bias, out, blk):
         if out.dtype != dtype:
             raise TypeError(f"out must have the dtype of x ({dtype}), got {out.dtype}")
         if dtype == torch.bfloat16:
-            out.copy_(torch.from_numpy(_core_matmul(xn, pw._h, bias, None, blk)))
+            out.copy_(torch.from_numpy(core(xn, pw._h, bias, None, blk)))
         else:
-            _core_matmul(xn, pw._h, bias, out.numpy(), blk)
+            core(xn, pw._h, bias, out.numpy(), blk)
         return out
-    y = torch.from_numpy(_core_matmul(xn, pw._h, bias, None, blk))
+    y = torch.from_numpy(core(xn, pw._h, bias, None, blk))
     return y.to(torch.bfloat16) if dtype == torch.bfloat16 else y
 
 
@@ -84,18 +85,33 @@ def matmul_w8a8(x, pw: PackedWeight, bias=None, out=None, act_block: ActBlock = 
     return _int8_matmul(x, pw, bias, out, act_block, 8)
 
 
+def matmul_float(x, pw: PackedWeight, bias=None, out=None):
+    """y = x @ W'.T (+ bias) with float activations: the weights stay packed and are dequantized
+    inside the kernel (w' = offset + scale * q), products accumulate in float32. No activation
+    quantization: the accuracy of ``x @ pw.dequantize().T`` at the memory cost of the packed weight.
+    """
+    if type(pw) is not PackedWeight:
+        raise TypeError(f"weight must be a qlinear.PackedWeight, got {type(pw).__name__}")
+    if type(x) is np.ndarray:
+        return _core_matmul_float(x, pw._h, bias, out, pw._h.k)
+    if is_torch_tensor(x):
+        return _torch_matmul(x, pw, bias, out, pw._h.k, _core_matmul_float)
+    raise TypeError(f"x must be a numpy array or a torch CPU tensor, got {type(x).__name__}")
+
+
 def matmul(x, pw: PackedWeight, bias=None, out=None, act: str = "int8",
            act_block: ActBlock = DEFAULT_ACT_BLOCK):
     """One entry for every mode; ``act`` is explicit and never changed behind the caller's back.
 
     act="int8": dynamic int8 activations (W4A8 / W8A8 by the weight's bits).
+    act="float": float activations, weights dequantized in the kernel (see matmul_float).
     """
+    if type(pw) is not PackedWeight:
+        raise TypeError(f"weight must be a qlinear.PackedWeight, got {type(pw).__name__}")
     if act == "int8":
-        if type(pw) is not PackedWeight:
-            raise TypeError(f"weight must be a qlinear.PackedWeight, got {type(pw).__name__}")
         return _int8_matmul(x, pw, bias, out, act_block, pw.bits)
     if act == "float":
-        raise NotImplementedError("act='float' (weights dequantized in the kernel) is not available yet")
+        return matmul_float(x, pw, bias, out)
     raise ValueError(f"act must be 'int8' or 'float', got {act!r}")
 
 

@@ -15,7 +15,7 @@
 
 #include <cmath>
 
-#include "../kernels.h"
+#include "avx2.h"
 
 namespace qlinear {
 namespace {
@@ -132,8 +132,8 @@ inline void block_dot(const uint8_t* w, int64_t block, const int8_t* const* xq, 
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     for (int64_t kk = 0; kk < block; kk += 32, w += 128) {  // 4 chunks of 8 k
       if constexpr (PREFETCH) {
-        _mm_prefetch(reinterpret_cast<const char*>(w) + 1024, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(w) + 1024 + 64, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w) + 2048, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w) + 2048 + 64, _MM_HINT_T0);
       }
       __m256i s16[MR];
       for (int i = 0; i < MR; ++i) s16[i] = _mm256_setzero_si256();
@@ -160,7 +160,7 @@ inline void block_dot(const uint8_t* w, int64_t block, const int8_t* const* xq, 
   } else {
     const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
     for (int64_t kk = 0; kk < block; kk += 8, w += 64) {  // 2 chunks of 4 k
-      if constexpr (PREFETCH) _mm_prefetch(reinterpret_cast<const char*>(w) + 1024, _MM_HINT_T0);
+      if constexpr (PREFETCH) _mm_prefetch(reinterpret_cast<const char*>(w) + 2048, _MM_HINT_T0);
       for (int c = 0; c < 2; ++c) {
         const __m256i sw = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * c)), flip);
         const __m256i aw = _mm256_abs_epi8(sw);
@@ -252,6 +252,9 @@ const KernelTable& avx2_kernels() {
       quantize_acts, "quantize_acts_absmax_avx2",
       {gemv<4>, gemv<8>}, {"gemv_w4a8_x86_nr8_kr4_avx2", "gemv_w8a8_x86_nr8_kr4_avx2"},
       {gemm<4>, gemm<8>}, {"gemm_w4a8_x86_nr8_kr4_4x8_avx2", "gemm_w8a8_x86_nr8_kr4_4x8_avx2"},
+      avx2::prepare_float_acts,
+      {avx2::gemv_float<4>, avx2::gemv_float<8>}, {"gemv_w4f32_x86_nr8_kr4_avx2", "gemv_w8f32_x86_nr8_kr4_avx2"},
+      {avx2::gemm_float<4>, avx2::gemm_float<8>}, {"gemm_w4f32_x86_nr8_kr4_4x8_avx2", "gemm_w8f32_x86_nr8_kr4_4x8_avx2"},
       LayoutId::x86_nr8_kr4,
   };
   return table;

@@ -83,6 +83,55 @@ void int8_matmul(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, in
   }
 }
 
+float prepare_float_acts(const FloatActArgs& a, int64_t m0, int64_t m1) {
+  float absmax = 0.f;
+  for (int64_t m = m0; m < m1; ++m) {
+    float* out = a.out + m * a.ldo;
+    for (int64_t i = 0; i < a.k; ++i) {
+      out[i] = load_x(a.x, a.dtype, m * a.ldx + i);
+      absmax = std::isnan(out[i]) ? NAN : std::max(absmax, std::fabs(out[i]));  // NaN sticks
+    }
+    for (int64_t i = a.k; i < a.nblocks * a.block; ++i) out[i] = 0.f;
+    for (int64_t b = 0; b < a.nblocks; ++b) {
+      float sum = 0.f;
+      for (int64_t i = b * a.block; i < (b + 1) * a.block; ++i) sum += out[i];
+      a.sum[m * a.nblocks + b] = sum;
+    }
+  }
+  return absmax;
+}
+
+// The float path's oracle: every weight dequantized as w' = offset + scale * (code - zp).
+void float_matmul(const FloatMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  const WeightGeometry& w = *a.w;
+  const int zp = w.zero_point();
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = a.packed + p * w.panel_bytes;
+    const int rows = static_cast<int>(std::min<int64_t>(w.nr, w.n - p * w.nr));
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* x = a.x + m * a.ldx;
+      for (int r = 0; r < rows; ++r) {
+        float y = 0.f;
+        for (int64_t b = 0; b < w.nblocks; ++b) {
+          const uint8_t* block = panel + b * w.block_bytes;
+          const auto* scales = reinterpret_cast<const uint16_t*>(block + w.code_bytes);
+          const float scale = half_to_float(scales[r]);
+          const float offset = w.symmetric ? 0.f : half_to_float(scales[w.nr + r]);
+          float yb = 0.f;  // per block, as the SIMD kernels: error ~ (block + blocks) ulps
+          for (int64_t kk = 0; kk < w.block; ++kk) {
+            const int q = read_code(block, w.bits, w.nr, w.kr, r, kk) - zp;
+            yb += x[b * w.block + kk] * (offset + scale * float(q));
+          }
+          y += yb;
+        }
+        const int64_t n = p * w.nr + r;
+        y *= a.unscale;
+        a.y[m * a.ldy + n] = a.bias ? y + a.bias[n] : y;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 const KernelTable& scalar_kernels() {
@@ -91,6 +140,9 @@ const KernelTable& scalar_kernels() {
       quantize_acts, "quantize_acts_absmax_scalar",
       {int8_matmul, int8_matmul}, {"gemv_w4a8_scalar", "gemv_w8a8_scalar"},
       {int8_matmul, int8_matmul}, {"gemm_w4a8_scalar", "gemm_w8a8_scalar"},
+      prepare_float_acts,
+      {float_matmul, float_matmul}, {"gemv_w4f32_scalar", "gemv_w8f32_scalar"},
+      {float_matmul, float_matmul}, {"gemm_w4f32_scalar", "gemm_w8f32_scalar"},
       family_layout(),  // reads any layout; packs for the SIMD family of this build
   };
   return table;
