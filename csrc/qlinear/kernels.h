@@ -19,6 +19,9 @@ struct QuantizedActs {
   int64_t ldq = 0;
   const float* scale = nullptr;  // [m, nblocks]: s_x of the activation block holding the block
   const int32_t* sum = nullptr;  // [m, nblocks]: sum of q over the storage block
+  // Filled by the driver for the weight at hand, so kernels do no per-panel scalar work:
+  const float* scaled_sum = nullptr;   // [m, nblocks]: scale * sum (the offset term's factor)
+  const int32_t* shifted_sum = nullptr;  // [m, nblocks]: (code_shift - zero_point) * sum
 };
 
 // Quantizes rows [m0, m1) of x (row stride ldx elements, K = k) with absmax scales per
@@ -68,6 +71,9 @@ struct KernelTable {
   // each level picks them independently.
   Int8MatmulFn gemv[2]; const char* gemv_name[2];
   Int8MatmulFn gemm[2]; const char* gemm_name[2];
+  // Per bits: the constant c a kernel subtracts from the stored codes (e.g. int8 codes flipped to
+  // code - 128 for VPMADDUBSW). Its integer sums plus shifted_sum are sum(x * (code - zp)).
+  int code_shift[2];
   PrepareFloatActsFn prepare_float_acts;
   FloatMatmulFn gemv_float[2]; const char* gemv_float_name[2];
   FloatMatmulFn gemm_float[2]; const char* gemm_float_name[2];

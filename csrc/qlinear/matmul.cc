@@ -15,6 +15,8 @@ struct Scratch {
   std::vector<int8_t> q;
   std::vector<float> scale;
   std::vector<int32_t> sum;
+  std::vector<float> scaled_sum;
+  std::vector<int32_t> shifted_sum;
   std::vector<float> xf, xsum;  // float path
 };
 thread_local Scratch tl_scratch;
@@ -91,9 +93,18 @@ void matmul_int8(const MatmulRequest& r) {
     kt.quantize_acts(qa, 0, r.m);
   }
 
-  const Int8MatmulArgs args{&w, r.packed, {s.q.data(), kpad, s.scale.data(), s.sum.data()},
-                            r.bias, r.y, r.ldy};
   const int idx = w.bits == 8 ? 1 : 0;
+  const int32_t shift = kt.code_shift[idx] - w.zero_point();
+  s.scaled_sum.resize(s.sum.size());
+  s.shifted_sum.resize(s.sum.size());
+  for (size_t i = 0; i < s.sum.size(); ++i) {
+    s.scaled_sum[i] = s.scale[i] * float(s.sum[i]);
+    s.shifted_sum[i] = shift * s.sum[i];
+  }
+  const Int8MatmulArgs args{&w, r.packed,
+                            {s.q.data(), kpad, s.scale.data(), s.sum.data(), s.scaled_sum.data(),
+                             s.shifted_sum.data()},
+                            r.bias, r.y, r.ldy};
   run_tiled(w, r.m, kt.gemv[idx], kt.gemm[idx], args);
 }
 

@@ -176,11 +176,13 @@ inline void block_dot(const uint8_t* w, int64_t block, const int8_t* const* xq, 
 template <int BITS, int MR, bool PREFETCH>
 void panel_tile(const Int8MatmulArgs& a, int64_t m, int64_t p) {
   const WeightGeometry& g = *a.w;
-  // Correction from the kernel's integer sum to sum(x * (code - zero_point)): see file header.
-  constexpr int kAdjSym = BITS == 4 ? -8 : 0, kAdjAsym = BITS == 4 ? 0 : 128;
-  const int adj = g.symmetric ? kAdjSym : kAdjAsym;
+  // The integer sums are over codes (int4) or codes - 128 (int8); adding shifted_sum makes them
+  // sum(x * (code - zero_point)), exactly (see code_shift in kernels.h).
   const uint8_t* panel = a.packed + p * g.panel_bytes;
   const int8_t* xq[MR];
+  const float* sx = a.act.scale + m * g.nblocks;
+  const float* sxsum = a.act.scaled_sum + m * g.nblocks;
+  const int32_t* zsum = a.act.shifted_sum + m * g.nblocks;
   __m256 y[MR];
   for (int i = 0; i < MR; ++i) {
     xq[i] = a.act.q + (m + i) * a.act.ldq;
@@ -191,17 +193,17 @@ void panel_tile(const Int8MatmulArgs& a, int64_t m, int64_t p) {
     __m256i acc[MR];
     block_dot<BITS, MR, PREFETCH>(block, g.block, xq, acc);
     const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + g.code_bytes)));
-    const __m256 offset = g.symmetric ? _mm256_setzero_ps()
-        : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + g.code_bytes + 16)));
     for (int i = 0; i < MR; ++i) {
-      const int64_t at = (m + i) * g.nblocks + b;
-      const float sx = a.act.scale[at];
-      const int32_t xsum = a.act.sum[at];
-      const __m256i acc_q = _mm256_add_epi32(acc[i], _mm256_set1_epi32(adj * xsum));
-      y[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc_q), _mm256_mul_ps(scale, _mm256_set1_ps(sx)), y[i]);
-      if (!g.symmetric) y[i] = _mm256_fmadd_ps(offset, _mm256_set1_ps(sx * float(xsum)), y[i]);
+      const int64_t at = i * g.nblocks + b;
+      const __m256i acc_q = _mm256_add_epi32(acc[i], _mm256_set1_epi32(zsum[at]));
+      y[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc_q), _mm256_mul_ps(scale, _mm256_broadcast_ss(sx + at)), y[i]);
+      xq[i] += g.block;
     }
-    for (int i = 0; i < MR; ++i) xq[i] += g.block;
+    if (!g.symmetric) {
+      const __m256 offset = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + g.code_bytes + 16)));
+      for (int i = 0; i < MR; ++i)
+        y[i] = _mm256_fmadd_ps(offset, _mm256_broadcast_ss(sxsum + i * g.nblocks + b), y[i]);
+    }
   }
   const int64_t n0 = p * 8, rows = std::min<int64_t>(8, g.n - n0);
   const __m256 bias = a.bias == nullptr ? _mm256_setzero_ps()
@@ -252,6 +254,7 @@ const KernelTable& avx2_kernels() {
       quantize_acts, "quantize_acts_absmax_avx2",
       {gemv<4>, gemv<8>}, {"gemv_w4a8_x86_nr8_kr4_avx2", "gemv_w8a8_x86_nr8_kr4_avx2"},
       {gemm<4>, gemm<8>}, {"gemm_w4a8_x86_nr8_kr4_4x8_avx2", "gemm_w8a8_x86_nr8_kr4_4x8_avx2"},
+      {0, 128},
       avx2::prepare_float_acts,
       {avx2::gemv_float<4>, avx2::gemv_float<8>}, {"gemv_w4f32_x86_nr8_kr4_avx2", "gemv_w8f32_x86_nr8_kr4_avx2"},
       {avx2::gemm_float<4>, avx2::gemm_float<8>}, {"gemm_w4f32_x86_nr8_kr4_4x8_avx2", "gemm_w8f32_x86_nr8_kr4_4x8_avx2"},

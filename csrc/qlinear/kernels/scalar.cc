@@ -140,6 +140,7 @@ const KernelTable& scalar_kernels() {
       quantize_acts, "quantize_acts_absmax_scalar",
       {int8_matmul, int8_matmul}, {"gemv_w4a8_scalar", "gemv_w8a8_scalar"},
       {int8_matmul, int8_matmul}, {"gemm_w4a8_scalar", "gemm_w8a8_scalar"},
+      {0, 0},
       prepare_float_acts,
       {float_matmul, float_matmul}, {"gemv_w4f32_scalar", "gemv_w8f32_scalar"},
       {float_matmul, float_matmul}, {"gemm_w4f32_scalar", "gemm_w8f32_scalar"},
