@@ -13,20 +13,30 @@
 #if defined(__linux__)
 #include <sched.h>
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+#define QLINEAR_ARM64_LINUX 1
+#include <sys/auxv.h>
+#endif
 
 namespace qlinear {
+
+namespace {
+constexpr Isa kAllIsas[] = {Isa::scalar, Isa::avx2, Isa::neon, Isa::dotprod, Isa::i8mm};
+}  // namespace
 
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::scalar: return "scalar";
     case Isa::avx2: return "avx2";
     case Isa::neon: return "neon";
+    case Isa::dotprod: return "dotprod";
+    case Isa::i8mm: return "i8mm";
   }
   return "unknown";
 }
 
 bool parse_isa(const std::string& name, Isa* out) {
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::neon}) {
+  for (Isa isa : kAllIsas) {
     if (name == isa_name(isa)) { *out = isa; return true; }
   }
   return false;
@@ -75,6 +85,24 @@ void detect_x86(CpuFeatures& f) {
 }
 #endif
 
+#ifdef QLINEAR_ARM64_LINUX
+// Linux / Android report features through the auxiliary vector (not /proc/cpuinfo, which some
+// Android kernels restrict and whose format varies). Bits from <asm/hwcap.h>.
+void detect_arm64(CpuFeatures& f) {
+  f.arch = "aarch64";
+  const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+  auto add = [&](bool cond, const char* name) { if (cond) f.flags.emplace_back(name); };
+  const bool asimd = hw & (1UL << 1), fphp = hw & (1UL << 9), asimdhp = hw & (1UL << 10);
+  const bool asimddp = hw & (1UL << 20), i8mm = hw2 & (1UL << 13);
+  add(asimd, "asimd");
+  add(fphp && asimdhp, "asimdhp");
+  add(asimddp, "asimddp");
+  add(i8mm, "i8mm");
+  add(hw & (1UL << 22), "sve");
+  f.best = i8mm && asimddp ? Isa::i8mm : asimddp ? Isa::dotprod : asimd ? Isa::neon : Isa::scalar;
+}
+#endif
+
 // Physical cores this process may run on: distinct (package, core) pairs in the affinity mask.
 int count_physical_cores() {
 #if defined(__linux__)
@@ -104,6 +132,9 @@ CpuFeatures detect() {
 #ifdef QLINEAR_X86
   detect_x86(f);
 #endif
+#ifdef QLINEAR_ARM64_LINUX
+  detect_arm64(f);
+#endif
   f.physical_cores = count_physical_cores();
   return f;
 }
@@ -125,7 +156,7 @@ bool cpu_supports(Isa isa) {
 
 std::vector<Isa> available_isas() {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::neon})
+  for (Isa isa : kAllIsas)
     if (cpu_supports(isa)) out.push_back(isa);
   return out;
 }

@@ -13,8 +13,10 @@ enum class Isa : int {
   scalar = 0,
   // x86-64
   avx2 = 10,        // AVX2 + FMA + F16C
-  // aarch64 (kernels to come)
-  neon = 20,
+  // aarch64
+  neon = 20,        // ARMv8.0 Advanced SIMD (SMULL / SADALP int8 products)
+  dotprod = 21,     // + ARMv8.2 SDOT
+  i8mm = 22,        // + ARMv8.6 SMMLA (kernels to come: runs the dotprod kernels meanwhile)
 };
 
 const char* isa_name(Isa isa);
@@ -22,7 +24,7 @@ bool parse_isa(const std::string& name, Isa* out);
 
 struct CpuFeatures {
   std::string arch;                  // "x86_64", "aarch64" or "unknown"
-  std::vector<std::string> flags;    // detected features, e.g. "avx2", "fma", "f16c", "avx512f"
+  std::vector<std::string> flags;    // detected features, e.g. "avx2", "f16c", "asimddp", "i8mm"
   Isa best = Isa::scalar;            // best level with kernels in this build
   int physical_cores = 1;
 };

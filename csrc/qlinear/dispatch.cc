@@ -13,6 +13,11 @@ const KernelTable& kernels_for(Isa isa) {
 #if defined(__x86_64__) || defined(_M_X64)
     case Isa::avx2: return avx2_kernels();
 #endif
+#if defined(__aarch64__)
+    case Isa::neon: return neon_kernels();
+    case Isa::dotprod:
+    case Isa::i8mm: return dotprod_kernels();
+#endif
     default: return scalar_kernels();
   }
 }
@@ -33,7 +38,7 @@ Isa initial_level() {
   Isa cap;
   if (!parse_isa(env, &cap))
     throw std::invalid_argument(std::string("QLINEAR_ISA=") + env +
-                                " is not a known level (scalar, avx2, neon)");
+                                " is not a known level (scalar, avx2, neon, dotprod, i8mm)");
   return capped_level(cap);
 }
 

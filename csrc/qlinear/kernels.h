@@ -85,6 +85,10 @@ const KernelTable& scalar_kernels();
 #if defined(__x86_64__) || defined(_M_X64)
 const KernelTable& avx2_kernels();
 #endif
+#if defined(__aarch64__)
+const KernelTable& neon_kernels();
+const KernelTable& dotprod_kernels();
+#endif
 
 // The table in use: the best level of this CPU, capped by QLINEAR_ISA at start-up.
 const KernelTable& active_kernels();

@@ -6,7 +6,7 @@ namespace qlinear {
 
 namespace {
 const LayoutInfo kLayouts[] = {
-    {LayoutId::x86_nr8_kr4, "x86_nr8_kr4", 8, 4},
+    {LayoutId::nr8_kr4, "nr8_kr4", 8, 4},
 };
 }  // namespace
 
@@ -22,7 +22,7 @@ const LayoutInfo* find_layout(const std::string& name) {
   return nullptr;
 }
 
-LayoutId family_layout() { return LayoutId::x86_nr8_kr4; }
+LayoutId family_layout() { return LayoutId::nr8_kr4; }
 
 int64_t storage_block(int64_t k, int64_t group_size) {
   return group_size >= k ? std::min<int64_t>(round_up(k, 32), 256) : group_size;

@@ -16,9 +16,13 @@
 //   int4 : chunk c holds k = c*2kr .. c*2kr+2kr-1;   byte r*kr + i = code[r][c*2kr + i]        (low nibble)
 //                                                                  | code[r][c*2kr + kr + i] << 4 (high nibble)
 // so one byte-wise AND / shift splits an int4 chunk into two int8 chunks, and every 4-byte lane
-// of a chunk is one output row times kr consecutive k: the operand shape of x86 VPMADDUBSW +
-// VPMADDWD and of VPDPBUSD (u8 weights x s8 activations, kr = 4), with the activations
-// broadcast 4 bytes at a time. Rows past N and k past K are zero codes with zero scales.
+// of a chunk is one output row times kr consecutive k. That is the operand shape of x86
+// VPMADDUBSW + VPMADDWD and VPDPBUSD (u8 weights x s8 activations broadcast 4 bytes at a time)
+// and of ARM SDOT by element (a 16-byte half chunk = 4 rows x 4 k against 4 activation bytes
+// picked by lane); zipping the 32-bit lanes of an int4 chunk's two nibble halves gives each row
+// 8 consecutive k, the operand of ARM SMMLA. So one layout serves both families, and packed
+// files move between x86 and ARM unchanged. Rows past N and k past K are zero codes with zero
+// scales.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +33,7 @@
 namespace qlinear {
 
 enum class LayoutId : uint8_t {
-  x86_nr8_kr4 = 1,  // AVX2 / AVX-VNNI / AVX512-VNNI family: 8 rows x 4 k per 32-byte chunk
+  nr8_kr4 = 1,  // 8 rows x 4 k per 32-byte chunk: x86 AVX2 / VNNI, ARM NEON / dotprod / i8mm
 };
 
 struct LayoutInfo {
@@ -42,8 +46,8 @@ struct LayoutInfo {
 const LayoutInfo& layout_info(LayoutId id);
 // Looks a layout up by name; returns nullptr if unknown.
 const LayoutInfo* find_layout(const std::string& name);
-// The layout of this build's SIMD family (x86 or ARM): what pack_weight produces, so that every
-// level of the family, scalar included, runs the same packed weight.
+// The layout of this build's SIMD family: what pack_weight produces, so that every level of the
+// family, scalar included, runs the same packed weight.
 LayoutId family_layout();
 
 // Storage block for a semantic group size: the group itself (32..256, multiples of 32), or
@@ -59,7 +63,7 @@ struct WeightGeometry {
   int64_t ngroups = 0;        // ceil(K / group_size)
   int64_t block = 0;          // storage block (k per scale entry), multiple of 32
   int64_t nblocks = 0;        // ceil(K / block)
-  LayoutId layout = LayoutId::x86_nr8_kr4;
+  LayoutId layout = LayoutId::nr8_kr4;
   int nr = 8, kr = 4;
   int64_t npanels = 0;        // ceil(N / nr)
   int64_t code_bytes = 0;     // codes per block: nr * block * bits / 8

@@ -1,4 +1,4 @@
-// AVX2 + FMA + F16C kernels over the x86_nr8_kr4 layout (compiled with -mavx2 -mfma -mf16c in
+// AVX2 + FMA + F16C kernels over the nr8_kr4 layout (compiled with -mavx2 -mfma -mf16c in
 // this file only; dispatch calls them only on CPUs that report all three).
 //
 // Integer core, per 32-byte chunk of one panel (8 output rows x 4 k per 32-bit lane):
@@ -252,13 +252,13 @@ const KernelTable& avx2_kernels() {
   static const KernelTable table = {
       Isa::avx2,
       quantize_acts, "quantize_acts_absmax_avx2",
-      {gemv<4>, gemv<8>}, {"gemv_w4a8_x86_nr8_kr4_avx2", "gemv_w8a8_x86_nr8_kr4_avx2"},
-      {gemm<4>, gemm<8>}, {"gemm_w4a8_x86_nr8_kr4_4x8_avx2", "gemm_w8a8_x86_nr8_kr4_4x8_avx2"},
+      {gemv<4>, gemv<8>}, {"gemv_w4a8_nr8_kr4_avx2", "gemv_w8a8_nr8_kr4_avx2"},
+      {gemm<4>, gemm<8>}, {"gemm_w4a8_nr8_kr4_4x8_avx2", "gemm_w8a8_nr8_kr4_4x8_avx2"},
       {0, 128},
       avx2::prepare_float_acts,
-      {avx2::gemv_float<4>, avx2::gemv_float<8>}, {"gemv_w4f32_x86_nr8_kr4_avx2", "gemv_w8f32_x86_nr8_kr4_avx2"},
-      {avx2::gemm_float<4>, avx2::gemm_float<8>}, {"gemm_w4f32_x86_nr8_kr4_4x8_avx2", "gemm_w8f32_x86_nr8_kr4_4x8_avx2"},
-      LayoutId::x86_nr8_kr4,
+      {avx2::gemv_float<4>, avx2::gemv_float<8>}, {"gemv_w4f32_nr8_kr4_avx2", "gemv_w8f32_nr8_kr4_avx2"},
+      {avx2::gemm_float<4>, avx2::gemm_float<8>}, {"gemm_w4f32_nr8_kr4_4x8_avx2", "gemm_w8f32_nr8_kr4_4x8_avx2"},
+      LayoutId::nr8_kr4,
   };
   return table;
 }

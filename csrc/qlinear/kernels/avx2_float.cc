@@ -1,5 +1,5 @@
 // AVX2 + FMA + F16C kernels of the low-memory float path (float activations, int4 / int8 weights
-// of the x86_nr8_kr4 layout dequantized in registers, fp32 accumulation).
+// of the nr8_kr4 layout dequantized in registers, fp32 accumulation).
 //
 // GEMV: a 32-bit lane of a chunk holds one row's codes for 4 (int8) or 8 (int4) consecutive k.
 // Instead of shifting each code down, the code is masked in place (q << s, exact as a float) and

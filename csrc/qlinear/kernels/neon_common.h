@@ -1,0 +1,254 @@
+// Pieces shared by the aarch64 levels (neon.cc, dotprod.cc): activation quantization, the float
+// epilogue of the int8 kernels, and the float path. Included by each level's file, so each copy
+// is compiled with that file's -march flags.
+#pragma once
+
+#include <arm_neon.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "../kernels.h"
+
+namespace qlinear::arm {
+
+template <DType DT>
+inline float32x4_t load4(const void* x, int64_t i) {
+  if constexpr (DT == DType::f32) return vld1q_f32(static_cast<const float*>(x) + i);
+  else return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(static_cast<const uint16_t*>(x) + i)));
+}
+
+template <DType DT>
+inline float load1(const void* x, int64_t i) {
+  if constexpr (DT == DType::f32) return static_cast<const float*>(x)[i];
+  else return half_to_float(static_cast<const uint16_t*>(x)[i]);
+}
+
+// absmax per activation block, q = rint(x / s) (FCVTNS: nearest, ties to even), s = absmax / 127.
+template <DType DT>
+void quantize_acts_impl(const ActQuantArgs& a, int64_t m0, int64_t m1) {
+  const int64_t kpad = a.nblocks * a.block;
+  const int64_t act_block = a.act_block >= a.k ? kpad : a.act_block;
+  for (int64_t m = m0; m < m1; ++m) {
+    const void* x = DT == DType::f32 ? static_cast<const void*>(static_cast<const float*>(a.x) + m * a.ldx)
+                                     : static_cast<const void*>(static_cast<const uint16_t*>(a.x) + m * a.ldx);
+    int8_t* q = a.q + m * a.ldq;
+    for (int64_t a0 = 0; a0 < kpad; a0 += act_block) {
+      const int64_t a1 = std::min(a0 + act_block, a.k);
+      float32x4_t vmax = vdupq_n_f32(0.f);
+      uint32x4_t vnan = vdupq_n_u32(0);
+      int64_t i = a0;
+      for (; i + 4 <= a1; i += 4) {
+        const float32x4_t v = load4<DT>(x, i);
+        vmax = vmaxnmq_f32(vmax, vabsq_f32(v));
+        vnan = vorrq_u32(vnan, vmvnq_u32(vceqq_f32(v, v)));
+      }
+      float absmax = vmaxvq_f32(vmax);
+      bool finite = vmaxvq_u32(vnan) == 0;
+      for (; i < a1; ++i) {
+        const float v = load1<DT>(x, i);
+        finite &= !std::isnan(v);
+        absmax = std::max(absmax, std::fabs(v));
+      }
+      finite &= !std::isinf(absmax);
+      const float s = finite ? absmax / 127.f : NAN;
+      const bool zero = !(s > 0.f);
+      const float32x4_t vs = vdupq_n_f32(s);
+      const int64_t block_end = std::min(a0 + act_block, kpad);
+      for (int64_t b = a0 / a.block; b < block_end / a.block; ++b) {
+        const int64_t b0 = b * a.block, b1 = b0 + a.block, real_end = std::max(b0, std::min(b1, a1));
+        int32x4_t vsum = vdupq_n_s32(0);
+        int32_t sum = 0;
+        int64_t j = b0;
+        if (!zero) {
+          for (; j + 8 <= real_end; j += 8) {
+            int32x4_t q0 = vcvtnq_s32_f32(vdivq_f32(load4<DT>(x, j), vs));
+            int32x4_t q1 = vcvtnq_s32_f32(vdivq_f32(load4<DT>(x, j + 4), vs));
+            q0 = vmaxq_s32(vdupq_n_s32(-127), vminq_s32(vdupq_n_s32(127), q0));
+            q1 = vmaxq_s32(vdupq_n_s32(-127), vminq_s32(vdupq_n_s32(127), q1));
+            vsum = vaddq_s32(vsum, vaddq_s32(q0, q1));
+            vst1_s8(q + j, vmovn_s16(vcombine_s16(vmovn_s32(q0), vmovn_s32(q1))));
+          }
+          for (; j < real_end; ++j) {
+            const float r = std::nearbyint(load1<DT>(x, j) / s);
+            const int32_t v = static_cast<int32_t>(std::min(127.f, std::max(-127.f, r)));
+            q[j] = static_cast<int8_t>(v);
+            sum += v;
+          }
+        }
+        for (; j < b1; ++j) q[j] = 0;
+        a.sum[m * a.nblocks + b] = sum + vaddvq_s32(vsum);
+        a.scale[m * a.nblocks + b] = s;
+      }
+    }
+  }
+}
+
+inline void quantize_acts(const ActQuantArgs& a, int64_t m0, int64_t m1) {
+  if (a.dtype == DType::f32) quantize_acts_impl<DType::f32>(a, m0, m1);
+  else quantize_acts_impl<DType::f16>(a, m0, m1);
+}
+
+inline float32x4_t load_half4(const uint8_t* p) {
+  return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p))));
+}
+
+// A level's integer core: BlockDot<BITS, MR>::run(block codes, block length, xq rows, acc) fills
+// acc[i][0] (rows 0-3) and acc[i][1] (rows 4-7) with the block's sums of x * code (int4) or
+// x * (code - 128) (int8). The rest -- epilogue, tiling, stores -- is common.
+template <template <int, int> class BlockDot, int BITS, int MR>
+void panel_tile(const Int8MatmulArgs& a, int64_t m, int64_t p) {
+  const WeightGeometry& g = *a.w;
+  const uint8_t* panel = a.packed + p * g.panel_bytes;
+  const int8_t* xq[MR];
+  float32x4_t y[MR][2];
+  for (int i = 0; i < MR; ++i) {
+    xq[i] = a.act.q + (m + i) * a.act.ldq;
+    y[i][0] = y[i][1] = vdupq_n_f32(0.f);
+  }
+  const float* sx = a.act.scale + m * g.nblocks;
+  const float* sxsum = a.act.scaled_sum + m * g.nblocks;
+  const int32_t* zsum = a.act.shifted_sum + m * g.nblocks;
+  for (int64_t b = 0; b < g.nblocks; ++b) {
+    const uint8_t* block = panel + b * g.block_bytes;
+    int32x4_t acc[MR][2];
+    BlockDot<BITS, MR>::run(block, g.block, xq, acc);
+    const float32x4_t scale[2] = {load_half4(block + g.code_bytes), load_half4(block + g.code_bytes + 8)};
+    for (int i = 0; i < MR; ++i) {
+      const int64_t at = i * g.nblocks + b;
+      const int32x4_t z = vdupq_n_s32(zsum[at]);
+      for (int h = 0; h < 2; ++h)
+        y[i][h] = vfmaq_f32(y[i][h], vcvtq_f32_s32(vaddq_s32(acc[i][h], z)), vmulq_n_f32(scale[h], sx[at]));
+      xq[i] += g.block;
+    }
+    if (!g.symmetric) {
+      const float32x4_t offset[2] = {load_half4(block + g.code_bytes + 16), load_half4(block + g.code_bytes + 24)};
+      for (int i = 0; i < MR; ++i)
+        for (int h = 0; h < 2; ++h) y[i][h] = vfmaq_n_f32(y[i][h], offset[h], sxsum[i * g.nblocks + b]);
+    }
+  }
+  const int64_t n0 = p * 8, rows = std::min<int64_t>(8, g.n - n0);
+  for (int i = 0; i < MR; ++i) {
+    float tmp[8];
+    vst1q_f32(tmp, y[i][0]);
+    vst1q_f32(tmp + 4, y[i][1]);
+    float* out = a.y + (m + i) * a.ldy + n0;
+    for (int64_t r = 0; r < rows; ++r) out[r] = a.bias ? tmp[r] + a.bias[n0 + r] : tmp[r];
+  }
+}
+
+template <template <int, int> class BlockDot, int BITS>
+void gemv(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  for (int64_t m = m0; m < m1; ++m)
+    for (int64_t p = p0; p < p1; ++p) panel_tile<BlockDot, BITS, 1>(a, m, p);
+}
+
+template <template <int, int> class BlockDot, int BITS>
+void gemm(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  constexpr int64_t kRowChunk = 32;
+  for (int64_t mc = m0; mc < m1; mc += kRowChunk) {
+    const int64_t mc1 = std::min(m1, mc + kRowChunk);
+    for (int64_t p = p0; p < p1; ++p) {
+      int64_t m = mc;
+      for (; m + 4 <= mc1; m += 4) panel_tile<BlockDot, BITS, 4>(a, m, p);
+      switch (mc1 - m) {
+        case 3: panel_tile<BlockDot, BITS, 3>(a, m, p); break;
+        case 2: panel_tile<BlockDot, BITS, 2>(a, m, p); break;
+        case 1: panel_tile<BlockDot, BITS, 1>(a, m, p); break;
+        default: break;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Float path: each block of a panel is dequantized to w'[k][8 rows] in a stack buffer, then every
+// row of x runs 8-wide FMAs over it (block sums, then across blocks, as on x86).
+
+inline float prepare_float_acts(const FloatActArgs& a, int64_t m0, int64_t m1) {
+  float absmax = 0.f;
+  bool nan = false;
+  for (int64_t m = m0; m < m1; ++m) {
+    float* out = a.out + m * a.ldo;
+    int64_t i = 0;
+    if (a.dtype == DType::f32) {
+      const float* x = static_cast<const float*>(a.x) + m * a.ldx;
+      std::memcpy(out, x, static_cast<size_t>(a.k) * 4);
+      i = a.k;
+    } else {
+      const void* x = static_cast<const uint16_t*>(a.x) + m * a.ldx;
+      for (; i + 4 <= a.k; i += 4) vst1q_f32(out + i, load4<DType::f16>(x, i));
+      for (; i < a.k; ++i) out[i] = load1<DType::f16>(x, i);
+    }
+    for (; i < a.nblocks * a.block; ++i) out[i] = 0.f;
+    for (int64_t b = 0; b < a.nblocks; ++b) {
+      float32x4_t s = vdupq_n_f32(0.f), mx = vdupq_n_f32(0.f);
+      uint32x4_t vn = vdupq_n_u32(0);
+      for (int64_t j = b * a.block; j < (b + 1) * a.block; j += 4) {
+        const float32x4_t v = vld1q_f32(out + j);
+        s = vaddq_f32(s, v);
+        mx = vmaxnmq_f32(mx, vabsq_f32(v));
+        vn = vorrq_u32(vn, vmvnq_u32(vceqq_f32(v, v)));
+      }
+      a.sum[m * a.nblocks + b] = vaddvq_f32(s);
+      absmax = std::max(absmax, vmaxvq_f32(mx));
+      nan |= vmaxvq_u32(vn) != 0;
+    }
+  }
+  return nan ? NAN : absmax;
+}
+
+// w'[k][r] of one block (8 rows), k-major.
+template <int BITS>
+inline void dequantize_block(const WeightGeometry& g, const uint8_t* block, float* out) {
+  const float zp = static_cast<float>(g.zero_point());
+  float32x4_t scale[2] = {load_half4(block + g.code_bytes), load_half4(block + g.code_bytes + 8)};
+  float32x4_t offset[2];
+  for (int h = 0; h < 2; ++h)
+    offset[h] = g.symmetric ? vmulq_n_f32(scale[h], -zp) : load_half4(block + g.code_bytes + 16 + 8 * h);
+  constexpr int kChunkK = BITS == 4 ? 8 : 4;
+  for (int64_t kk = 0; kk < g.block; kk += kChunkK) {
+    const uint8_t* w = block + kk * (32 / kChunkK);
+    for (int h = 0; h < 2; ++h) {  // rows 4h .. 4h+3: one 32-bit lane each
+      const uint32x4_t v = vld1q_u32(reinterpret_cast<const uint32_t*>(w + 16 * h));
+      for (int i = 0; i < kChunkK; ++i) {
+        // int4: k i < 4 at bits 8i (low nibble), k 4 + i at bits 8i + 4; int8: k i at bits 8i.
+        const int shift = BITS == 4 ? (i < 4 ? 8 * i : 8 * (i - 4) + 4) : 8 * i;
+        const uint32x4_t q = vandq_u32(vshlq_u32(v, vdupq_n_s32(-shift)), vdupq_n_u32(BITS == 4 ? 0xF : 0xFF));
+        vst1q_f32(out + (kk + i) * 8 + 4 * h, vfmaq_f32(offset[h], vcvtq_f32_u32(q), scale[h]));
+      }
+    }
+  }
+}
+
+template <int BITS>
+void float_matmul(const FloatMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  const WeightGeometry& g = *a.w;
+  float wbuf[256 * 8];  // one block (block <= 256)
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = a.packed + p * g.panel_bytes;
+    const int64_t n0 = p * 8, rows = std::min<int64_t>(8, g.n - n0);
+    for (int64_t b = 0; b < g.nblocks; ++b) {
+      dequantize_block<BITS>(g, panel + b * g.block_bytes, wbuf);
+      for (int64_t m = m0; m < m1; ++m) {
+        const float* x = a.x + m * a.ldx + b * g.block;
+        float32x4_t part0 = vdupq_n_f32(0.f), part1 = vdupq_n_f32(0.f);
+        for (int64_t kk = 0; kk < g.block; ++kk) {
+          part0 = vfmaq_n_f32(part0, vld1q_f32(wbuf + 8 * kk), x[kk]);
+          part1 = vfmaq_n_f32(part1, vld1q_f32(wbuf + 8 * kk + 4), x[kk]);
+        }
+        float tmp[8];
+        vst1q_f32(tmp, part0);
+        vst1q_f32(tmp + 4, part1);
+        float* out = a.y + m * a.ldy + n0;
+        for (int64_t r = 0; r < rows; ++r) {
+          const float acc = (b == 0 ? 0.f : out[r]) + tmp[r];
+          out[r] = b + 1 < g.nblocks ? acc : acc * a.unscale + (a.bias ? a.bias[n0 + r] : 0.f);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace qlinear::arm
