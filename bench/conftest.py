@@ -2,9 +2,10 @@
 
 * puts bench/ on sys.path so the tests can ``import peers``;
 * ``--quick``: smoke run, only the 1x4096x4096 and 128x4096x4096 shapes at
-  group 64 and 1 thread (plus the tiny unparametrized benchmarks);
-* ``bench_cache``: session cache of weights, qlinear packed weights and MNN
-  modules, so each is built once.  Benchmarks are reordered so that all cases
+  group 64 and 1 thread, plus 1x4096x11008 group 128 1 thread of
+  test_float_matmul.py (and the tiny unparametrized benchmarks);
+* ``bench_cache``: session cache of weights, qlinear packed weights, MNN
+  modules and onnxruntime sessions, so each is built once.  Benchmarks are reordered so that all cases
   using the same weight matrix [N, K] run back to back, and the cache only
   keeps the objects of the current weight (the largest weights take ~180 MB
   as float32, plus their transposed copy, packed forms and MNN modules);
@@ -30,6 +31,10 @@ import qlinear  # noqa: E402
 QUICK_SHAPES = {(1, 4096, 4096), (128, 4096, 4096)}
 QUICK_GROUP = 64
 QUICK_THREADS = 1
+# Extra --quick cases per test file: {file name: {(shape, group, threads)}}.
+QUICK_EXTRA = {
+    "test_float_matmul.py": {((1, 4096, 11008), 128, 1)},
+}
 
 # Timing budget per benchmark: rounds are chosen from a short calibration so
 # that one benchmark takes about TARGET_S seconds, clamped to [lo, hi].
@@ -44,7 +49,8 @@ GEMM_TARGET_S = 1.5
 def pytest_addoption(parser):
     parser.addoption(
         "--quick", action="store_true", default=False,
-        help="qlinear bench: only shapes 1x4096x4096 and 128x4096x4096, group 64, 1 thread")
+        help="qlinear bench: only shapes 1x4096x4096 and 128x4096x4096, group 64, 1 thread "
+             "(plus 1x4096x11008 group 128, 1 thread of the float benchmarks)")
 
 
 def _case_params(item):
@@ -60,6 +66,15 @@ def _weight_key(params):
     return (n, k)
 
 
+def _in_quick_set(item, p):
+    shape = tuple(p["shape"])
+    group, threads = p.get("group", QUICK_GROUP), p.get("threads", QUICK_THREADS)
+    if shape in QUICK_SHAPES and group == QUICK_GROUP and threads == QUICK_THREADS:
+        return True
+    extra = QUICK_EXTRA.get(os.path.basename(str(item.path)), ())
+    return (shape, group, threads) in extra
+
+
 def pytest_collection_modifyitems(config, items):
     # --quick: deselect everything outside the smoke set.
     if config.getoption("--quick"):
@@ -68,8 +83,7 @@ def pytest_collection_modifyitems(config, items):
             p = _case_params(item)
             if "shape" not in p:  # unparametrized, tiny benchmarks: always run
                 keep.append(item)
-            elif (tuple(p["shape"]) in QUICK_SHAPES and p.get("group", QUICK_GROUP) == QUICK_GROUP
-                  and p.get("threads", QUICK_THREADS) == QUICK_THREADS):
+            elif _in_quick_set(item, p):
                 keep.append(item)
             else:
                 drop.append(item)
@@ -102,6 +116,7 @@ class BenchCache:
         self._objs = {}  # objects of the current weight [N, K]
         self._xs = {}    # activations are small: kept for the whole session
         self._mnn_ok = None
+        self._ort_ok = None
 
     # -- helpers ------------------------------------------------------------
     def _for_weight(self, n, k):
@@ -153,6 +168,22 @@ class BenchCache:
         from peers.mnn_peer import MNNLinear
         return self._get(n, k, ("mnn", group, bits, threads), lambda: MNNLinear(
             self.weight(n, k), bits=bits, block=group, threads=threads, memory="low"))
+
+    def ort_available(self):
+        if self._ort_ok is None:
+            from peers.ort_peer import available
+            self._ort_ok = available()
+        return self._ort_ok
+
+    def ort(self, n, k, group, bits=4, threads=1, accuracy_level=4):
+        """onnxruntime MatMulNBits session (asymmetric, block = group); skips if
+        onnxruntime is missing."""
+        if not self.ort_available():
+            pytest.skip("onnxruntime not available (pip install onnxruntime onnx)")
+        from peers.ort_peer import ORTMatMulNBits
+        return self._get(n, k, ("ort", group, bits, threads, accuracy_level),
+                         lambda: ORTMatMulNBits(self.weight(n, k), bits=bits, block=group,
+                                                threads=threads, accuracy_level=accuracy_level))
 
     def clear(self):
         self._objs.clear()

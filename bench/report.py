@@ -4,10 +4,14 @@ Usage:
     python -m pytest bench/ --benchmark-only --benchmark-json=out.json
     python bench/report.py out.json
 
-Times are medians.  "MNN/qlinear" and "numpy/qlinear" are how many times
-faster qlinear (default, act_block="group") is than that engine (>1: qlinear
-faster).  numpy fp32 does not depend on the group size and is measured once per
-shape and thread count (at group 64); its time is shown on every group's row.
+Times are medians.  "MNN/qlinear", "ORT/qlinear" and "numpy/qlinear" are how
+many times faster qlinear (W4A8 table: default act_block="group"; float table:
+qlinear.matmul_float) is than that engine (>1: qlinear faster).  numpy fp32
+does not depend on the group size and is measured once per shape and thread
+count (W4A8: at group 64, float: at group 128); its time is shown on every
+group's row.  ORT = onnxruntime MatMulNBits (accuracy_level 4 in the W4A8
+table, 1 in the float table); MNN-low in the float table is MNN's W4A8 path
+(MNN has no float-activation low-memory mode).
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ def load(path):
         kind = {"gemv": "w4a8", "gemm": "w4a8"}.get(kind, kind)
         if kind.startswith("w8a8"):
             kind = "w8a8"
+        elif kind.startswith("float"):
+            kind = "float"
         key = (shape, info["group"], info["threads"])
         rows.setdefault(kind, {}).setdefault(key, {})[info["engine"]] = (
             b["stats"]["median"], info)
@@ -73,26 +79,51 @@ def _info(cell, engine):
     return v[1] if v else None
 
 
-def table_w4a8(rows):
-    # numpy is measured at one group per (shape, threads): share it across groups.
+def _numpy_by(rows):
+    """numpy is measured at one group per (shape, threads): share it across groups."""
     numpy_by = {}
     for (shape, group, threads), cell in rows.items():
         if "numpy" in cell:
             numpy_by.setdefault((shape, threads), cell["numpy"][0])
+    return numpy_by
+
+
+def table_w4a8(rows):
+    numpy_by = _numpy_by(rows)
     out = [
-        "| shape MxKxN | group | threads | qlinear ms | qlinear-rowscale ms | MNN ms | numpy ms "
-        "| qlinear GB/s or GOPS | MNN/qlinear | numpy/qlinear |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| shape MxKxN | group | threads | qlinear ms | qlinear-rowscale ms | MNN ms | ORT-l4 ms "
+        "| numpy ms | qlinear GB/s or GOPS | MNN/qlinear | ORT/qlinear | numpy/qlinear |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key in sorted(rows, key=_sort_key):
         shape, group, threads = key
         cell = rows[key]
         q, qr, mnn = _t(cell, "qlinear"), _t(cell, "qlinear-rowscale"), _t(cell, "mnn")
+        ort = _t(cell, "ort-level4")
         npy = _t(cell, "numpy") or numpy_by.get((shape, threads))
         out.append(
             f"| {'x'.join(map(str, shape))} | {group} | {threads} | {_ms(q)} | {_ms(qr)} "
-            f"| {_ms(mnn)} | {_ms(npy)} | {_rate(_info(cell, 'qlinear'), q)} "
-            f"| {_ratio(mnn, q)} | {_ratio(npy, q)} |")
+            f"| {_ms(mnn)} | {_ms(ort)} | {_ms(npy)} | {_rate(_info(cell, 'qlinear'), q)} "
+            f"| {_ratio(mnn, q)} | {_ratio(ort, q)} | {_ratio(npy, q)} |")
+    return out
+
+
+def table_float(rows):
+    numpy_by = _numpy_by(rows)
+    out = [
+        "| shape MxKxN | group | threads | qlinear-float ms | numpy ms | ORT-l1 ms | MNN-low ms "
+        "| qlinear GB/s or GOPS | numpy/qlinear | ORT/qlinear | MNN/qlinear |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key in sorted(rows, key=_sort_key):
+        shape, group, threads = key
+        cell = rows[key]
+        q, ort, mnn = _t(cell, "qlinear-float"), _t(cell, "ort-level1"), _t(cell, "mnn-low")
+        npy = _t(cell, "numpy") or numpy_by.get((shape, threads))
+        out.append(
+            f"| {'x'.join(map(str, shape))} | {group} | {threads} | {_ms(q)} | {_ms(npy)} "
+            f"| {_ms(ort)} | {_ms(mnn)} | {_rate(_info(cell, 'qlinear-float'), q)} "
+            f"| {_ratio(npy, q)} | {_ratio(ort, q)} | {_ratio(mnn, q)} |")
     return out
 
 
@@ -146,6 +177,7 @@ def main(argv=None):
 
     sections = [("W4A8 (int4 weights, int8 activations)", "w4a8", table_w4a8),
                 ("W8A8 (int8 weights, int8 activations)", "w8a8", table_w8a8),
+                ("Float activations (low-memory)", "float", table_float),
                 ("Per-call overhead", "overhead", table_overhead)]
     for title, kind, fn in sections:
         if kind in rows:

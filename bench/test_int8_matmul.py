@@ -1,4 +1,5 @@
-"""qlinear W4A8 / W8A8 matmul vs MNN (W4A8/W8A8, memory mode low) vs numpy fp32.
+"""qlinear W4A8 / W8A8 matmul vs MNN (W4A8/W8A8, memory mode low), onnxruntime
+MatMulNBits (accuracy_level 4 = W4A8) and numpy fp32.
 
 Shapes are (M, K, N): y[M, N] = x[M, K] @ W.T with W [N, K] (nn.Linear), so
 1x4096x11008 is K=4096, N=11008 (an MLP up projection at decode time) and
@@ -30,7 +31,7 @@ SHAPES = [  # (M, K, N)
 ]
 GROUPS = [32, 64, 128]
 THREADS = [1, 2]
-ENGINES = ["qlinear", "qlinear-rowscale", "mnn", "numpy"]
+ENGINES = ["qlinear", "qlinear-rowscale", "mnn", "ort-level4", "numpy"]
 NUMPY_GROUP = 64  # numpy fp32 does not depend on the group: measured once
 
 W8A8_SHAPES = [(1, 4096, 4096), (128, 4096, 4096)]
@@ -96,6 +97,11 @@ def test_w4a8(run_bench, bench_cache, qlinear_threads, shape, group, threads, en
 
         def fn():
             return mod(x)
+    elif engine == "ort-level4":
+        mod = bench_cache.ort(n, k, group, bits=4, threads=threads, accuracy_level=4)
+        nbytes = mod.weight_bytes
+        extra["accuracy_level"] = mod.accuracy_level
+        fn = mod.bind(x)  # run_with_iobinding into a preallocated output
     elif engine == "numpy":
         ctx = _blas_threads(threads)
         wT = bench_cache.weight_t(n, k)
