@@ -16,7 +16,7 @@ enum class Isa : int {
   // aarch64
   neon = 20,        // ARMv8.0 Advanced SIMD (SMULL / SADALP int8 products)
   dotprod = 21,     // + ARMv8.2 SDOT
-  i8mm = 22,        // + ARMv8.6 SMMLA (kernels to come: runs the dotprod kernels meanwhile)
+  i8mm = 22,        // + ARMv8.6 SMMLA (GEMM; GEMV stays on SDOT)
 };
 
 const char* isa_name(Isa isa);

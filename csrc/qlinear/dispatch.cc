@@ -15,8 +15,8 @@ const KernelTable& kernels_for(Isa isa) {
 #endif
 #if defined(__aarch64__)
     case Isa::neon: return neon_kernels();
-    case Isa::dotprod:
-    case Isa::i8mm: return dotprod_kernels();
+    case Isa::dotprod: return dotprod_kernels();
+    case Isa::i8mm: return i8mm_kernels();
 #endif
     default: return scalar_kernels();
   }

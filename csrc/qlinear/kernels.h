@@ -88,6 +88,7 @@ const KernelTable& avx2_kernels();
 #if defined(__aarch64__)
 const KernelTable& neon_kernels();
 const KernelTable& dotprod_kernels();
+const KernelTable& i8mm_kernels();
 #endif
 
 // The table in use: the best level of this CPU, capped by QLINEAR_ISA at start-up.
