@@ -30,6 +30,13 @@ def test_qlinear_isa_environment_caps_the_level(level):
     assert out.stdout.strip() == level
 
 
+def test_qlinear_num_threads_sets_the_default():
+    code = "import qlinear; print(qlinear.get_num_threads())"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "QLINEAR_NUM_THREADS": "3"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "3"
+
+
 def test_unknown_qlinear_isa_is_an_error():
     out = subprocess.run([sys.executable, "-c", "import qlinear"],
                          env={**os.environ, "QLINEAR_ISA": "avx9000"}, capture_output=True, text=True)

@@ -104,23 +104,30 @@ void detect_arm64(CpuFeatures& f) {
 #endif
 
 // Physical cores this process may run on: distinct (package, core) pairs in the affinity mask.
+// On big.LITTLE CPUs (cores of different cpuinfo_max_freq) only the fastest cores count: a
+// thread on a little core makes every parallel job wait for it.
 int count_physical_cores() {
 #if defined(__linux__)
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    std::set<std::pair<int, int>> cores;
-    int logical = 0;
+    struct Core { int pkg, core; long max_freq; };
+    std::vector<Core> cpus;
     for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
       if (!CPU_ISSET(cpu, &set)) continue;
-      ++logical;
-      const std::string base = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
-      int pkg = -1, core = -1;
-      std::ifstream(base + "physical_package_id") >> pkg;
-      std::ifstream(base + "core_id") >> core;
-      cores.emplace(pkg, core < 0 ? cpu : core);
+      const std::string base = "/sys/devices/system/cpu/cpu" + std::to_string(cpu);
+      Core c{-1, -1, 0};
+      std::ifstream(base + "/topology/physical_package_id") >> c.pkg;
+      std::ifstream(base + "/topology/core_id") >> c.core;
+      std::ifstream(base + "/cpufreq/cpuinfo_max_freq") >> c.max_freq;
+      if (c.core < 0) c.core = cpu;
+      cpus.push_back(c);
     }
+    long fastest = 0;
+    for (const Core& c : cpus) fastest = std::max(fastest, c.max_freq);
+    std::set<std::pair<int, int>> cores;
+    for (const Core& c : cpus)
+      if (c.max_freq == fastest) cores.emplace(c.pkg, c.core);  // all equal (or unknown): all
     if (!cores.empty()) return static_cast<int>(cores.size());
-    if (logical > 0) return logical;
   }
 #endif
   return std::max(1u, std::thread::hardware_concurrency());

@@ -26,7 +26,7 @@ struct CpuFeatures {
   std::string arch;                  // "x86_64", "aarch64" or "unknown"
   std::vector<std::string> flags;    // detected features, e.g. "avx2", "f16c", "asimddp", "i8mm"
   Isa best = Isa::scalar;            // best level with kernels in this build
-  int physical_cores = 1;
+  int physical_cores = 1;            // fast cores only on big.LITTLE (cpufreq max)
 };
 
 const CpuFeatures& cpu_features();

@@ -1,6 +1,7 @@
 #include "threadpool.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "cpu.h"
 
@@ -20,9 +21,18 @@ thread_local bool tl_inside_job = false;
 constexpr int kSpinIterations = 1 << 16;  // ~1-2 ms of PAUSE before a worker sleeps
 }  // namespace
 
+// Default thread count: QLINEAR_NUM_THREADS if set, else the (fast) physical cores.
+static int default_threads() {
+  if (const char* env = std::getenv("QLINEAR_NUM_THREADS")) {
+    const int n = std::atoi(env);
+    if (n >= 1) return n;
+  }
+  return cpu_features().physical_cores;
+}
+
 ThreadPool& ThreadPool::global() {
   // Leaked on purpose: workers must not be joined during static destruction at exit.
-  static ThreadPool* pool = new ThreadPool(cpu_features().physical_cores);
+  static ThreadPool* pool = new ThreadPool(default_threads());
   return *pool;
 }
 
