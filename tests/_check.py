@@ -25,3 +25,17 @@ def assert_close_to_reference(y, x, pw, bias=None, act_block=None):
         f"{bad.sum()} of {bad.size} outputs differ from the reference: worst err {err.max():.3g} "
         f"with tol {tol.flat[np.argmax(err - tol)]:.3g}")
     return y_ref
+
+
+def float_path_magnitude(x, pw):
+    """sum_k |x| (|offset| + |scale * q|): the scale of the float path's rounding, whose kernels
+    may sum scale * sum(x q) and offset * sum(x) apart (they cancel where |w'| << |offset|)."""
+    codes, scale, offset = pw.unpack()
+    g = pw.group_size
+    k = codes.shape[1]
+    q = codes.astype(np.float64) - ref.zero_point(pw.bits, pw.symmetric)
+    terms = np.abs(np.repeat(scale.astype(np.float64), g, axis=1)[:, :k] * q)
+    if offset is not None:
+        terms += np.abs(np.repeat(offset.astype(np.float64), g, axis=1)[:, :k])
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.abs(np.atleast_2d(np.asarray(x, dtype=np.float64))) @ terms.T
