@@ -1,0 +1,56 @@
+"""Memory: no growth over many calls, and loading a packed file costs ~its size (mmap, no copy)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+
+import qlinear
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_rss_flat_over_100k_calls(rng):
+    pw4 = qlinear.pack_weight(rng.standard_normal((64, 64)).astype(np.float32), bits=4, group_size=32)
+    pw8 = qlinear.pack_weight(rng.standard_normal((64, 64)).astype(np.float32), bits=8, group_size=32)
+    x1 = rng.standard_normal(64).astype(np.float32)
+    x4 = rng.standard_normal((4, 64)).astype(np.float16)
+
+    def calls(n):
+        for i in range(n):
+            qlinear.matmul_w4a8(x1, pw4)
+            if i % 4 == 0:
+                qlinear.matmul_w8a8(x4, pw8)
+                qlinear.matmul_float(x4, pw4)
+
+    calls(10_000)
+    before = rss_bytes()
+    calls(100_000)
+    growth = rss_bytes() - before
+    assert growth < 1 << 20, f"RSS grew by {growth} bytes over 100,000 calls"
+
+
+def test_loading_costs_about_the_file_size(tmp_path, rng):
+    path = tmp_path / "big.qlw"
+    w = rng.standard_normal((6144, 8192)).astype(np.float32)
+    qlinear.pack_weight(w, bits=4, group_size=64).save(path)
+    del w
+    size = os.path.getsize(path)
+    script = textwrap.dedent(f"""
+        import numpy as np, qlinear
+        def status(key):  # VmRSS / VmHWM (peak) of this process, in bytes
+            with open("/proc/self/status") as f:
+                return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key + ":"))
+        before = status("VmRSS")
+        pw = qlinear.load_weight({str(path)!r})           # mmap + CRC check of every byte
+        y = qlinear.matmul_w4a8(np.ones(8192, np.float32), pw)
+        print(status("VmHWM") - before)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    extra = int(out.stdout.strip())
+    assert extra <= 1.1 * size, f"loading a {size}-byte file raised the peak RSS by {extra} bytes"
