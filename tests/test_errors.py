@@ -58,6 +58,7 @@ def test_matmul_bad_input(pw):
         (lambda: qlinear.matmul_w4a8(x, pw, act_block=48), ValueError, "multiple of the weight's group"),
         (lambda: qlinear.matmul_w4a8(x, pw, act_block=0), ValueError, "positive"),
         (lambda: qlinear.matmul_w4a8(x, pw, act_block=1.5), TypeError, "act_block"),
+        (lambda: qlinear.matmul_w4a8(x, pw, act_block="row"), ValueError, "act_block"),
         (lambda: qlinear.matmul(x, pw, act="int4"), ValueError, "act must be"),
         (lambda: qlinear.matmul_float(np.ones((2, 65), np.float32), pw), ValueError, "K = 65"),
         (lambda: qlinear.matmul_float(np.ones((2, 64), np.int32), pw), TypeError, "float32 or float16"),

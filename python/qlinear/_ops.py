@@ -22,12 +22,14 @@ _core_matmul_float = _core.matmul_float
 
 
 def _act_block(pw: PackedWeight, act_block: ActBlock) -> int:
-    if act_block == "group":
-        return pw._h.block
+    if type(act_block) is str:
+        if act_block == "group":
+            return pw._h.block
+        raise ValueError(f"act_block must be None, 'group' or an int, got {act_block!r}")
     if act_block is None:
         return pw._h.k
     if isinstance(act_block, bool) or not isinstance(act_block, (int, np.integer)):
-        raise TypeError(f"act_block must be None, 'group' or an int, got {act_block!r}")
+        raise TypeError(f"act_block must be None, 'group' or an int, got {type(act_block).__name__}")
     return int(act_block)
 
 
@@ -36,7 +38,7 @@ def _int8_matmul(x, pw, bias, out, act_block, bits: int):
         raise TypeError(f"weight must be a qlinear.PackedWeight, got {type(pw).__name__}")
     if pw._h.bits != bits:
         raise ValueError(f"matmul_w{bits}a8 needs a {bits}-bit weight, got a {pw._h.bits}-bit one")
-    blk = pw._h.block if act_block == "group" else _act_block(pw, act_block)
+    blk = _act_block(pw, act_block)
     if type(x) is np.ndarray:  # the fast path: decode calls this thousands of times
         return _core_matmul(x, pw._h, bias, out, blk)
     if is_torch_tensor(x):
