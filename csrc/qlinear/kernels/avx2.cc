@@ -20,6 +20,8 @@
 namespace qlinear {
 namespace {
 
+using avx2::hmax;
+
 // ---------------------------------------------------------------------------------------------
 // Dynamic activation quantization: absmax per block, q = rint(x / s), s = absmax / 127.
 
@@ -33,13 +35,6 @@ template <DType DT>
 inline float load1(const void* x, int64_t i) {
   if constexpr (DT == DType::f32) return static_cast<const float*>(x)[i];
   else return _cvtsh_ss(static_cast<const uint16_t*>(x)[i]);
-}
-
-inline float hmax(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
 }
 
 inline int32_t hsum_epi32(__m256i v) {

@@ -10,19 +10,9 @@ namespace qlinear {
 using arm::SdotBlockDot;
 
 const KernelTable& dotprod_kernels() {
-  static const KernelTable table = {
-      Isa::dotprod,
-      arm::quantize_acts, "quantize_acts_absmax_neon",
-      {arm::gemv<SdotBlockDot, 4>, arm::gemv<SdotBlockDot, 8>},
-      {"gemv_w4a8_nr8_kr4_dotprod", "gemv_w8a8_nr8_kr4_dotprod"},
-      {arm::gemm<SdotBlockDot, 4>, arm::gemm<SdotBlockDot, 8>},
-      {"gemm_w4a8_nr8_kr4_4x8_dotprod", "gemm_w8a8_nr8_kr4_4x8_dotprod"},
-      {0, 128},
-      arm::prepare_float_acts,
-      {arm::float_matmul<4>, arm::float_matmul<8>}, {"gemv_w4f32_nr8_kr4_neon", "gemv_w8f32_nr8_kr4_neon"},
-      {arm::float_matmul<4>, arm::float_matmul<8>}, {"gemm_w4f32_nr8_kr4_neon", "gemm_w8f32_nr8_kr4_neon"},
-      LayoutId::nr8_kr4,
-  };
+  static const KernelTable table = arm::make_table<SdotBlockDot, SdotBlockDot>(
+      Isa::dotprod, "gemv_w4a8_nr8_kr4_dotprod", "gemv_w8a8_nr8_kr4_dotprod",
+      "gemm_w4a8_nr8_kr4_4x8_dotprod", "gemm_w8a8_nr8_kr4_4x8_dotprod");
   return table;
 }
 

@@ -69,19 +69,9 @@ struct SmmlaBlockDot {
 }  // namespace
 
 const KernelTable& i8mm_kernels() {
-  static const KernelTable table = {
-      Isa::i8mm,
-      arm::quantize_acts, "quantize_acts_absmax_neon",
-      {arm::gemv<arm::SdotBlockDot, 4>, arm::gemv<arm::SdotBlockDot, 8>},
-      {"gemv_w4a8_nr8_kr4_dotprod", "gemv_w8a8_nr8_kr4_dotprod"},
-      {arm::gemm<SmmlaBlockDot, 4>, arm::gemm<SmmlaBlockDot, 8>},
-      {"gemm_w4a8_nr8_kr4_4x8_i8mm", "gemm_w8a8_nr8_kr4_4x8_i8mm"},
-      {0, 128},
-      arm::prepare_float_acts,
-      {arm::float_matmul<4>, arm::float_matmul<8>}, {"gemv_w4f32_nr8_kr4_neon", "gemv_w8f32_nr8_kr4_neon"},
-      {arm::float_matmul<4>, arm::float_matmul<8>}, {"gemm_w4f32_nr8_kr4_neon", "gemm_w8f32_nr8_kr4_neon"},
-      LayoutId::nr8_kr4,
-  };
+  static const KernelTable table = arm::make_table<arm::SdotBlockDot, SmmlaBlockDot>(
+      Isa::i8mm, "gemv_w4a8_nr8_kr4_dotprod", "gemv_w8a8_nr8_kr4_dotprod",
+      "gemm_w4a8_nr8_kr4_4x8_i8mm", "gemm_w8a8_nr8_kr4_4x8_i8mm");
   return table;
 }
 

@@ -56,19 +56,9 @@ struct SmullBlockDot {
 }  // namespace
 
 const KernelTable& neon_kernels() {
-  static const KernelTable table = {
-      Isa::neon,
-      arm::quantize_acts, "quantize_acts_absmax_neon",
-      {arm::gemv<SmullBlockDot, 4>, arm::gemv<SmullBlockDot, 8>},
-      {"gemv_w4a8_nr8_kr4_neon", "gemv_w8a8_nr8_kr4_neon"},
-      {arm::gemm<SmullBlockDot, 4>, arm::gemm<SmullBlockDot, 8>},
-      {"gemm_w4a8_nr8_kr4_4x8_neon", "gemm_w8a8_nr8_kr4_4x8_neon"},
-      {0, 128},
-      arm::prepare_float_acts,
-      {arm::float_matmul<4>, arm::float_matmul<8>}, {"gemv_w4f32_nr8_kr4_neon", "gemv_w8f32_nr8_kr4_neon"},
-      {arm::float_matmul<4>, arm::float_matmul<8>}, {"gemm_w4f32_nr8_kr4_neon", "gemm_w8f32_nr8_kr4_neon"},
-      LayoutId::nr8_kr4,
-  };
+  static const KernelTable table = arm::make_table<SmullBlockDot, SmullBlockDot>(
+      Isa::neon, "gemv_w4a8_nr8_kr4_neon", "gemv_w8a8_nr8_kr4_neon", "gemm_w4a8_nr8_kr4_4x8_neon",
+      "gemm_w8a8_nr8_kr4_4x8_neon");
   return table;
 }
 

@@ -302,4 +302,19 @@ void float_matmul(const FloatMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, 
   }
 }
 
+// A level's table: its integer cores for GEMV and GEMM, everything else shared.
+template <template <int, int> class GemvDot, template <int, int> class GemmDot>
+KernelTable make_table(Isa isa, const char* gemv_w4, const char* gemv_w8, const char* gemm_w4,
+                       const char* gemm_w8) {
+  return {isa,
+          quantize_acts, "quantize_acts_absmax_neon",
+          {gemv<GemvDot, 4>, gemv<GemvDot, 8>}, {gemv_w4, gemv_w8},
+          {gemm<GemmDot, 4>, gemm<GemmDot, 8>}, {gemm_w4, gemm_w8},
+          {0, 128},  // int8 codes flipped to code - 128 (s8 operands)
+          prepare_float_acts,
+          {float_matmul<4>, float_matmul<8>}, {"gemv_w4f32_nr8_kr4_neon", "gemv_w8f32_nr8_kr4_neon"},
+          {float_matmul<4>, float_matmul<8>}, {"gemm_w4f32_nr8_kr4_neon", "gemm_w8f32_nr8_kr4_neon"},
+          LayoutId::nr8_kr4};
+}
+
 }  // namespace qlinear::arm
