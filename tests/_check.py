@@ -28,14 +28,15 @@ def assert_close_to_reference(y, x, pw, bias=None, act_block=None):
 
 
 def float_path_magnitude(x, pw):
-    """sum_k |x| (|offset| + |scale * q|): the scale of the float path's rounding, whose kernels
-    may sum scale * sum(x q) and offset * sum(x) apart (they cancel where |w'| << |offset|)."""
+    """sum_k |x| (|offset'| + |scale * code|), offset' = offset or -zero_point * scale: the scale of
+    the float path's rounding, whose kernels may sum scale * sum(x code) and offset' * sum(x)
+    apart (they cancel where |w'| << |offset'|)."""
     codes, scale, offset = pw.unpack()
     g = pw.group_size
     k = codes.shape[1]
-    q = codes.astype(np.float64) - ref.zero_point(pw.bits, pw.symmetric)
-    terms = np.abs(np.repeat(scale.astype(np.float64), g, axis=1)[:, :k] * q)
-    if offset is not None:
-        terms += np.abs(np.repeat(offset.astype(np.float64), g, axis=1)[:, :k])
+    per_k = lambda a: np.repeat(a.astype(np.float64), g, axis=1)[:, :k]  # noqa: E731
+    s = per_k(scale)
+    off = -ref.zero_point(pw.bits, pw.symmetric) * s if offset is None else per_k(offset)
+    terms = np.abs(s * codes) + np.abs(off)
     with np.errstate(invalid="ignore", over="ignore"):
         return np.abs(np.atleast_2d(np.asarray(x, dtype=np.float64))) @ terms.T
