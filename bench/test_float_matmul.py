@@ -22,10 +22,7 @@ import pytest
 
 import qlinear
 
-try:
-    from threadpoolctl import threadpool_limits
-except ImportError:  # numpy cases are skipped
-    threadpool_limits = None
+from _bench_util import blas_threads, shape_id
 
 SHAPES = [  # (M, K, N)
     (1, 4096, 11008),
@@ -43,13 +40,9 @@ GEMM_THREADS = 1
 GEMM_ENGINES = ["qlinear-float", "numpy", "ort-level1"]
 
 
-def _shape_id(shape):
-    return "x".join(map(str, shape))
-
-
 def _param(shape, group, threads, engine):
     return pytest.param(shape, group, threads, engine,
-                        id=f"{_shape_id(shape)}-g{group}-t{threads}-{engine}")
+                        id=f"{shape_id(shape)}-g{group}-t{threads}-{engine}")
 
 
 def _cases():
@@ -83,9 +76,7 @@ def test_float(run_bench, bench_cache, qlinear_threads, shape, group, threads, e
         def fn():
             return qlinear.matmul_float(x, pw, out=out)
     elif engine == "numpy":
-        if threadpool_limits is None:
-            pytest.skip("numpy thread control needs threadpoolctl (pip install threadpoolctl)")
-        ctx = threadpool_limits(limits=threads, user_api="blas")
+        ctx = blas_threads(threads)
         wT = bench_cache.weight_t(n, k)
         nbytes = 4 * n * k
 

@@ -17,10 +17,7 @@ import pytest
 
 import qlinear
 
-try:
-    from threadpoolctl import threadpool_limits
-except ImportError:  # numpy cases are skipped
-    threadpool_limits = None
+from _bench_util import blas_threads, shape_id
 
 SHAPES = [  # (M, K, N)
     (1, 4096, 4096),
@@ -38,10 +35,6 @@ W8A8_SHAPES = [(1, 4096, 4096), (128, 4096, 4096)]
 W8A8_GROUP = 64
 
 
-def _shape_id(shape):
-    return "x".join(map(str, shape))
-
-
 def _cases():
     for shape in SHAPES:
         for group in GROUPS:
@@ -50,7 +43,7 @@ def _cases():
                     if engine == "numpy" and group != NUMPY_GROUP:
                         continue
                     yield pytest.param(shape, group, threads, engine,
-                                       id=f"{_shape_id(shape)}-g{group}-t{threads}-{engine}")
+                                       id=f"{shape_id(shape)}-g{group}-t{threads}-{engine}")
 
 
 def _w8a8_cases():
@@ -58,13 +51,7 @@ def _w8a8_cases():
         for threads in THREADS:
             for engine in ("qlinear", "mnn"):
                 yield pytest.param(shape, W8A8_GROUP, threads, engine,
-                                   id=f"{_shape_id(shape)}-g{W8A8_GROUP}-t{threads}-{engine}")
-
-
-def _blas_threads(threads):
-    if threadpool_limits is None:
-        pytest.skip("numpy thread control needs threadpoolctl (pip install threadpoolctl)")
-    return threadpool_limits(limits=threads, user_api="blas")
+                                   id=f"{shape_id(shape)}-g{W8A8_GROUP}-t{threads}-{engine}")
 
 
 def _qlinear_info(pw, m):
@@ -103,7 +90,7 @@ def test_w4a8(run_bench, bench_cache, qlinear_threads, shape, group, threads, en
         extra["accuracy_level"] = mod.accuracy_level
         fn = mod.bind(x)  # run_with_iobinding into a preallocated output
     elif engine == "numpy":
-        ctx = _blas_threads(threads)
+        ctx = blas_threads(threads)
         wT = bench_cache.weight_t(n, k)
         nbytes = 4 * n * k
 
@@ -172,7 +159,7 @@ def test_call_overhead(run_bench, qlinear_threads, engine):
         def fn():
             return qlinear.matmul_w4a8(x, pw, out=out)
     else:
-        ctx = _blas_threads(1)
+        ctx = blas_threads(1)
         wT = np.ascontiguousarray(w.T)
         nbytes = 4 * n * k
 
