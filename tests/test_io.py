@@ -130,3 +130,50 @@ def test_load_weight_needs_exactly_one_tensor(tmp_path, rng):
     qlinear.save_weights(tmp_path / "two.qlw", ws)
     with pytest.raises(ValueError, match="holds 2 tensors"):
         qlinear.load_weight(tmp_path / "two.qlw")
+
+
+@pytest.mark.parametrize("mmap", [True, False])
+def test_arrays_beside_packed_weights(tmp_path, rng, mmap):
+    from qlinear._format import BFloat16Array
+    f32 = rng.standard_normal((5, 7)).astype(np.float32)
+    bf16 = BFloat16Array((f32.view(np.uint32) >> 16).astype(np.uint16))
+    ws = {"w": qlinear.pack_weight(rng.standard_normal((8, 64)).astype(np.float32)),
+          "norm": f32[0], "table": bf16, "f16": f32.astype(np.float16).T, "ids": np.arange(3, dtype=np.int32),
+          "empty": np.zeros((0, 4), np.float32)}
+    qlinear.save_weights(tmp_path / "m.qlw", ws, metadata={"kind": "model"})
+    back, meta = qlinear.load_weights(tmp_path / "m.qlw", mmap_mode=mmap)
+    assert meta == {"kind": "model"} and set(back) == set(ws)
+    assert np.array_equal(back["w"].buffer, ws["w"].buffer)
+    for name in ("norm", "f16", "ids", "empty"):
+        assert back[name].dtype == ws[name].dtype and np.array_equal(back[name], ws[name])
+    assert isinstance(back["table"], BFloat16Array) and np.array_equal(back["table"].bits, bf16.bits)
+    np.testing.assert_allclose(back["table"].to_float32(), f32, rtol=2 ** -7)
+    with pytest.raises(ValueError, match="holds 6 tensors"):
+        qlinear.load_weight(tmp_path / "m.qlw")
+
+
+def test_unsupported_arrays_are_refused(tmp_path):
+    for bad in (np.zeros(3, np.float64), np.zeros(3, np.int8), [1.0, 2.0]):
+        with pytest.raises(TypeError):
+            qlinear.save_weights(tmp_path / "x.qlw", {"a": bad})
+
+
+def array_entry(**kw):
+    e = {"kind": "array", "dtype": "float32", "shape": [4, 8], "offset": 0, "nbytes": 128,
+         "crc32": zlib.crc32(bytes(128))}
+    e.update(kw)
+    return {"tensors": {"a": e}}
+
+
+@pytest.mark.parametrize("bad", [
+    {"dtype": "float64"}, {"dtype": None}, {"shape": [4, 9]}, {"shape": [1 << 40, 1 << 40]},
+    {"shape": [-4, -8]}, {"shape": "x"}, {"shape": [1] * 9}, {"nbytes": 1 << 50}, {"crc32": 1},
+])
+def test_hostile_array_entries(tmp_path, bad):
+    path = tmp_path / "bad.qlw"
+    hb = json.dumps(array_entry(**bad)).encode()
+    prefix = struct.pack("<8sIII12x", b"QLINEAR\0", 2, len(hb), zlib.crc32(hb))
+    start = -(-(32 + len(hb)) // 64) * 64
+    path.write_bytes(prefix + hb + b"\0" * (start - 32 - len(hb)) + bytes(128))
+    with pytest.raises(ValueError, match="not a valid qlinear weight file"):
+        qlinear.load_weights(path)

@@ -3,7 +3,7 @@
 Layout of a file (little-endian)::
 
     0   8 bytes   magic b"QLINEAR\\0"
-    8   u32       format version (1)
+    8   u32       format version (2; version 1 files, without array entries, are read too)
     12  u32       header length H (bytes of UTF-8 JSON)
     16  u32       CRC-32 of the header bytes
     20  12 bytes  zero
@@ -11,10 +11,14 @@ Layout of a file (little-endian)::
     ... zero padding to a multiple of 64: the data section starts here
     data          each tensor's packed bytes at entry["offset"] (relative, 64-aligned)
 
-An entry: shape [N, K], bits, group_size, symmetric, layout, scale_dtype ("float16"), offset,
-nbytes, crc32 (of the packed bytes). Loading checks the magic, version, header CRC, every field's
-type and range, that the sizes match the geometry and lie inside the file, and (verify=True) the
-data CRCs. A file packed for another CPU family's layout is repacked (without re-rounding).
+A packed-weight entry: shape [N, K], bits, group_size, symmetric, layout, scale_dtype
+("float16"), offset, nbytes, crc32 (of the packed bytes). An array entry (version 2: the float
+tensors a model needs besides its packed weights, e.g. norms and a bf16 embedding table):
+kind "array", dtype (float32 / float16 / bfloat16 / int32), shape (any rank), offset, nbytes,
+crc32. Loading checks the magic, version, header CRC, every field's type and range, that the
+sizes match the geometry and lie inside the file, and (verify=True) the data CRCs, reading them
+with pread so that checking does not make the file resident in the process. A file packed for
+another CPU family's layout is repacked (without re-rounding).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import mmap
 import os
 import struct
 import zlib
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, NamedTuple, Optional, Union
 
 import numpy as np
 
@@ -32,7 +36,8 @@ from . import _core
 from ._packed import PackedWeight, pack_quantized
 
 MAGIC = b"QLINEAR\x00"
-VERSION = 1
+VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 _PREFIX = struct.Struct("<8sIII12s")  # magic, version, header length, header crc, reserved
 _ALIGN = 64
 _MAX_HEADER = 64 << 20
@@ -42,20 +47,53 @@ def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-def save_weights(path, weights: Mapping[str, PackedWeight], metadata: Optional[Mapping[str, Any]] = None) -> None:
-    """Write several packed weights (and JSON-able metadata) into one file, atomically."""
-    entries, offset = {}, 0
-    for name, pw in weights.items():
+class BFloat16Array(NamedTuple):
+    """A bfloat16 array, held as its uint16 bit patterns (numpy has no bfloat16)."""
+
+    bits: np.ndarray
+
+    @property
+    def shape(self) -> tuple:
+        return self.bits.shape
+
+    def to_float32(self) -> np.ndarray:
+        return (self.bits.astype(np.uint32) << 16).view(np.float32)
+
+
+Tensor = Union[PackedWeight, np.ndarray, BFloat16Array]
+_ARRAY_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32, "bfloat16": np.uint16}
+
+
+def _tensor_bytes(name: str, t) -> tuple[dict, np.ndarray]:
+    """(header entry without offset, bytes) of one tensor to save."""
+    if type(t) is PackedWeight:
+        return {"shape": list(t.shape), "bits": t.bits, "group_size": t.group_size,
+                "symmetric": t.symmetric, "layout": t.layout, "scale_dtype": "float16"}, t.buffer
+    if isinstance(t, BFloat16Array):
+        dtype, arr = "bfloat16", t.bits
+        if not isinstance(arr, np.ndarray) or arr.dtype != np.uint16:
+            raise TypeError(f"{name}: BFloat16Array bits must be a uint16 numpy array")
+    elif isinstance(t, np.ndarray):
+        dtype, arr = str(t.dtype), t
+        if dtype not in _ARRAY_DTYPES or dtype == "bfloat16":
+            raise TypeError(f"{name}: arrays must be float32, float16 or int32, got {t.dtype}")
+    else:
+        raise TypeError(f"{name}: expected a PackedWeight, a numpy array or a BFloat16Array, "
+                        f"got {type(t).__name__}")
+    arr = np.ascontiguousarray(arr)
+    return {"kind": "array", "dtype": dtype, "shape": list(arr.shape)}, arr.reshape(-1).view(np.uint8)
+
+
+def save_weights(path, weights: Mapping[str, Tensor], metadata: Optional[Mapping[str, Any]] = None) -> None:
+    """Write several tensors -- packed weights, and plain arrays a model needs beside them --
+    with JSON-able metadata into one file, atomically."""
+    entries, blobs, offset = {}, {}, 0
+    for name, t in weights.items():
         if not isinstance(name, str):
             raise TypeError(f"tensor names must be str, got {type(name).__name__}")
-        if type(pw) is not PackedWeight:
-            raise TypeError(f"{name}: expected a PackedWeight, got {type(pw).__name__}")
-        data = pw.buffer
-        entries[name] = {
-            "shape": list(pw.shape), "bits": pw.bits, "group_size": pw.group_size,
-            "symmetric": pw.symmetric, "layout": pw.layout, "scale_dtype": "float16",
-            "offset": offset, "nbytes": int(data.nbytes), "crc32": zlib.crc32(data),
-        }
+        entry, data = _tensor_bytes(name, t)
+        entries[name] = {**entry, "offset": offset, "nbytes": int(data.nbytes), "crc32": zlib.crc32(data)}
+        blobs[name] = data
         offset = _align(offset + data.nbytes)
     header = json.dumps({"tensors": entries, "metadata": dict(metadata or {})},
                         separators=(",", ":")).encode()
@@ -65,10 +103,9 @@ def save_weights(path, weights: Mapping[str, PackedWeight], metadata: Optional[M
     try:
         with open(tmp, "wb") as f:
             f.write(prefix + header + b"\0" * (data_start - len(prefix) - len(header)))
-            for name, pw in weights.items():
-                e = entries[name]
-                f.seek(data_start + e["offset"])
-                f.write(pw.buffer)
+            for name, data in blobs.items():
+                f.seek(data_start + entries[name]["offset"])
+                f.write(data)
             f.truncate(data_start + offset)
         os.replace(tmp, path)
     finally:
@@ -87,11 +124,26 @@ def _int(entry, key, path, name, lo=0, hi=1 << 62) -> int:
     return v
 
 
-def load_weights(path, mmap_mode: bool = True, verify: bool = True) -> tuple[dict[str, PackedWeight], dict]:
-    """Read a file written by save_weights: ({name: PackedWeight}, metadata).
+def _crc_of_range(fd: int, start: int, nbytes: int) -> int:
+    """CRC-32 of a file range, read with pread in chunks: the page cache holds the data, the
+    process does not (checking a mapped range would make it all resident)."""
+    crc, pos, end = 0, start, start + nbytes
+    while pos < end:
+        chunk = os.pread(fd, min(8 << 20, end - pos), pos)
+        if not chunk:
+            break
+        crc = zlib.crc32(chunk, crc)
+        pos += len(chunk)
+    return crc
 
-    With ``mmap_mode`` the packed bytes stay in the page cache (no copy, shared between
-    processes); ``verify`` checks every tensor's CRC-32 (reads the whole file once).
+
+def load_weights(path, mmap_mode: bool = True, verify: bool = True) -> tuple[dict[str, Tensor], dict]:
+    """Read a file written by save_weights: ({name: tensor}, metadata); a tensor is a
+    PackedWeight, a numpy array or a BFloat16Array, as saved.
+
+    With ``mmap_mode`` the bytes stay in the page cache (no copy, shared between processes;
+    arrays are read-only views of the mapping); ``verify`` checks every tensor's CRC-32 (reads
+    the whole file once).
     """
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -102,8 +154,9 @@ def load_weights(path, mmap_mode: bool = True, verify: bool = True) -> tuple[dic
             _fail(path, "bad magic")
         if reserved != bytes(12):
             _fail(path, "reserved bytes are not zero")
-        if version != VERSION:
-            _fail(path, f"format version {version} is not supported (this qlinear reads {VERSION})")
+        if version not in _READABLE_VERSIONS:
+            _fail(path, f"format version {version} is not supported (this qlinear reads "
+                        f"{', '.join(map(str, _READABLE_VERSIONS))})")
         if hlen > _MAX_HEADER or _PREFIX.size + hlen > size:
             _fail(path, f"header length {hlen} exceeds the file")
         header_bytes = f.read(hlen)
@@ -119,6 +172,17 @@ def load_weights(path, mmap_mode: bool = True, verify: bool = True) -> tuple[dic
         if not isinstance(metadata, dict):
             _fail(path, "metadata is not an object")
         data_start = _align(_PREFIX.size + hlen)
+        entries = header["tensors"]
+        for name, e in entries.items():
+            if not isinstance(e, dict):
+                _fail(path, f"tensor {name!r} entry is not an object")
+            offset = _int(e, "offset", path, name)
+            nbytes = _int(e, "nbytes", path, name)
+            crc = _int(e, "crc32", path, name, 0, 0xFFFFFFFF)
+            if offset % _ALIGN or data_start + offset + nbytes > size:
+                _fail(path, f"tensor {name!r}: data [{offset}, +{nbytes}) lies outside the file (truncated?)")
+            if verify and _crc_of_range(f.fileno(), data_start + offset, nbytes) != crc:
+                _fail(path, f"tensor {name!r}: data checksum mismatch (corrupt file)")
         if mmap_mode and size > 0:
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         else:
@@ -127,26 +191,20 @@ def load_weights(path, mmap_mode: bool = True, verify: bool = True) -> tuple[dic
     whole = np.frombuffer(buf, dtype=np.uint8)
     family = _core.family_layout()
     out = {}
-    for name, e in header["tensors"].items():
-        if not isinstance(e, dict):
-            _fail(path, f"tensor {name!r} entry is not an object")
+    for name, e in entries.items():
+        data = whole[data_start + e["offset"]: data_start + e["offset"] + e["nbytes"]]
+        if e.get("kind", "packed") == "array" and version >= 2:
+            out[name] = _load_array(path, name, e, data)
+            continue
         shape = e.get("shape")
         if (not isinstance(shape, list) or len(shape) != 2
                 or not all(isinstance(s, int) and not isinstance(s, bool) and 0 < s < 1 << 31 for s in shape)):
             _fail(path, f"tensor {name!r}: bad shape {shape!r}")
         bits = _int(e, "bits", path, name, 4, 8)
         group_size = _int(e, "group_size", path, name, 1, 1 << 31)
-        offset = _int(e, "offset", path, name)
-        nbytes = _int(e, "nbytes", path, name)
-        crc = _int(e, "crc32", path, name, 0, 0xFFFFFFFF)
         symmetric, layout = e.get("symmetric"), e.get("layout")
         if not isinstance(symmetric, bool) or not isinstance(layout, str) or e.get("scale_dtype") != "float16":
             _fail(path, f"tensor {name!r}: bad symmetric / layout / scale_dtype")
-        if offset % _ALIGN or data_start + offset + nbytes > size:
-            _fail(path, f"tensor {name!r}: data [{offset}, +{nbytes}) lies outside the file (truncated?)")
-        data = whole[data_start + offset: data_start + offset + nbytes]
-        if verify and zlib.crc32(data) != crc:
-            _fail(path, f"tensor {name!r}: data checksum mismatch (corrupt file)")
         try:  # validates the geometry and that nbytes matches it
             handle = _core.PackedWeightHandle(data, shape[0], shape[1], bits, group_size, symmetric, layout)
         except ValueError as err:
@@ -159,9 +217,23 @@ def load_weights(path, mmap_mode: bool = True, verify: bool = True) -> tuple[dic
     return out, metadata
 
 
+def _load_array(path, name: str, e: dict, data: np.ndarray):
+    dtype, shape = e.get("dtype"), e.get("shape")
+    if dtype not in _ARRAY_DTYPES:
+        _fail(path, f"tensor {name!r}: unknown dtype {dtype!r}")
+    if (not isinstance(shape, list) or len(shape) > 8
+            or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 40 for s in shape)):
+        _fail(path, f"tensor {name!r}: bad shape {shape!r}")
+    itemsize = np.dtype(_ARRAY_DTYPES[dtype]).itemsize
+    if int(np.prod(shape, dtype=object)) * itemsize != data.nbytes:
+        _fail(path, f"tensor {name!r}: {data.nbytes} bytes do not hold a {dtype} array of shape {shape}")
+    arr = data.view(_ARRAY_DTYPES[dtype]).reshape(shape)
+    return BFloat16Array(arr) if dtype == "bfloat16" else arr
+
+
 def load_weight(path, mmap: bool = True, verify: bool = True) -> PackedWeight:
     """Load a file written by ``PackedWeight.save``."""
     weights, _ = load_weights(path, mmap_mode=mmap, verify=verify)
-    if len(weights) != 1:
+    if len(weights) != 1 or type(next(iter(weights.values()))) is not PackedWeight:
         raise ValueError(f"{os.fspath(path)} holds {len(weights)} tensors; use qlinear.load_weights")
     return next(iter(weights.values()))
