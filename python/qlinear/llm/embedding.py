@@ -1,0 +1,72 @@
+"""Token embedding: a table in memory, or left on disk and read a row at a time (mnn-llm's disk
+embedding: a 150k-token vocabulary is ~270 MB in bf16, but a forward needs a few rows)."""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+_DTYPES = {"bfloat16": np.uint16, "float16": np.float16, "float32": np.float32}
+
+
+def _rows_to_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "bfloat16":
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+    return raw.astype(np.float32)
+
+
+class MemoryEmbedding:
+    """The whole table in memory, float32."""
+
+    def __init__(self, table: np.ndarray):
+        self.table = np.ascontiguousarray(table, dtype=np.float32)
+        self.vocab_size, self.hidden_size = self.table.shape
+
+    def __call__(self, ids: Sequence[int]) -> np.ndarray:
+        return self.table[_check_ids(ids, self.vocab_size)]
+
+
+class DiskEmbedding:
+    """Rows read with pread from a file: [vocab, hidden] of bfloat16 / float16 / float32 starting
+    at ``offset``. Only the page cache holds the table, never the process."""
+
+    def __init__(self, path, offset: int, vocab_size: int, hidden_size: int, dtype: str = "bfloat16"):
+        if dtype not in _DTYPES:
+            raise ValueError(f"embedding dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        self.path, self.offset, self.dtype = os.fspath(path), int(offset), dtype
+        self.vocab_size, self.hidden_size = int(vocab_size), int(hidden_size)
+        self.row_bytes = self.hidden_size * np.dtype(_DTYPES[dtype]).itemsize
+        self._fd = os.open(self.path, os.O_RDONLY)
+        size = os.fstat(self._fd).st_size
+        if self.offset < 0 or self.offset + self.vocab_size * self.row_bytes > size:
+            os.close(self._fd)
+            raise ValueError(f"{self.path}: {size} bytes cannot hold a {self.vocab_size}x{self.hidden_size} "
+                             f"{dtype} embedding at offset {self.offset} (truncated?)")
+
+    def __call__(self, ids: Sequence[int]) -> np.ndarray:
+        ids = _check_ids(ids, self.vocab_size)
+        raw = np.empty((len(ids), self.hidden_size), _DTYPES[self.dtype])
+        for i, t in enumerate(ids):
+            raw[i] = np.frombuffer(os.pread(self._fd, self.row_bytes, self.offset + int(t) * self.row_bytes),
+                                   _DTYPES[self.dtype])
+        return _rows_to_float32(raw, self.dtype)
+
+    def __del__(self):
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _check_ids(ids, vocab_size: int) -> np.ndarray:
+    arr = np.asarray(ids)
+    if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError("token ids must be a non-empty 1-D sequence of ints")
+    if arr.min() < 0 or arr.max() >= vocab_size:
+        raise ValueError(f"token id {int(arr.max() if arr.max() >= vocab_size else arr.min())} is "
+                         f"outside the vocabulary [0, {vocab_size})")
+    return arr

@@ -1,0 +1,159 @@
+"""The parts of a decoder block: Linear (on qlinear kernels), RMSNorm, RoPE, grouped-query
+attention over a preallocated KV cache, and the SwiGLU MLP. Activations are float32 numpy
+arrays [tokens, features]."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import numpy as np
+
+from .. import _core
+from .._packed import PackedWeight
+from .config import ModelConfig
+
+
+class Linear:
+    """y = x @ W.T + b. W is a PackedWeight (int4 / int8: W4A8 / W8A8 kernels, or the
+    low-memory float path with act="float") or a float32 array [N, K] (weights kept in float)."""
+
+    __slots__ = ("weight", "bias", "act", "_block", "_wt")
+
+    def __init__(self, weight: Union[PackedWeight, np.ndarray], bias: Optional[np.ndarray] = None,
+                 act: str = "int8", act_block: Optional[int] = None):
+        if act not in ("int8", "float"):
+            raise ValueError(f"act must be 'int8' or 'float', got {act!r}")
+        self.weight, self.act = weight, act
+        self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+        if isinstance(weight, PackedWeight):
+            # act_block: None = one activation scale per row, else per block of k (default: group)
+            self._block = weight._h.block if act_block is None else act_block
+            self._wt = None
+        else:
+            self._block = 0
+            self._wt = np.asarray(weight, dtype=np.float32).T
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.weight.shape)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self._wt is not None:
+            y = x @ self._wt
+            if self.bias is not None:
+                y += self.bias
+            return y
+        if self.act == "int8":
+            return _core.matmul_int8(x, self.weight._h, self.bias, None, self._block)
+        return _core.matmul_float(x, self.weight._h, self.bias, None, self.weight._h.k)
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    var = np.einsum("ij,ij->i", x, x)[:, None] * np.float32(1.0 / x.shape[1])
+    return x * (1.0 / np.sqrt(var + np.float32(eps))) * weight
+
+
+def silu_mul(gate_up: np.ndarray) -> np.ndarray:
+    """SwiGLU: silu(gate) * up, gate and up side by side in one fused projection's output."""
+    n = gate_up.shape[1] // 2
+    g, u = gate_up[:, :n], gate_up[:, n:]
+    return g / (1.0 + np.exp(-g)) * u
+
+
+class Rope:
+    """Rotary position embedding (rotate-half form, as Qwen2 and Llama), tables precomputed."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int):
+        d = cfg.head_dim
+        inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+        inv_freq = _scaled_inv_freq(inv_freq, cfg.rope_scaling)
+        angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+        self.cos = np.cos(angles).astype(np.float32)   # [positions, d/2]
+        self.sin = np.sin(angles).astype(np.float32)
+
+    def __call__(self, x: np.ndarray, start: int) -> np.ndarray:
+        """x: [tokens, heads, head_dim] at positions start, start+1, ...; rotated in place."""
+        n, half = x.shape[0], x.shape[2] // 2
+        c = self.cos[start:start + n, None, :]
+        s = self.sin[start:start + n, None, :]
+        x1, x2 = x[..., :half].copy(), x[..., half:]
+        x[..., :half] = x1 * c - x2 * s
+        x[..., half:] = x2 * c + x1 * s
+        return x
+
+
+def _scaled_inv_freq(inv_freq: np.ndarray, scaling: Optional[dict]) -> np.ndarray:
+    if not scaling:
+        return inv_freq
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":  # long-wavelength components slowed down, a smooth ramp in between
+        factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = np.clip((old / wavelen - lo) / (hi - lo), 0.0, 1.0)
+        return np.where(wavelen < old / hi, inv_freq,
+                        np.where(wavelen > old / lo, inv_freq / factor,
+                                 (1 - smooth) * inv_freq / factor + smooth * inv_freq))
+    return inv_freq
+
+
+class KVCache:
+    """Keys and values of every layer, preallocated for ``capacity`` positions:
+    [layers, kv_heads, capacity, head_dim] float32 each."""
+
+    def __init__(self, cfg: ModelConfig, capacity: int):
+        shape = (cfg.num_layers, cfg.num_kv_heads, capacity, cfg.head_dim)
+        self.k = np.zeros(shape, np.float32)
+        self.v = np.zeros(shape, np.float32)
+        self.capacity = capacity
+        self.length = 0          # positions filled (the same for every layer after a forward)
+        self.ids: list[int] = []  # the tokens those positions hold (for prefix reuse)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+class Attention:
+    def __init__(self, cfg: ModelConfig, layer: int, qkv: Linear, o: Linear, rope: Rope):
+        self.cfg, self.layer, self.qkv, self.o, self.rope = cfg, layer, qkv, o, rope
+        self.scale = np.float32(1.0 / math.sqrt(cfg.head_dim))
+
+    def __call__(self, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
+        cfg = self.cfg
+        n, hd, nkv = x.shape[0], cfg.head_dim, cfg.num_kv_heads
+        group = cfg.num_heads // nkv
+        qkv = self.qkv(x)
+        q = self.rope(qkv[:, :cfg.q_size].reshape(n, cfg.num_heads, hd), start)
+        k = self.rope(qkv[:, cfg.q_size:cfg.q_size + cfg.kv_size].reshape(n, nkv, hd), start)
+        v = qkv[:, cfg.q_size + cfg.kv_size:].reshape(n, nkv, hd)
+        end = start + n
+        kc, vc = cache.k[self.layer], cache.v[self.layer]
+        kc[:, start:end] = k.transpose(1, 0, 2)
+        vc[:, start:end] = v.transpose(1, 0, 2)
+        # [kv_heads, group, tokens, head_dim] @ [kv_heads, 1, head_dim, positions]
+        qg = q.reshape(n, nkv, group, hd).transpose(1, 2, 0, 3)
+        scores = (qg * self.scale) @ kc[:, None, :end].transpose(0, 1, 3, 2)
+        if n > 1:  # causal: token i (at start + i) sees positions <= start + i
+            future = np.arange(end)[None, :] > np.arange(start, end)[:, None]
+            scores[:, :, future] = -np.inf
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        out = scores @ vc[:, None, :end]                       # [kv_heads, group, tokens, head_dim]
+        return self.o(np.ascontiguousarray(out.transpose(2, 0, 1, 3)).reshape(n, cfg.q_size))
+
+
+class Block:
+    def __init__(self, cfg: ModelConfig, attention: Attention, gate_up: Linear, down: Linear,
+                 input_norm: np.ndarray, post_norm: np.ndarray):
+        self.cfg, self.attention, self.gate_up, self.down = cfg, attention, gate_up, down
+        self.input_norm, self.post_norm = input_norm, post_norm
+
+    def __call__(self, h: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
+        eps = self.cfg.rms_norm_eps
+        h = h + self.attention(rms_norm(h, self.input_norm, eps), cache, start)
+        return h + self.down(silu_mul(self.gate_up(rms_norm(h, self.post_norm, eps))))

@@ -1,0 +1,112 @@
+"""Tokenizer: Hugging Face ``tokenizers`` for the text, the model's own chat template (jinja2)
+for conversations, and incremental decoding for streaming."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Optional, Sequence, Union
+
+Messages = Sequence[dict]
+
+
+class Tokenizer:
+    def __init__(self, tokenizer, chat_template: Optional[str] = None,
+                 stop_tokens: Iterable[str] = (), bos_token: Optional[str] = None):
+        self.hf = tokenizer
+        self.chat_template = chat_template
+        self.bos_token = bos_token
+        self.stop_ids = {i for i in (tokenizer.token_to_id(t) for t in stop_tokens) if i is not None}
+        self._template = None
+
+    @classmethod
+    def from_dir(cls, directory, extra_stop_ids: Iterable[int] = ()) -> "Tokenizer":
+        """``tokenizer.json`` (+ ``tokenizer_config.json`` for the chat template and special tokens)."""
+        from tokenizers import Tokenizer as HFTokenizer
+
+        d = Path(directory)
+        path = d / "tokenizer.json"
+        if not path.is_file():
+            raise ValueError(f"{d}: no tokenizer.json")
+        try:
+            hf = HFTokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises its own exception type
+            raise ValueError(f"{path}: not a valid tokenizer file ({e})") from None
+        cfg = {}
+        if (d / "tokenizer_config.json").is_file():
+            try:
+                cfg = json.loads((d / "tokenizer_config.json").read_text())
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{d / 'tokenizer_config.json'}: not JSON ({e})") from None
+        tok = cls(hf, chat_template=_template_text(cfg.get("chat_template")),
+                  stop_tokens=[t for t in (_token_text(cfg.get("eos_token")),
+                                           "<|im_end|>", "<|endoftext|>", "<|eot_id|>") if t],
+                  bos_token=_token_text(cfg.get("bos_token")))
+        tok.stop_ids |= set(extra_stop_ids)
+        return tok
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: Messages, add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            raise ValueError("this tokenizer has no chat template; pass a prompt string instead")
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise TypeError("messages must be dicts with str 'role' and 'content'")
+        if self._template is None:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise
+            self._template = env.from_string(self.chat_template)
+        return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                     bos_token=self.bos_token or "", eos_token="")
+
+    def prompt_ids(self, prompt: Union[str, Messages]) -> list[int]:
+        """A plain prompt is encoded as it is; a list of messages goes through the chat template."""
+        if isinstance(prompt, str):
+            return self.encode(prompt)
+        if isinstance(prompt, (list, tuple)):
+            return self.encode(self.apply_chat_template(prompt))
+        raise TypeError(f"prompt must be a str or a list of messages, got {type(prompt).__name__}")
+
+
+class StreamDecoder:
+    """Turns a growing list of token ids into text pieces, holding back incomplete UTF-8."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.emitted = 0
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self.tok.decode(self.ids)
+        if text.endswith("\ufffd"):  # a multi-byte character is not complete yet
+            return ""
+        piece, self.emitted = text[self.emitted:], len(text)
+        return piece
+
+
+def _raise(message):
+    raise ValueError(f"chat template: {message}")
+
+
+def _token_text(t):
+    if isinstance(t, dict):  # {"content": "...", ...} in some tokenizer configs
+        t = t.get("content")
+    return t if isinstance(t, str) else None
+
+
+def _template_text(t):
+    if isinstance(t, list):  # named templates: take the default one
+        t = next((x.get("template") for x in t if x.get("name") == "default"), None)
+    return t if isinstance(t, str) else None
