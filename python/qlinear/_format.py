@@ -137,6 +137,46 @@ def _crc_of_range(fd: int, start: int, nbytes: int) -> int:
     return crc
 
 
+def _read_header(f, path) -> tuple[int, int, dict, int]:
+    """(file size, version, header, data start) of an open file, every field checked."""
+    size = os.fstat(f.fileno()).st_size
+    if size < _PREFIX.size:
+        _fail(path, f"{size} bytes is too short")
+    magic, version, hlen, hcrc, reserved = _PREFIX.unpack(f.read(_PREFIX.size))
+    if magic != MAGIC:
+        _fail(path, "bad magic")
+    if reserved != bytes(12):
+        _fail(path, "reserved bytes are not zero")
+    if version not in _READABLE_VERSIONS:
+        _fail(path, f"format version {version} is not supported (this qlinear reads "
+                    f"{', '.join(map(str, _READABLE_VERSIONS))})")
+    if hlen > _MAX_HEADER or _PREFIX.size + hlen > size:
+        _fail(path, f"header length {hlen} exceeds the file")
+    header_bytes = f.read(hlen)
+    if zlib.crc32(header_bytes) != hcrc:
+        _fail(path, "header checksum mismatch")
+    try:
+        header = json.loads(header_bytes)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        _fail(path, f"header is not JSON ({e})")
+    if not isinstance(header, dict) or not isinstance(header.get("tensors"), dict):
+        _fail(path, "header has no tensor table")
+    if not isinstance(header.get("metadata", {}), dict):
+        _fail(path, "metadata is not an object")
+    return size, version, header, _align(_PREFIX.size + hlen)
+
+
+def array_location(path, name: str) -> tuple[int, str, tuple]:
+    """(byte offset in the file, dtype, shape) of an array tensor: for readers that pread rows
+    (a disk embedding) instead of mapping the file."""
+    with open(path, "rb") as f:
+        _, _, header, data_start = _read_header(f, path)
+    e = header["tensors"].get(name)
+    if not isinstance(e, dict) or e.get("kind") != "array":
+        _fail(path, f"no array tensor {name!r}")
+    return data_start + _int(e, "offset", path, name), e.get("dtype"), tuple(e.get("shape"))
+
+
 def load_weights(path, mmap_mode: bool = True, verify: bool = True) -> tuple[dict[str, Tensor], dict]:
     """Read a file written by save_weights: ({name: tensor}, metadata); a tensor is a
     PackedWeight, a numpy array or a BFloat16Array, as saved.
@@ -146,32 +186,8 @@ def load_weights(path, mmap_mode: bool = True, verify: bool = True) -> tuple[dic
     the whole file once).
     """
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < _PREFIX.size:
-            _fail(path, f"{size} bytes is too short")
-        magic, version, hlen, hcrc, reserved = _PREFIX.unpack(f.read(_PREFIX.size))
-        if magic != MAGIC:
-            _fail(path, "bad magic")
-        if reserved != bytes(12):
-            _fail(path, "reserved bytes are not zero")
-        if version not in _READABLE_VERSIONS:
-            _fail(path, f"format version {version} is not supported (this qlinear reads "
-                        f"{', '.join(map(str, _READABLE_VERSIONS))})")
-        if hlen > _MAX_HEADER or _PREFIX.size + hlen > size:
-            _fail(path, f"header length {hlen} exceeds the file")
-        header_bytes = f.read(hlen)
-        if zlib.crc32(header_bytes) != hcrc:
-            _fail(path, "header checksum mismatch")
-        try:
-            header = json.loads(header_bytes)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            _fail(path, f"header is not JSON ({e})")
-        if not isinstance(header, dict) or not isinstance(header.get("tensors"), dict):
-            _fail(path, "header has no tensor table")
+        size, version, header, data_start = _read_header(f, path)
         metadata = header.get("metadata", {})
-        if not isinstance(metadata, dict):
-            _fail(path, "metadata is not an object")
-        data_start = _align(_PREFIX.size + hlen)
         entries = header["tensors"]
         for name, e in entries.items():
             if not isinstance(e, dict):
