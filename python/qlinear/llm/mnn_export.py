@@ -771,7 +771,8 @@ def read_export(path, tokenizer: bool = True) -> MnnExport:
         "rope_theta": _theta_from_inv_freq(inv_freq, head_dim),
         "vocab_size": vocab,
         "tie_word_embeddings": False,
-        "max_position_embeddings": int(runtime.get("max_new_tokens", 0) or 0) or 32768,
+        # Not recorded in an export; RoPE itself has no limit.
+        "max_position_embeddings": int(llm_cfg.get("max_position_embeddings", 32768)),
         "attention_bias": q_bias,
         "attention_output_bias": o_bias,
         "hidden_act": "silu",
