@@ -1,0 +1,71 @@
+"""A numpy forward of a Qwen2/Llama decoder from an MNN export, for tests only.
+
+Weights are the export's records dequantized to float32 (``w = lo + scale * code``, as MNN
+computes them); activations in float64. RMSNorm, RoPE (the export's own inverse frequencies, in
+the rotate-half layout of Hugging Face), grouped-query causal attention, SwiGLU MLP.
+"""
+
+import numpy as np
+
+
+def _weight(linear):
+    w = linear.dequantize() if hasattr(linear, "dequantize") else np.asarray(linear, np.float32)
+    return w.astype(np.float64), getattr(linear, "bias", None)
+
+
+def _linear(x, linear):
+    w, b = _weight(linear)
+    y = x @ w.T
+    return y if b is None else y + b
+
+
+def _rms_norm(x, g, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+
+
+def _rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rot * sin
+
+
+def forward(export, ids):
+    """Logits float64 [len(ids), vocab] of ``export`` (an ``MnnExport``) on token ids (teacher forcing)."""
+    cfg = export.config
+    n_heads, n_kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps = cfg["rms_norm_eps"]
+    t = len(ids)
+    x = export.embed(ids).astype(np.float64)
+    inv_freq = np.asarray(export.rope_inv_freq, np.float64)
+    ang = np.arange(t, dtype=np.float64)[:, None] * inv_freq[None, :]
+    ang = np.concatenate([ang, ang], axis=-1)            # [t, hd]
+    cos, sin = np.cos(ang)[None], np.sin(ang)[None]      # [1, t, hd]
+    mask = np.triu(np.full((t, t), -np.inf), k=1)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        h = _rms_norm(x, export.norms[p + "input_layernorm"], eps)
+        q = _linear(h, export.linears[p + "self_attn.q_proj"]).reshape(t, n_heads, hd).transpose(1, 0, 2)
+        k = _linear(h, export.linears[p + "self_attn.k_proj"]).reshape(t, n_kv, hd).transpose(1, 0, 2)
+        v = _linear(h, export.linears[p + "self_attn.v_proj"]).reshape(t, n_kv, hd).transpose(1, 0, 2)
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        rep = n_heads // n_kv
+        k, v = np.repeat(k, rep, axis=0), np.repeat(v, rep, axis=0)
+        s = q @ k.transpose(0, 2, 1) / np.sqrt(hd) + mask
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        a = (s @ v).transpose(1, 0, 2).reshape(t, n_heads * hd)
+        x = x + _linear(a, export.linears[p + "self_attn.o_proj"])
+        h = _rms_norm(x, export.norms[p + "post_attention_layernorm"], eps)
+        g = _linear(h, export.linears[p + "mlp.gate_proj"])
+        u = _linear(h, export.linears[p + "mlp.up_proj"])
+        x = x + _linear(g / (1.0 + np.exp(-g)) * u, export.linears[p + "mlp.down_proj"])
+    x = _rms_norm(x, export.norms["model.norm"], eps)
+    return _linear(x, export.linears["lm_head"])
+
+
+def compare(a, b):
+    """(mean cosine over positions, min cosine, top-1 agreement) of two [T, vocab] logit arrays."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+    top1 = float(np.mean(a.argmax(-1) == b.argmax(-1)))
+    return float(cos.mean()), float(cos.min()), top1
