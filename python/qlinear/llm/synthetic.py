@@ -37,7 +37,7 @@ CHATML_TEMPLATE = (
 )
 
 
-def local_text(limit_bytes: int = 2_000_000) -> Iterable[str]:
+def local_text(limit_bytes: int = 1_000_000) -> Iterable[str]:
     """Text that every machine with Python has: the standard library's sources."""
     root = Path(sysconfig.get_paths()["stdlib"])
     total = 0
@@ -90,7 +90,7 @@ def make_checkpoint(out_dir, arch: str = "qwen2", shape: str = "tiny", seed: int
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     common = dict(max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0,
                   tie_word_embeddings=False, bos_token_id=ids["<|endoftext|>"],
-                  eos_token_id=ids["<|im_end|>"], torch_dtype=dtype)
+                  eos_token_id=ids["<|im_end|>"], dtype=dtype)
     common.update(fields)
     if arch == "qwen2":
         config = transformers.Qwen2Config(**common)
@@ -99,7 +99,7 @@ def make_checkpoint(out_dir, arch: str = "qwen2", shape: str = "tiny", seed: int
     else:
         raise ValueError(f"unknown architecture {arch!r}; known: qwen2, llama")
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=getattr(torch, dtype))
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.eval()
     model.save_pretrained(out, safe_serialization=True)
     (out / "generation_config.json").unlink(missing_ok=True)
