@@ -13,8 +13,20 @@ def _weight(linear):
     return w.astype(np.float64), getattr(linear, "bias", None)
 
 
-def _linear(x, linear):
+def _quantize_rows(x, block):
+    """Dynamic int8 absmax quantization of activations (per row, or per row and k-block)."""
+    t, k = x.shape
+    blk = k if block is None else block
+    xb = x.reshape(t, k // blk, blk)
+    s = np.abs(xb).max(-1, keepdims=True) / 127.0
+    q = np.where(s > 0, np.rint(xb / np.where(s > 0, s, 1)), 0)
+    return (q * s).reshape(t, k)
+
+
+def _linear(x, linear, act=False):
     w, b = _weight(linear)
+    if act:
+        x = _quantize_rows(x, None if act == "row" else getattr(linear, "block_size", None))
     y = x @ w.T
     return y if b is None else y + b
 
@@ -29,8 +41,11 @@ def _rope(x, cos, sin):
     return x * cos + rot * sin
 
 
-def forward(export, ids):
-    """Logits float64 [len(ids), vocab] of ``export`` (an ``MnnExport``) on token ids (teacher forcing)."""
+def forward(export, ids, act=False):
+    """Logits float64 [len(ids), vocab] of ``export`` (an ``MnnExport``) on token ids (teacher forcing).
+
+    ``act``: False (float activations), "row" or "block" (int8 activations per row, or per row and
+    weight block, quantized before every linear layer)."""
     cfg = export.config
     n_heads, n_kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     eps = cfg["rms_norm_eps"]
@@ -44,9 +59,9 @@ def forward(export, ids):
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         h = _rms_norm(x, export.norms[p + "input_layernorm"], eps)
-        q = _linear(h, export.linears[p + "self_attn.q_proj"]).reshape(t, n_heads, hd).transpose(1, 0, 2)
-        k = _linear(h, export.linears[p + "self_attn.k_proj"]).reshape(t, n_kv, hd).transpose(1, 0, 2)
-        v = _linear(h, export.linears[p + "self_attn.v_proj"]).reshape(t, n_kv, hd).transpose(1, 0, 2)
+        q = _linear(h, export.linears[p + "self_attn.q_proj"], act).reshape(t, n_heads, hd).transpose(1, 0, 2)
+        k = _linear(h, export.linears[p + "self_attn.k_proj"], act).reshape(t, n_kv, hd).transpose(1, 0, 2)
+        v = _linear(h, export.linears[p + "self_attn.v_proj"], act).reshape(t, n_kv, hd).transpose(1, 0, 2)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         rep = n_heads // n_kv
         k, v = np.repeat(k, rep, axis=0), np.repeat(v, rep, axis=0)
@@ -54,13 +69,13 @@ def forward(export, ids):
         s = np.exp(s - s.max(-1, keepdims=True))
         s /= s.sum(-1, keepdims=True)
         a = (s @ v).transpose(1, 0, 2).reshape(t, n_heads * hd)
-        x = x + _linear(a, export.linears[p + "self_attn.o_proj"])
+        x = x + _linear(a, export.linears[p + "self_attn.o_proj"], act)
         h = _rms_norm(x, export.norms[p + "post_attention_layernorm"], eps)
-        g = _linear(h, export.linears[p + "mlp.gate_proj"])
-        u = _linear(h, export.linears[p + "mlp.up_proj"])
-        x = x + _linear(g / (1.0 + np.exp(-g)) * u, export.linears[p + "mlp.down_proj"])
+        g = _linear(h, export.linears[p + "mlp.gate_proj"], act)
+        u = _linear(h, export.linears[p + "mlp.up_proj"], act)
+        x = x + _linear(g / (1.0 + np.exp(-g)) * u, export.linears[p + "mlp.down_proj"], act)
     x = _rms_norm(x, export.norms["model.norm"], eps)
-    return _linear(x, export.linears["lm_head"])
+    return _linear(x, export.linears["lm_head"], act)
 
 
 def compare(a, b):

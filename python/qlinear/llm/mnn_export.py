@@ -802,7 +802,7 @@ def read_export(path, tokenizer: bool = True) -> MnnExport:
 
 
 _BOOTSTRAP = r"""
-import os, runpy, sys, types
+import os, sys, types
 import _tools
 import MNN
 # llmexport converts through `MNN.tools.mnnconvert`; importing the real `MNN.tools` installs
@@ -822,7 +822,9 @@ MNN.tools = pkg
 script = sys.argv[1]
 sys.path.insert(0, os.path.dirname(script))
 sys.argv = [script] + sys.argv[2:]
-runpy.run_path(script, run_name="__main__")
+with open(script, encoding="utf-8") as fh:
+    code = compile(fh.read(), script, "exec")
+exec(code, {"__name__": "__main__", "__file__": script, "__builtins__": __builtins__})
 """
 
 
@@ -865,8 +867,6 @@ def export_with_llmexport(hf_dir, out_dir, bits: int = 4, block: int = 64, symme
             proc = subprocess.run(args, cwd=tmp, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                   timeout=timeout)
         text = log.read_text(errors="replace")
-        if (tmp_log := Path(tmp) / ".export.log").is_file():
-            text += tmp_log.read_text(errors="replace")
     if proc.returncode != 0 or not (out_dir / "llm.mnn").is_file() or not (out_dir / "llm.mnn.weight").is_file():
         tail = "\n".join(text.strip().splitlines()[-15:])
         raise RuntimeError(f"llmexport failed for {hf_dir} (exit {proc.returncode}):\n{tail}")
