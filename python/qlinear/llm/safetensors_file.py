@@ -85,8 +85,18 @@ class SafetensorsFile:
                              offset=start).reshape(shape)
 
     def float32(self, name: str) -> np.ndarray:
-        """The tensor as float32 (a new array)."""
-        return to_float32(self.raw(name), self.dtype(name))
+        """The tensor as float32 (a new array); the mapped pages it was read from are released,
+        so that reading a whole checkpoint does not leave it resident in the process."""
+        out = to_float32(self.raw(name), self.dtype(name))
+        self.release(name)
+        return out
+
+    def release(self, name: str) -> None:
+        _, _, start, nbytes = self._entries[name]
+        page = mmap.PAGESIZE
+        lo, hi = -(-start // page) * page, (start + nbytes) // page * page
+        if hi > lo and hasattr(self._map, "madvise"):
+            self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
 def to_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
