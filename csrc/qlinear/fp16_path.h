@@ -10,9 +10,10 @@
 //      scaled by 2^ex[m,b] so that its block absmax lies in [8, 16) (kActTop = 4: below 2^4);
 //      per weight row r and block b, the dequantization constants are scaled by 2^ew[r,b] so that
 //      W = max over codes of |w'| = max(|offset'|, |offset' + qmax * scale|) lies in [16, 32)
-//      (kWeightTop = 5). Every normalized product is then below 2^9 (x (1 + 2^-11)^2), the small
-//      ones stay clear of fp16's subnormals, and a sum of 32 of them stays below 2^14 + slack:
-//      no overflow whatever the inputs' scale.
+//      (kWeightTop = 5). Every normalized product is then below 2^9 (x (1 + 2^-11)^2) and a sum
+//      of 32 of them below 2^14 + slack: no overflow whatever the inputs' scale. Values, products
+//      or sums that still fall below 2^-14 (fp16 subnormals) round with an absolute error of at
+//      most 2^-25, negligible next to the block's largest |x~| times largest |w~| (>= 2^7).
 //   2. Dequantization in fp16: w~ = fp16(offset~ + scale~ * q), one rounding (FMA), where
 //      offset~, scale~ are the normalized fp32 constants rounded to fp16 (offset' = -zp * scale
 //      for symmetric weights, so that w~ = fp16(scale~ * (q - zp))).
