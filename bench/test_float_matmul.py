@@ -2,6 +2,9 @@
 float32 activations and accumulation) vs numpy fp32, onnxruntime MatMulNBits
 (accuracy_level 1 = fp32 compute) and MNN memory mode low.
 
+"qlinear-float16" runs the same with float16 activations and output: FP16 arithmetic on ARM
+levels that have it (fp16, dotprod, i8mm), float16 widened to float32 elsewhere.
+
 Shapes are (M, K, N): y[M, N] = x[M, K] @ W.T with W [N, K] (nn.Linear).
 
 MNN note: this MNN wheel (3.6.1) has no float-activation mode that keeps the
@@ -31,13 +34,13 @@ SHAPES = [  # (M, K, N)
 ]
 GROUPS = [32, 128]
 THREADS = [1, 2]
-ENGINES = ["qlinear-float", "numpy", "ort-level1", "mnn-low"]
+ENGINES = ["qlinear-float", "qlinear-float16", "numpy", "ort-level1", "mnn-low"]
 NUMPY_GROUP = 128  # numpy fp32 does not depend on the group: measured once
 
 GEMM_SHAPE = (128, 4096, 4096)
 GEMM_GROUP = 128
 GEMM_THREADS = 1
-GEMM_ENGINES = ["qlinear-float", "numpy", "ort-level1"]
+GEMM_ENGINES = ["qlinear-float", "qlinear-float16", "numpy", "ort-level1"]
 
 
 def _param(shape, group, threads, engine):
@@ -75,6 +78,17 @@ def test_float(run_bench, bench_cache, qlinear_threads, shape, group, threads, e
 
         def fn():
             return qlinear.matmul_float(x, pw, out=out)
+    elif engine == "qlinear-float16":
+        pw = bench_cache.packed(n, k, group, bits=4)
+        qlinear_threads(threads)
+        nbytes = pw.nbytes
+        ki = qlinear.kernel_info(pw)
+        extra = {"kernel": ki.get("gemv_float16" if m == 1 else "gemm_float16"),
+                 "isa": ki.get("isa")}
+        x16, out16 = x.astype(np.float16), np.empty((m, n), dtype=np.float16)
+
+        def fn():
+            return qlinear.matmul_float(x16, pw, out=out16)
     elif engine == "numpy":
         ctx = blas_threads(threads)
         wT = bench_cache.weight_t(n, k)

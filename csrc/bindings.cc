@@ -250,6 +250,9 @@ py::dict kernel_info(const PackedWeightHandle& w) {
   d["gemm"] = kt.gemm_name[idx];
   d["gemv_float"] = kt.gemv_float_name[idx];
   d["gemm_float"] = kt.gemm_float_name[idx];
+  // Kernels for float16 activations: FP16 arithmetic where the level has it.
+  d["gemv_float16"] = kt.gemv_half[idx] ? kt.gemv_half_name[idx] : kt.gemv_float_name[idx];
+  d["gemm_float16"] = kt.gemm_half[idx] ? kt.gemm_half_name[idx] : kt.gemm_float_name[idx];
   return d;
 }
 
@@ -300,6 +303,8 @@ PYBIND11_MODULE(_core, m) {
         py::arg("out"), py::arg("act_block"));
   m.def("matmul_float", &py_matmul<matmul_float>, py::arg("x"), py::arg("w"), py::arg("bias"),
         py::arg("out"), py::arg("act_block"));
+  m.def("matmul_float16_twin", &py_matmul<matmul_float16_twin>, py::arg("x"), py::arg("w"),
+        py::arg("bias"), py::arg("out"), py::arg("act_block"));
   m.def("quantize_activation", &quantize_activation, py::arg("x"), py::arg("block"));
   m.def("kernel_info", &kernel_info);
   m.def("cpu_info", &cpu_info);

@@ -2,6 +2,7 @@
 
 import numpy as np
 
+import qlinear
 from qlinear import reference as ref
 
 # A float32 epilogue adds one term per storage block, each with a few roundings: its error is
@@ -40,3 +41,27 @@ def float_path_magnitude(x, pw):
     terms = np.abs(s * codes) + np.abs(off)
     with np.errstate(invalid="ignore", over="ignore"):
         return np.abs(np.atleast_2d(np.asarray(x, dtype=np.float64))) @ terms.T
+
+
+# The float path in FP16 arithmetic (ARM fp16 level and above, float16 activations), see
+# csrc/qlinear/fp16_path.h: per 32 k, w' rounded to fp16 (1 rounding), 4 FMA chains of 8 and
+# 2 additions in fp16: 11 roundings of u = 2^-11 relative to sum |x| |w'| to first order; 12
+# covers the second-order terms. Products and sums are normalized by powers of two, so neither
+# overflow nor fp16 subnormals can hurt beyond ~2^-25 per operation in normalized units, where
+# the block's largest |x| is >= 8 and largest |w'| >= 16: at most 2^-31 * K * max|x| * max|w'|.
+U16 = 2.0 ** -11
+FP16_ARITHMETIC_UNITS = 12
+
+
+def fp16_arithmetic(pw):
+    """Whether float16 activations take FP16-arithmetic kernels at the active level."""
+    return "f16_" in qlinear.kernel_info(pw)["gemv_float16"]
+
+
+def fp16_arithmetic_tolerance(x, pw, mag):
+    """Extra error bound of the FP16-arithmetic float path over the float32 one, per output."""
+    x = np.abs(np.atleast_2d(np.asarray(x, dtype=np.float64)))
+    wmax = np.abs(pw.dequantize().astype(np.float64)).max(axis=1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        tiny = 2.0 ** -30 * x.shape[1] * x.max(axis=1)[:, None] * wmax[None, :]
+        return FP16_ARITHMETIC_UNITS * U16 * mag + tiny

@@ -19,7 +19,10 @@ def test_cpu_info_and_kernel_info(rng):
     pw = qlinear.pack_weight(rng.standard_normal((8, 64)).astype(np.float32), bits=8)
     k = qlinear.kernel_info(pw)
     assert k["isa"] == info["active_isa"] and k["layout"] == pw.layout
-    assert "w8a8" in k["gemv"] and "w8a8" in k["gemm"] and k["isa"] in k["gemm"]
+    assert "w8a8" in k["gemv"] and "w8a8" in k["gemm"] and "w8f" in k["gemv_float16"]
+    # Every level names itself in one of its own kernels (the fp16 level's are the float16 ones;
+    # its int8 kernels are the neon level's).
+    assert any(k["isa"] in k[op] for op in ("gemm", "gemm_float16"))
 
 
 @pytest.mark.parametrize("level", qlinear.cpu_info()["available_isas"])

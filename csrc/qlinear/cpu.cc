@@ -21,7 +21,7 @@
 namespace qlinear {
 
 namespace {
-constexpr Isa kAllIsas[] = {Isa::scalar, Isa::avx2, Isa::neon, Isa::dotprod, Isa::i8mm};
+constexpr Isa kAllIsas[] = {Isa::scalar, Isa::avx2, Isa::neon, Isa::fp16, Isa::dotprod, Isa::i8mm};
 }  // namespace
 
 const char* isa_name(Isa isa) {
@@ -29,6 +29,7 @@ const char* isa_name(Isa isa) {
     case Isa::scalar: return "scalar";
     case Isa::avx2: return "avx2";
     case Isa::neon: return "neon";
+    case Isa::fp16: return "fp16";
     case Isa::dotprod: return "dotprod";
     case Isa::i8mm: return "i8mm";
   }
@@ -99,7 +100,14 @@ void detect_arm64(CpuFeatures& f) {
   add(asimddp, "asimddp");
   add(i8mm, "i8mm");
   add(hw & (1UL << 22), "sve");
-  f.best = i8mm && asimddp ? Isa::i8mm : asimddp ? Isa::dotprod : asimd ? Isa::neon : Isa::scalar;
+  // FP16 arithmetic needs both the scalar (fphp) and the vector (asimdhp) half of FEAT_FP16.
+  // The levels form a chain (cpu.h): dotprod and i8mm require FP16 arithmetic too.
+  const bool fp16 = asimd && fphp && asimdhp;
+  f.best = fp16 && asimddp && i8mm ? Isa::i8mm
+         : fp16 && asimddp         ? Isa::dotprod
+         : fp16                    ? Isa::fp16
+         : asimd                   ? Isa::neon
+                                   : Isa::scalar;
 }
 #endif
 

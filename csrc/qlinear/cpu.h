@@ -8,15 +8,19 @@
 
 namespace qlinear {
 
-// Ordered within a family: a higher level implies the lower ones.
+// Ordered within a family: a higher level implies the lower ones. On aarch64, FEAT_FP16 and
+// FEAT_DotProd are separate options of ARMv8.2, but every core that ships SDOT also has FP16
+// arithmetic (Cortex-A55/A75 and later, Neoverse, Apple, ...), so the chain is
+// neon < fp16 < dotprod < i8mm; a core with SDOT but without FP16 runs at the neon level.
 enum class Isa : int {
   scalar = 0,
   // x86-64
   avx2 = 10,        // AVX2 + FMA + F16C
   // aarch64
   neon = 20,        // ARMv8.0 Advanced SIMD (SMULL / SADALP int8 products)
-  dotprod = 21,     // + ARMv8.2 SDOT
-  i8mm = 22,        // + ARMv8.6 SMMLA (GEMM; GEMV stays on SDOT)
+  fp16 = 21,        // + ARMv8.2 FP16 arithmetic (the float path for fp16 activations)
+  dotprod = 22,     // + ARMv8.2 SDOT
+  i8mm = 23,        // + ARMv8.6 SMMLA (GEMM; GEMV stays on SDOT)
 };
 
 const char* isa_name(Isa isa);

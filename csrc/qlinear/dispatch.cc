@@ -15,6 +15,7 @@ const KernelTable& kernels_for(Isa isa) {
 #endif
 #if defined(__aarch64__)
     case Isa::neon: return neon_kernels();
+    case Isa::fp16: return fp16_kernels();
     case Isa::dotprod: return dotprod_kernels();
     case Isa::i8mm: return i8mm_kernels();
 #endif
@@ -38,7 +39,7 @@ Isa initial_level() {
   Isa cap;
   if (!parse_isa(env, &cap))
     throw std::invalid_argument(std::string("QLINEAR_ISA=") + env +
-                                " is not a known level (scalar, avx2, neon, dotprod, i8mm)");
+                                " is not a known level (scalar, avx2, neon, fp16, dotprod, i8mm)");
   return capped_level(cap);
 }
 

@@ -64,6 +64,17 @@ struct FloatActArgs {
 };
 using PrepareFloatActsFn = float (*)(const FloatActArgs& a, int64_t m0, int64_t m1);
 
+// fp16 activations with FP16 arithmetic (fp16_path.h): x normalized per (row, block) by the
+// driver, y[m, n] = sum_blocks 2^-ex[m,b] * 2^-ew[n,b] * (fp32 sum of fp16 chunk sums) + bias[n].
+struct HalfMatmulArgs {
+  const WeightGeometry* w; const uint8_t* packed;
+  const uint16_t* x; int64_t ldx;  // [m, ldx] fp16 bits, normalized, zero past K up to the padded K
+  const float* xunscale;           // [m, nblocks]: 2^-ex, undoes the normalization
+  const float* bias;               // [N] or nullptr
+  float* y; int64_t ldy;
+};
+using HalfMatmulFn = void (*)(const HalfMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1);
+
 struct KernelTable {
   Isa isa;
   QuantizeActsFn quantize_acts; const char* quantize_acts_name;
@@ -78,7 +89,15 @@ struct KernelTable {
   FloatMatmulFn gemv_float[2]; const char* gemv_float_name[2];
   FloatMatmulFn gemm_float[2]; const char* gemm_float_name[2];
   LayoutId layout;  // the layout these kernels read
+  // fp16 activations in FP16 arithmetic (levels with FEAT_FP16); where null, fp16 activations
+  // are converted and take the float32 kernels above.
+  HalfMatmulFn gemv_half[2] = {nullptr, nullptr}; const char* gemv_half_name[2] = {nullptr, nullptr};
+  HalfMatmulFn gemm_half[2] = {nullptr, nullptr}; const char* gemm_half_name[2] = {nullptr, nullptr};
 };
+
+// The scalar twin of the FP16-arithmetic kernels (bit-identical results, any layout, any CPU):
+// the oracle they are tested against.
+void half_float_matmul_twin(const HalfMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1);
 
 // One table per level, defined in kernels/<level>.cc.
 const KernelTable& scalar_kernels();
@@ -87,6 +106,9 @@ const KernelTable& avx2_kernels();
 #endif
 #if defined(__aarch64__)
 const KernelTable& neon_kernels();
+const KernelTable& fp16_kernels();
+// Adds the FP16-arithmetic float kernels (kernels/fp16.cc) to a level that implies FEAT_FP16.
+KernelTable with_fp16_float_path(KernelTable table);
 const KernelTable& dotprod_kernels();
 const KernelTable& i8mm_kernels();
 #endif

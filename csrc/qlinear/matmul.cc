@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
+#include "fp16_path.h"
 #include "threadpool.h"
 
 namespace qlinear {
@@ -18,6 +20,7 @@ struct Scratch {
   std::vector<float> scaled_sum;
   std::vector<int32_t> shifted_sum;
   std::vector<float> xf, xsum;  // float path
+  std::vector<uint16_t> xh;     // float path in FP16 arithmetic: normalized fp16 activations
 };
 thread_local Scratch tl_scratch;
 
@@ -108,10 +111,57 @@ void matmul_int8(const MatmulRequest& r) {
   run_tiled(w, r.m, kt.gemv[idx], kt.gemm[idx], args);
 }
 
+namespace {
+
+// fp16 activations for the FP16-arithmetic kernels: copied zero-padded to the padded K, every
+// (row, block) scaled by a power of two so that its absmax lies in [8, 16) (fp16_path.h); the
+// scale is exact unless a value becomes an fp16 subnormal (far below the block's largest).
+HalfMatmulArgs prepare_half_acts(const MatmulRequest& r, Scratch& s) {
+  const WeightGeometry& w = *r.w;
+  const int64_t kpad = w.padded_k();
+  s.xh.resize(static_cast<size_t>(r.m * kpad));
+  s.xsum.resize(static_cast<size_t>(r.m * w.nblocks));  // holds 2^-ex
+  const auto* x = static_cast<const uint16_t*>(r.x);
+  float buf[256];
+  for (int64_t m = 0; m < r.m; ++m) {
+    for (int64_t b = 0; b < w.nblocks; ++b) {
+      const int64_t k0 = b * w.block, k1 = std::min(w.k, k0 + w.block);
+      float absmax = 0.f;
+      bool nan = false;
+      for (int64_t k = k0; k < k1; ++k) {
+        buf[k - k0] = half_to_float(x[m * r.ldx + k]);
+        nan |= std::isnan(buf[k - k0]);
+        absmax = std::max(absmax, std::fabs(buf[k - k0]));
+      }
+      const float norm = nan ? 1.f : fp16_path::pow2_normalizer(absmax, fp16_path::kActTop);
+      uint16_t* out = s.xh.data() + m * kpad + k0;
+      for (int64_t k = k0; k < k1; ++k) out[k - k0] = float_to_half(buf[k - k0] * norm);
+      for (int64_t k = k1; k < k0 + w.block; ++k) out[k - k0] = 0;
+      s.xsum[m * w.nblocks + b] = 1.f / norm;
+    }
+  }
+  return {&w, r.packed, s.xh.data(), kpad, s.xsum.data(), r.bias, r.y, r.ldy};
+}
+
+}  // namespace
+
+void matmul_float16_twin(const MatmulRequest& r) {
+  if (r.m <= 0) return;
+  if (r.dtype != DType::f16) throw std::invalid_argument("the FP16-arithmetic path takes float16 activations");
+  const HalfMatmulArgs args = prepare_half_acts(r, tl_scratch);
+  run_tiled(*r.w, r.m, half_float_matmul_twin, half_float_matmul_twin, args);
+}
+
 void matmul_float(const MatmulRequest& r) {
   if (r.m <= 0) return;
   const WeightGeometry& w = *r.w;
   const KernelTable& kt = kernels_for_weight(w);
+  const int idx = w.bits == 8 ? 1 : 0;
+  if (r.dtype == DType::f16 && kt.gemv_half[idx] != nullptr) {
+    const HalfMatmulArgs args = prepare_half_acts(r, tl_scratch);
+    run_tiled(w, r.m, kt.gemv_half[idx], kt.gemm_half[idx], args);
+    return;
+  }
   const int64_t kpad = w.padded_k();
   Scratch& s = tl_scratch;
   s.xf.resize(static_cast<size_t>(r.m * kpad));
@@ -127,7 +177,6 @@ void matmul_float(const MatmulRequest& r) {
     for (float& v : s.xsum) v *= 0x1p-64f;
   }
   const FloatMatmulArgs args{&w, r.packed, s.xf.data(), kpad, s.xsum.data(), unscale, r.bias, r.y, r.ldy};
-  const int idx = w.bits == 8 ? 1 : 0;
   run_tiled(w, r.m, kt.gemv_float[idx], kt.gemm_float[idx], args);
 }
 

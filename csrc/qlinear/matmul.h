@@ -26,6 +26,10 @@ void matmul_int8(const MatmulRequest& r);
 // act="float": float activations, weights dequantized in the kernel (act_block is unused).
 void matmul_float(const MatmulRequest& r);
 
+// The float path for float16 activations through the scalar twin of the FP16-arithmetic
+// kernels (fp16_path.h), on any CPU: the oracle of those kernels, for tests.
+void matmul_float16_twin(const MatmulRequest& r);
+
 // Quantizes activations only (qlinear.quantize_activation): q [m, ldq], scale/sum [m, nblocks].
 void quantize_activations(const void* x, DType dtype, int64_t m, int64_t ldx, int64_t k,
                           int64_t block, int64_t act_block, int8_t* q, int64_t ldq, float* scale,

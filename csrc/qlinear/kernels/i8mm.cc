@@ -4,7 +4,8 @@
 // 8 consecutive k) by an 8 x 2 block of weights (two rows of W) into a 2 x 2 int32 tile. Zipping
 // the 32-bit lanes of a chunk's two k halves (int4: low and high nibbles; int8: two consecutive
 // chunks) gives exactly those weight operands, rows (0,1) (2,3) (4,5) (6,7). GEMV stays on SDOT
-// (a 2-row SMMLA would waste half of every product at M = 1).
+// (a 2-row SMMLA would waste half of every product at M = 1). fp16 activations take
+// kernels/fp16.cc's float path, as on the dotprod level.
 #include "neon_common.h"
 
 namespace qlinear {
@@ -69,9 +70,9 @@ struct SmmlaBlockDot {
 }  // namespace
 
 const KernelTable& i8mm_kernels() {
-  static const KernelTable table = arm::make_table<arm::SdotBlockDot, SmmlaBlockDot>(
+  static const KernelTable table = with_fp16_float_path(arm::make_table<arm::SdotBlockDot, SmmlaBlockDot>(
       Isa::i8mm, "gemv_w4a8_nr8_kr4_dotprod", "gemv_w8a8_nr8_kr4_dotprod",
-      "gemm_w4a8_nr8_kr4_4x8_i8mm", "gemm_w8a8_nr8_kr4_4x8_i8mm");
+      "gemm_w4a8_nr8_kr4_4x8_i8mm", "gemm_w8a8_nr8_kr4_4x8_i8mm"));
   return table;
 }
 

@@ -3,6 +3,7 @@
 // DESIGN section 1 literally.
 #include <cmath>
 
+#include "../fp16_path.h"
 #include "../kernels.h"
 #include "../layout_access.h"
 
@@ -132,7 +133,61 @@ void float_matmul(const FloatMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, 
   }
 }
 
+// fp16 rounding for the FP16-arithmetic twin. The double results it is applied to are exact
+// (sums of two fp16 values, or of an fp16 value and a product of two, when their exponents are
+// close) or so close to an fp16 value that rounding twice cannot matter (when they are far apart),
+// so round_half(double op) is the correctly rounded fp16 operation.
+inline float round_half(double v) {
+  const double av = std::fabs(v);
+  if (!(av < 65520.0)) return std::isnan(v) ? float(v) : std::copysign(INFINITY, float(v));
+  if (av == 0.0) return float(v);
+  int e;
+  std::frexp(av, &e);                                  // av in [2^(e-1), 2^e)
+  const int ulp_exp = std::max(e - 1, -14) - 10;       // fp16: 11 bits, subnormals below 2^-14
+  return float(std::ldexp(std::nearbyint(std::ldexp(v, -ulp_exp)), ulp_exp));  // ties to even
+}
+inline float fma_half(float a, float b, float c) { return round_half(std::fma(double(a), double(b), double(c))); }
+inline float add_half(float a, float b) { return round_half(double(a) + double(b)); }
+
 }  // namespace
+
+// Step for step what kernels/fp16.cc computes (fp16_path.h), one output at a time.
+void half_float_matmul_twin(const HalfMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  using namespace fp16_path;
+  const WeightGeometry& w = *a.w;
+  const int zp = w.zero_point(), qmax = w.bits == 4 ? 15 : 255;
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = a.packed + p * w.panel_bytes;
+    const int rows = static_cast<int>(std::min<int64_t>(w.nr, w.n - p * w.nr));
+    for (int64_t m = m0; m < m1; ++m) {
+      for (int r = 0; r < rows; ++r) {
+        float y = 0.f;
+        for (int64_t b = 0; b < w.nblocks; ++b) {
+          const uint8_t* block = panel + b * w.block_bytes;
+          const auto* scales = reinterpret_cast<const uint16_t*>(block + w.code_bytes);
+          const float scale = half_to_float(scales[r]);
+          const float offset = w.symmetric ? -float(zp) * scale : half_to_float(scales[w.nr + r]);
+          const float norm = pow2_normalizer(weight_bound(offset, scale, qmax), kWeightTop);
+          const float sc = half_to_float(float_to_half(scale * norm));
+          const float of = half_to_float(float_to_half(offset * norm));
+          const uint16_t* x = a.x + m * a.ldx + b * w.block;
+          float bsum = 0.f;
+          for (int64_t c = 0; c < w.block; c += kChunk) {
+            float acc[kAccs] = {};
+            for (int j = 0; j < kChunk; ++j) {
+              const float wq = fma_half(sc, float(read_code(block, w.bits, w.nr, w.kr, r, c + j)), of);
+              acc[j % kAccs] = fma_half(half_to_float(x[c + j]), wq, acc[j % kAccs]);
+            }
+            bsum += add_half(add_half(acc[0], acc[1]), add_half(acc[2], acc[3]));
+          }
+          y = std::fma(bsum, (1.f / norm) * a.xunscale[m * w.nblocks + b], y);
+        }
+        const int64_t n = p * w.nr + r;
+        a.y[m * a.ldy + n] = a.bias ? y + a.bias[n] : y;
+      }
+    }
+  }
+}
 
 const KernelTable& scalar_kernels() {
   static const KernelTable table = {
