@@ -31,7 +31,6 @@ checkpoint to build such a directory.
 
 from __future__ import annotations
 
-import base64
 import importlib.util
 import json
 import os
