@@ -64,10 +64,14 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
 class Rope:
     """Rotary position embedding (rotate-half form, as Qwen2 and Llama), tables precomputed."""
 
-    def __init__(self, cfg: ModelConfig, max_positions: int):
+    def __init__(self, cfg: ModelConfig, max_positions: int, inv_freq: Optional[np.ndarray] = None):
         d = cfg.head_dim
-        inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-        inv_freq = _scaled_inv_freq(inv_freq, cfg.rope_scaling)
+        if inv_freq is None:
+            inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+            inv_freq = _scaled_inv_freq(inv_freq, cfg.rope_scaling)
+        elif np.shape(inv_freq) != (d // 2,):
+            raise ValueError(f"RoPE frequencies must have shape ({d // 2},), got {np.shape(inv_freq)}")
+        inv_freq = np.asarray(inv_freq, np.float64)
         angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
         self.cos = np.cos(angles).astype(np.float32)   # [positions, d/2]
         self.sin = np.sin(angles).astype(np.float32)

@@ -202,7 +202,7 @@ def _progress(total: int, desc: str, enabled: bool):
 
 # -- assembling ---------------------------------------------------------------------------------
 def build_model(cfg: ModelConfig, tokenizer: Tokenizer, embedding, tensors: dict, opts: Options,
-                max_context: int, info: dict) -> Model:
+                max_context: int, info: dict, rope_inv_freq: Optional[np.ndarray] = None) -> Model:
     """A Model from our named tensors (PackedWeight or float32 arrays)."""
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:
         raise ValueError(f"max_context must be a positive int, got {max_context!r}")
@@ -225,8 +225,7 @@ def build_model(cfg: ModelConfig, tokenizer: Tokenizer, embedding, tensors: dict
             if bias.shape != (shape[0],):
                 raise ValueError(f"tensor {name + '.bias'!r} has shape {bias.shape}, expected ({shape[0]},)")
         if not isinstance(w, PackedWeight):
-            w = np.asarray(w, np.float32)
-            return Linear(w, bias, act="float")
+            return Linear(np.asarray(w, np.float32), bias, act="float")
         block = w._h.k if opts.act_block == 0 else opts.act_block
         return Linear(w, bias, act=opts.act, act_block=block)
 
@@ -237,7 +236,7 @@ def build_model(cfg: ModelConfig, tokenizer: Tokenizer, embedding, tensors: dict
         return v
 
     H, I = cfg.hidden_size, cfg.intermediate_size
-    rope = Rope(cfg, max_context)
+    rope = Rope(cfg, max_context, rope_inv_freq)
     blocks = []
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
@@ -310,5 +309,73 @@ def _load_converted(d: Path, opts: Options, max_context: int) -> Model:
 
 
 # -- MNN exports ----------------------------------------------------------------------------------
+_SUPPORTED_BLOCKS = (32, 64, 128, 256)
+
+
+def _mnn_weight(parts: list, what: str, fallbacks: list):
+    """One PackedWeight from MNN weight records stacked along N (q/k/v, gate/up), their codes
+    moved as they are: MNN's w = lo + scale * code (fp32 lo / scale per block) is our asymmetric
+    scheme with fp16 scale / offset. A block size our layouts lack (llmexport halves the block
+    until it divides K, e.g. 16) or a scale outside fp16 keeps the layer in float32: MNN's
+    dequantized weights exactly."""
+    from .mnn_export import QuantizedLinear  # noqa: PLC0415
+
+    if all(isinstance(p, QuantizedLinear) for p in parts):
+        bits, block = parts[0].bits, parts[0].block_size
+        if all(p.bits == bits and p.block_size == block for p in parts) and block in (None, *_SUPPORTED_BLOCKS):
+            scale = np.concatenate([p.scale for p in parts]).astype(np.float16)
+            lo = np.concatenate([p.lo for p in parts]).astype(np.float16)
+            if np.isfinite(scale).all() and np.isfinite(lo).all():
+                codes = np.concatenate([p.codes for p in parts])
+                return pack_quantized(codes, scale, lo, bits, block, symmetric=False)
+    fallbacks.append(what)
+    return np.concatenate([p.dequantize() if isinstance(p, QuantizedLinear) else np.asarray(p, np.float32)
+                           for p in parts])
+
+
 def _load_mnn(d: Path, export, opts: Options, max_context: int, progress: bool) -> Model:
-    raise ValueError(f"{d}: MNN exports are not supported yet")
+    """An llmexport directory: its int4 / int8 records repacked (no re-rounding), its bf16
+    embedding file as the disk embedding, its tokenizer turned into a ``tokenizers`` one."""
+    cfg = ModelConfig.from_hf(export.config, str(d / "llm_config.json"))
+    lin, fallbacks, tensors = export.linears, [], {}
+
+    def bias(*names):
+        bs = [getattr(lin[n], "bias", None) for n in names]
+        if all(b is None for b in bs):
+            return None
+        return np.concatenate([np.zeros(lin[n].shape[0], np.float32) if b is None else b
+                               for n, b in zip(names, bs)])
+
+    bar = _progress(cfg.num_layers + 1, "repacking", progress)
+    for i in range(cfg.num_layers):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        groups = {"qkv": [a + "q_proj", a + "k_proj", a + "v_proj"], "o": [a + "o_proj"],
+                  "gate_up": [m + "gate_proj", m + "up_proj"], "down": [m + "down_proj"]}
+        for ours, names in groups.items():
+            tensors[f"layers.{i}.{ours}"] = _mnn_weight([lin[n] for n in names], f"layers.{i}.{ours}", fallbacks)
+            b = bias(*names)
+            if b is not None:
+                tensors[f"layers.{i}.{ours}.bias"] = b
+        tensors[f"layers.{i}.input_norm"] = export.norms[f"model.layers.{i}.input_layernorm"]
+        tensors[f"layers.{i}.post_norm"] = export.norms[f"model.layers.{i}.post_attention_layernorm"]
+        bar.update(1)
+    tensors["norm"] = export.norms["model.norm"]
+    tensors["lm_head"] = _mnn_weight([lin["lm_head"]], "lm_head", fallbacks)
+    if getattr(lin["lm_head"], "bias", None) is not None:
+        tensors["lm_head.bias"] = lin["lm_head"].bias
+    bar.close()
+    if opts.slim_vocab not in (False, None):
+        raise ValueError("slim_vocab is not supported for MNN exports")
+    tokenizer = Tokenizer(export.tokenizer, chat_template=export.chat_template, bos_token=export.bos_token)
+    tokenizer.stop_ids |= set(export.stop_token_ids)
+    vocab, hidden = export.embedding_shape
+    if opts.disk_embedding:
+        embedding = DiskEmbedding(export.embedding_path, 0, vocab, hidden, "bfloat16")
+    else:
+        embedding = MemoryEmbedding(export.embed(np.arange(vocab)))
+    bits = {w.bits for w in tensors.values() if isinstance(w, PackedWeight)}
+    opts = Options(bits.pop() if len(bits) == 1 else None, None, False, opts.act, opts.act_block,
+                   opts.memory, opts.disk_embedding)
+    return build_model(cfg, tokenizer, embedding, tensors, opts, max_context,
+                       info={"source": "mnn", "path": str(d), "float_layers": fallbacks},
+                       rope_inv_freq=export.rope_inv_freq)

@@ -25,8 +25,9 @@ class Stats:
     load_s: float = 0.0
     prompt_tokens: int = 0
     prefill_s: float = 0.0
-    decode_tokens: int = 0
-    decode_s: float = 0.0
+    decode_tokens: int = 0   # tokens generated (the first comes from the prefill's logits)
+    decode_steps: int = 0    # forwards of one token each that decoding ran
+    decode_s: float = 0.0    # time of those forwards and of sampling
     finish_reason: str = ""
 
     @property
@@ -35,7 +36,7 @@ class Stats:
 
     @property
     def decode_tok_s(self) -> float:
-        return self.decode_tokens / self.decode_s if self.decode_s else 0.0
+        return self.decode_steps / self.decode_s if self.decode_s and self.decode_steps else 0.0
 
     @property
     def peak_rss_mb(self) -> float:
@@ -132,22 +133,24 @@ class Model:
         logits = self.prefill(ids)
         st.prefill_s = time.perf_counter() - t0
         context = rows(ids)
-        t0 = time.perf_counter()
         st.finish_reason = "length"
-        for _ in range(max_new_tokens):
+        for n in range(max_new_tokens):
+            t0 = time.perf_counter()
             index = sampler(logits, context)
             token = index if self.lm_rows is None else int(self.lm_rows[index])
+            st.decode_s += time.perf_counter() - t0
             if token in stop:
                 st.finish_reason = "stop"
                 break
             st.decode_tokens += 1
-            yield token
-            if self.cache.length + 1 > self.cache.capacity:
+            yield token  # time spent by the consumer is not counted
+            if n + 1 == max_new_tokens or self.cache.length + 1 > self.cache.capacity:
                 break
+            t0 = time.perf_counter()
             context.append(index)
             logits = self._forward([token], self.cache.length)[0]
-            st.decode_s = time.perf_counter() - t0
-        st.decode_s = time.perf_counter() - t0
+            st.decode_s += time.perf_counter() - t0
+            st.decode_steps += 1
 
     def stream(self, prompt: Union[str, Messages], max_new_tokens: int = 128, **sampling) -> Iterator[str]:
         """Yield text pieces as they are generated. ``prompt``: a string (used as it is) or a
