@@ -339,12 +339,11 @@ def _load_mnn(d: Path, export, opts: Options, max_context: int, progress: bool) 
     cfg = ModelConfig.from_hf(export.config, str(d / "llm_config.json"))
     lin, fallbacks, tensors = export.linears, [], {}
 
-    def bias(*names):
-        bs = [getattr(lin[n], "bias", None) for n in names]
+    def bias(recs):
+        bs = [getattr(r, "bias", None) for r in recs]
         if all(b is None for b in bs):
             return None
-        return np.concatenate([np.zeros(lin[n].shape[0], np.float32) if b is None else b
-                               for n, b in zip(names, bs)])
+        return np.concatenate([np.zeros(r.shape[0], np.float32) if b is None else b for r, b in zip(recs, bs)])
 
     bar = _progress(cfg.num_layers + 1, "repacking", progress)
     for i in range(cfg.num_layers):
@@ -352,17 +351,19 @@ def _load_mnn(d: Path, export, opts: Options, max_context: int, progress: bool) 
         groups = {"qkv": [a + "q_proj", a + "k_proj", a + "v_proj"], "o": [a + "o_proj"],
                   "gate_up": [m + "gate_proj", m + "up_proj"], "down": [m + "down_proj"]}
         for ours, names in groups.items():
-            tensors[f"layers.{i}.{ours}"] = _mnn_weight([lin[n] for n in names], f"layers.{i}.{ours}", fallbacks)
-            b = bias(*names)
+            recs = [lin[n] for n in names]  # read from the file now, dropped once packed
+            tensors[f"layers.{i}.{ours}"] = _mnn_weight(recs, f"layers.{i}.{ours}", fallbacks)
+            b = bias(recs)
             if b is not None:
                 tensors[f"layers.{i}.{ours}.bias"] = b
         tensors[f"layers.{i}.input_norm"] = export.norms[f"model.layers.{i}.input_layernorm"]
         tensors[f"layers.{i}.post_norm"] = export.norms[f"model.layers.{i}.post_attention_layernorm"]
         bar.update(1)
     tensors["norm"] = export.norms["model.norm"]
-    tensors["lm_head"] = _mnn_weight([lin["lm_head"]], "lm_head", fallbacks)
-    if getattr(lin["lm_head"], "bias", None) is not None:
-        tensors["lm_head.bias"] = lin["lm_head"].bias
+    head = lin["lm_head"]
+    tensors["lm_head"] = _mnn_weight([head], "lm_head", fallbacks)
+    if getattr(head, "bias", None) is not None:
+        tensors["lm_head.bias"] = head.bias
     bar.close()
     if opts.slim_vocab not in (False, None):
         raise ValueError("slim_vocab is not supported for MNN exports")

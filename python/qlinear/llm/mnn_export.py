@@ -40,6 +40,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
@@ -103,7 +104,7 @@ class MnnExport:
 
     path: Path
     config: dict                          # Hugging Face config.json terms
-    linears: Dict[str, Linear]            # "model.layers.0.self_attn.q_proj", ..., "lm_head"
+    linears: Mapping[str, Linear]         # "model.layers.0.self_attn.q_proj", ..., "lm_head" (read on access)
     norms: Dict[str, np.ndarray]          # "model.layers.0.input_layernorm", ..., "model.norm"
     embedding_path: Path                  # raw bf16 [vocab, hidden]
     embedding_shape: Tuple[int, int]
@@ -177,20 +178,33 @@ def read_graph(mnn_path) -> dict:
 
 
 class _WeightFile:
-    """Bounded reads from ``llm.mnn.weight``, with errors naming the file and the record."""
+    """Bounded reads from ``llm.mnn.weight``, with errors naming the file and the record. Reads
+    go through pread, not a mapping: the page cache holds the file, the process only what it
+    keeps (a model is repacked layer by layer without the export becoming resident)."""
 
     def __init__(self, path: Path):
         if not path.is_file():
             raise ValueError(f"{path}: missing (the weights)")
         self.path = path
-        self.size = path.stat().st_size
-        self.data = np.memmap(path, dtype=np.uint8, mode="r") if self.size else np.zeros(0, np.uint8)
+        self._fd = os.open(path, os.O_RDONLY)
+        self.size = os.fstat(self._fd).st_size
+
+    def __del__(self):
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def bytes(self, offset: int, length: int, what: str) -> np.ndarray:
         if offset < 0 or length < 0 or offset + length > self.size:
             raise ValueError(f"{self.path}: truncated or corrupt: {what} needs bytes "
                              f"[{offset}, {offset + length}) but the file has {self.size}")
-        return self.data[offset:offset + length]
+        data = os.pread(self._fd, length, offset)
+        if len(data) != length:
+            raise ValueError(f"{self.path}: short read of {what} (file changed while reading?)")
+        return np.frombuffer(data, dtype=np.uint8)
 
     def floats(self, offset: int, length: int, what: str) -> np.ndarray:
         if length % 4:
@@ -208,7 +222,9 @@ def _unpack_codes(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     return out.reshape(-1)[:count].astype(np.uint8)
 
 
-def _read_linear(wf: _WeightFile, op: dict) -> Linear:
+def _read_linear(wf: _WeightFile, op: dict, payload: bool = True) -> Linear:
+    """One linear's record; ``payload=False`` checks the record (header, code map, sizes)
+    without reading its codes and block parameters, and returns None."""
     name = op.get("name", "?")
     main = op.get("main") or {}
     common = main.get("common") or {}
@@ -230,6 +246,10 @@ def _read_linear(wf: _WeightFile, op: dict) -> Linear:
     if qtype == 3:   # fp16 weights
         if w_len != 2 * n * k or a_len:
             raise ValueError(f"{wf.path}: {what}: fp16 record of {w_len} bytes, expected {2 * n * k}")
+        if offset + w_len > wf.size:
+            raise ValueError(f"{wf.path}: truncated or corrupt: {what} lies beyond the end of the file")
+        if not payload:
+            return None
         w = np.array(wf.bytes(offset, w_len, what)).view(np.float16).astype(np.float32).reshape(n, k)
         return w if bias is None else _FloatLinear(w, bias)
     if qtype != 1:
@@ -263,8 +283,6 @@ def _read_linear(wf: _WeightFile, op: dict) -> Linear:
     if w_len != header + code_bytes:
         raise ValueError(f"{wf.path}: {what}: weight record of {w_len} bytes, expected "
                          f"{header + code_bytes} for {bits}-bit codes")
-    codes = _unpack_codes(wf.bytes(offset + header, code_bytes, f"{what} codes"), bits, n * k)
-    codes = codes.reshape(n, k)
     per_block = 2 if asym else 1
     if a_len % (4 * per_block * n):
         raise ValueError(f"{wf.path}: {what}: {a_len} bytes of block parameters do not divide "
@@ -272,6 +290,13 @@ def _read_linear(wf: _WeightFile, op: dict) -> Linear:
     n_blocks = a_len // (4 * per_block * n)
     if n_blocks < 1 or k % n_blocks:
         raise ValueError(f"{wf.path}: {what}: {n_blocks} blocks do not divide K={k}")
+    if offset + w_len + a_len > wf.size:
+        raise ValueError(f"{wf.path}: truncated or corrupt: {what} needs bytes [{offset}, "
+                         f"{offset + w_len + a_len}) but the file has {wf.size}")
+    if not payload:
+        return None
+    codes = _unpack_codes(wf.bytes(offset + header, code_bytes, f"{what} codes"), bits, n * k)
+    codes = codes.reshape(n, k)
     alpha = wf.floats(offset + w_len, a_len, f"{what} block parameters").reshape(n, n_blocks, per_block)
     if asym:
         zero, scale = alpha[..., 0], alpha[..., 1]
@@ -284,6 +309,23 @@ def _read_linear(wf: _WeightFile, op: dict) -> Linear:
     return QuantizedLinear(codes=codes, scale=scale, lo=lo, bits=bits,
                            block_size=None if n_blocks == 1 else block,
                            bias=bias, symmetric=not asym)
+
+
+class _Linears(Mapping):
+    """name -> the linear's record, read from the weight file on each access (so that a model
+    can be repacked one layer at a time); every record was checked when the export was read."""
+
+    def __init__(self, wf: _WeightFile, ops: Dict[str, dict]):
+        self._wf, self._ops = wf, ops
+
+    def __getitem__(self, name: str) -> Linear:
+        return _read_linear(self._wf, self._ops[name])
+
+    def __iter__(self):
+        return iter(self._ops)
+
+    def __len__(self) -> int:
+        return len(self._ops)
 
 
 class _FloatLinear(np.ndarray):
@@ -679,7 +721,8 @@ def read_export(path, tokenizer: bool = True) -> MnnExport:
                 raise ValueError(f"{mnn_path}: linear op {name!r} does not map to a known layer")
             if hf in linears:
                 raise ValueError(f"{mnn_path}: two ops for {hf}")
-            linears[hf] = _read_linear(wf, op)
+            _read_linear(wf, op, payload=False)  # checked now, read when used
+            linears[hf] = op
         elif t == "LayerNorm":
             main = op.get("main") or {}
             if not main.get("useRMSNorm"):
@@ -726,8 +769,8 @@ def read_export(path, tokenizer: bool = True) -> MnnExport:
         raise ValueError(f"{mnn_path}: layers beyond layer_nums={n_layers}: {', '.join(extra[:4])}")
 
     def shape(name):
-        w = linears[name]
-        return w.shape
+        common = (linears[name].get("main") or {}).get("common") or {}
+        return int(common.get("outputCount", 0)), int(common.get("inputCount", 0))
 
     q_n, q_k = shape("model.layers.0.self_attn.q_proj")
     k_n, _ = shape("model.layers.0.self_attn.k_proj")
@@ -743,8 +786,11 @@ def read_export(path, tokenizer: bool = True) -> MnnExport:
         raise ValueError(f"{mnn_path}: q/k sizes {q_n}/{k_n} are not multiples of head_dim {head_dim}")
     if len(eps) != 1:
         raise ValueError(f"{mnn_path}: norms disagree on epsilon: {sorted(eps)}")
-    q_bias = getattr(linears["model.layers.0.self_attn.q_proj"], "bias", None) is not None
-    o_bias = getattr(linears["model.layers.0.self_attn.o_proj"], "bias", None) is not None
+    def has_bias(name):
+        ext = ((linears[name].get("main") or {}).get("external")) or [0, 0, 0, 0]
+        return int(ext[3]) > 0
+
+    q_bias, o_bias = has_bias("model.layers.0.self_attn.q_proj"), has_bias("model.layers.0.self_attn.o_proj")
 
     emb_name = runtime.get("embedding_file", "embeddings_bf16.bin")
     emb_path = d / emb_name
@@ -790,7 +836,7 @@ def read_export(path, tokenizer: bool = True) -> MnnExport:
             stop = list(stop) + [eos_id]
     if tok is not None:
         config["eos_token_id"] = stop[0] if len(stop) == 1 else list(stop)
-    return MnnExport(path=d, config=config, linears=linears, norms=norms, embedding_path=emb_path,
+    return MnnExport(path=d, config=config, linears=_Linears(wf, linears), norms=norms, embedding_path=emb_path,
                      embedding_shape=(vocab, hidden), tokenizer=tok, chat_template=template,
                      stop_token_ids=list(stop), bos_token=bos, eos_token=eos, rope_inv_freq=inv_freq,
                      runtime_config=runtime, llm_config=llm_cfg)
