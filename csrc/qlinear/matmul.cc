@@ -54,8 +54,13 @@ static void run_tiled(const WeightGeometry& w, int64_t m,
   ThreadPool& pool = ThreadPool::global();
   const int64_t work = m * w.npanels * w.nr * w.padded_k();
   if (m == 1) {
-    const int64_t grain = work < kMinParallelWork ? w.npanels : 1;
-    pool.parallel_for(w.npanels, grain, [&](int64_t p0, int64_t p1) { gemv(args, 0, 1, p0, p1); });
+    // A few tasks per thread, taken dynamically: a thread that is slow to start (or a core
+    // taken by another process) leaves its share to the others.
+    constexpr int64_t kTasksPerThread = 4, kMinPanelsPerTask = 4;
+    const int64_t tasks = work < kMinParallelWork ? 1
+        : std::max<int64_t>(1, std::min(pool.num_threads() * kTasksPerThread, w.npanels / kMinPanelsPerTask));
+    auto task = [&](int64_t t) { gemv(args, 0, 1, w.npanels * t / tasks, w.npanels * (t + 1) / tasks); };
+    pool.run(tasks, TaskRef(task));
     return;
   }
   const int threads = work < kMinParallelWork ? 1 : pool.num_threads();

@@ -69,9 +69,20 @@ void ThreadPool::stop_workers() {
 
 void ThreadPool::work_on_job() {
   const int64_t ntasks = job_tasks_;
+  int64_t done = 0;
   for (int64_t t = next_task_.fetch_add(1, std::memory_order_relaxed); t < ntasks;
-       t = next_task_.fetch_add(1, std::memory_order_relaxed))
+       t = next_task_.fetch_add(1, std::memory_order_relaxed)) {
     (*job_fn_)(t);
+    ++done;
+  }
+  if (done) tasks_done_.fetch_add(done, std::memory_order_release);
+}
+
+bool ThreadPool::try_join(uint64_t gen) {
+  uint64_t s = job_state_.load(std::memory_order_acquire);
+  while ((s >> 16) == (gen & ((uint64_t(1) << 48) - 1)))
+    if (job_state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel)) return true;
+  return false;
 }
 
 void ThreadPool::worker_loop(uint64_t seen) {
@@ -95,8 +106,10 @@ void ThreadPool::worker_loop(uint64_t seen) {
     }
     if (stopping_.load()) return;
     seen = gen;
-    work_on_job();
-    workers_done_.fetch_add(1, std::memory_order_acq_rel);
+    if (try_join(gen)) {
+      work_on_job();
+      job_state_.fetch_sub(1, std::memory_order_acq_rel);
+    }
   }
 }
 
@@ -115,8 +128,10 @@ void ThreadPool::run(int64_t ntasks, TaskRef fn) {
   job_fn_ = &fn;
   job_tasks_ = ntasks;
   next_task_.store(0, std::memory_order_relaxed);
-  workers_done_.store(0, std::memory_order_relaxed);
-  generation_.fetch_add(1);  // seq_cst: see worker_loop
+  tasks_done_.store(0, std::memory_order_relaxed);
+  const uint64_t gen = generation_.load(std::memory_order_relaxed) + 1;
+  job_state_.store((gen & ((uint64_t(1) << 48) - 1)) << 16, std::memory_order_release);  // open
+  generation_.store(gen);  // seq_cst: see worker_loop
   if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> sleep_lock(sleep_mutex_);
     wake_.notify_all();
@@ -124,12 +139,18 @@ void ThreadPool::run(int64_t ntasks, TaskRef fn) {
   tl_inside_job = true;
   work_on_job();
   tl_inside_job = false;
-  // Every worker checks in before the job's state may be reused.
-  const int nworkers = static_cast<int>(workers_.size());
-  for (int spin = 0; workers_done_.load(std::memory_order_acquire) < nworkers; ++spin) {
-    if (spin < kSpinIterations) QLINEAR_PAUSE();
-    else std::this_thread::yield();
+  const auto wait = [](auto&& done) {
+    for (int spin = 0; !done(); ++spin) {
+      if (spin < kSpinIterations) QLINEAR_PAUSE();
+      else std::this_thread::yield();
+    }
+  };
+  wait([&] { return tasks_done_.load(std::memory_order_acquire) == ntasks; });
+  // Close the job, then let the workers inside leave before its state may be reused.
+  uint64_t s = job_state_.load(std::memory_order_relaxed);
+  while (!job_state_.compare_exchange_weak(s, s & 0xFFFF, std::memory_order_acq_rel)) {
   }
+  wait([&] { return (job_state_.load(std::memory_order_acquire) & 0xFFFF) == 0; });
 }
 
 }  // namespace qlinear

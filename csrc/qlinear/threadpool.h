@@ -3,6 +3,12 @@
 // sleep on a condition variable. One job runs at a time; a call made while another thread's
 // job runs, or from inside a job, runs inline on the calling thread, so concurrent callers
 // never deadlock or wait on each other.
+//
+// Tasks are handed out dynamically, and the caller waits for the tasks, not for the workers: a
+// worker that is not running when a job starts (descheduled on a busy machine, still waking
+// up) simply does not join it, and the caller does its share. Without that, a machine with
+// more runnable threads than cores turns every one of decode's short jobs into a wait of a
+// scheduler time slice.
 #pragma once
 
 #include <atomic>
@@ -58,11 +64,17 @@ class ThreadPool {
   std::mutex job_mutex_;            // held by the thread whose job is running
   std::vector<std::thread> workers_;
 
-  // The current job, written by its owner before generation_ is bumped.
+  bool try_join(uint64_t gen);
+
+  // The current job, written by its owner before it opens the job.
   const TaskRef* job_fn_ = nullptr;
   int64_t job_tasks_ = 0;
   std::atomic<int64_t> next_task_{0};
-  std::atomic<int> workers_done_{0};
+  std::atomic<int64_t> tasks_done_{0};
+  // (generation of the open job << 16) | workers inside it. A worker joins only while its
+  // generation is open; the owner closes the job (generation bits 0) when every task is done
+  // and then waits for the workers inside to leave.
+  std::atomic<uint64_t> job_state_{0};
 
   std::atomic<uint64_t> generation_{0};
   std::atomic<bool> stopping_{false};

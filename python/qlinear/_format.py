@@ -125,15 +125,17 @@ def _int(entry, key, path, name, lo=0, hi=1 << 62) -> int:
 
 
 def _crc_of_range(fd: int, start: int, nbytes: int) -> int:
-    """CRC-32 of a file range, read with pread in chunks: the page cache holds the data, the
-    process does not (checking a mapped range would make it all resident)."""
+    """CRC-32 of a file range, read with pread into one small buffer: the page cache holds the
+    data, the process does not (checking a mapped range would make it all resident)."""
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
     crc, pos, end = 0, start, start + nbytes
     while pos < end:
-        chunk = os.pread(fd, min(8 << 20, end - pos), pos)
-        if not chunk:
+        n = os.preadv(fd, [view[:min(len(buf), end - pos)]], pos)
+        if n <= 0:
             break
-        crc = zlib.crc32(chunk, crc)
-        pos += len(chunk)
+        crc = zlib.crc32(view[:n], crc)
+        pos += n
     return crc
 
 
