@@ -114,6 +114,10 @@ def test_slim_vocab(checkpoints, tmp_path):
     assert all(t % 3 == 0 for t in slim.generate_ids(ids, 5, stop_ids=()))
     conv = llm.load(llm.convert(checkpoints["qwen2"], tmp_path / "s", bits=8, slim_vocab=keep, progress=False))
     np.testing.assert_array_equal(conv.logits(ids), b)
+    full_file = llm.convert(checkpoints["qwen2"], tmp_path / "f", bits=8, progress=False)
+    np.testing.assert_array_equal(llm.load(full_file, slim_vocab=keep).logits(ids), b)  # slimmed at load
+    with pytest.raises(ValueError, match="slimmed at conversion"):
+        llm.load(tmp_path / "s", slim_vocab=keep)
 
 
 def test_sampling(checkpoints):

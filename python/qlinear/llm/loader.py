@@ -178,6 +178,15 @@ def _slim_rows(slim, cfg: ModelConfig, tokenizer: Tokenizer) -> Optional[np.ndar
     return rows.astype(np.int32)
 
 
+def _select_rows(w, rows: np.ndarray):
+    """Rows of a weight (packed: codes moved, not re-rounded)."""
+    if not isinstance(w, PackedWeight):
+        return np.asarray(w, np.float32)[rows]
+    codes, scale, offset = w.unpack()
+    return pack_quantized(codes[rows], scale[rows], None if offset is None else offset[rows],
+                          w.bits, None if w.per_channel else w.group_size, w.symmetric)
+
+
 def _ids(x) -> list[int]:
     if x is None:
         return []
@@ -290,10 +299,16 @@ def _load_converted(d: Path, opts: Options, max_context: int) -> Model:
                          f"(format {meta.get('format')!r}, version {meta.get('version')!r})")
     cfg = ModelConfig.from_dict(meta.get("config") or {}, str(path))
     q = meta.get("quantization") or {}
+    slim = opts.slim_vocab
     opts = Options(q.get("bits"), q.get("group_size"), bool(q.get("symmetric")),
                    "float" if q.get("bits") is None else opts.act, opts.act_block, opts.memory,
                    opts.disk_embedding)
     tokenizer = Tokenizer.from_dir(d, extra_stop_ids=_ids(cfg.eos_token_id))
+    rows = _slim_rows(slim, cfg, tokenizer)
+    if rows is not None:
+        if "lm_rows" in tensors:
+            raise ValueError(f"{path}: the vocabulary was slimmed at conversion already")
+        tensors["lm_head"], tensors["lm_rows"] = _select_rows(tensors["lm_head"], rows), rows
     embed = tensors.pop("embed", None)
     if embed is None or tuple(embed.shape) != (cfg.vocab_size, cfg.hidden_size):
         raise ValueError(f"{path}: embedding table missing or of the wrong shape")
