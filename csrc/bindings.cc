@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "qlinear/cpu.h"
+#include "qlinear/decoder.h"
 #include "qlinear/kernels.h"
 #include "qlinear/layout.h"
 #include "qlinear/matmul.h"
@@ -271,6 +272,58 @@ py::dict cpu_info() {
   return d;
 }
 
+
+// -- decoder ops for qlinear.llm's decode step (internal: shapes checked, float32 C-contiguous) --
+using F32Array = py::array_t<float, py::array::c_style>;
+
+F32Array checked_f32(const py::array& a, const char* what, int ndim) {
+  if (a.dtype().num() != kNpyFloat || a.ndim() != ndim || !(a.flags() & py::array::c_style))
+    throw py::value_error(std::string(what) + " must be a C-contiguous float32 array of " +
+                          std::to_string(ndim) + " dimensions");
+  return py::reinterpret_borrow<F32Array>(a);
+}
+
+F32Array py_rms_norm(const py::array& x_in, const py::array& w_in, float eps) {
+  F32Array x = checked_f32(x_in, "x", 2), w = checked_f32(w_in, "weight", 1);
+  if (w.shape(0) != x.shape(1)) throw py::value_error("rms_norm: weight size does not match x");
+  F32Array y({x.shape(0), x.shape(1)});
+  decoder::rms_norm(x.data(), w.data(), eps, x.shape(0), x.shape(1), y.mutable_data());
+  return y;
+}
+
+F32Array py_silu_mul(const py::array& gu_in) {
+  F32Array gu = checked_f32(gu_in, "gate_up", 2);
+  if (gu.shape(1) % 2) throw py::value_error("silu_mul: gate_up must have an even number of columns");
+  F32Array y({gu.shape(0), gu.shape(1) / 2});
+  decoder::silu_mul(gu.data(), gu.shape(0), gu.shape(1) / 2, y.mutable_data());
+  return y;
+}
+
+F32Array py_attend_one(const py::array& qkv_in, const py::array& cos_in, const py::array& sin_in,
+                       int64_t pos, const py::array& k_in, const py::array& v_in, int64_t heads, float scale) {
+  F32Array qkv = checked_f32(qkv_in, "qkv", 2), cs = checked_f32(cos_in, "cos", 2), sn = checked_f32(sin_in, "sin", 2);
+  F32Array k = checked_f32(k_in, "k_cache", 3), v = checked_f32(v_in, "v_cache", 3);
+  const int64_t kv = k.shape(0), cap = k.shape(1), d = k.shape(2);
+  if (v.shape(0) != kv || v.shape(1) != cap || v.shape(2) != d || !k.writeable() || !v.writeable())
+    throw py::value_error("attend_one: k and v caches must be writeable and of one shape");
+  if (heads < 1 || kv < 1 || heads % kv || d < 2 || d % 2 || d > 512)
+    throw py::value_error("attend_one: bad head counts or head_dim");
+  if (qkv.shape(0) != 1 || qkv.shape(1) != (heads + 2 * kv) * d)
+    throw py::value_error("attend_one: qkv must have shape [1, (heads + 2 * kv_heads) * head_dim]");
+  if (pos < 0 || pos >= cap || pos >= cs.shape(0) || cs.shape(1) != d / 2 || sn.shape(0) != cs.shape(0) ||
+      sn.shape(1) != d / 2)
+    throw py::value_error("attend_one: position outside the cache or the RoPE tables");
+  F32Array out({int64_t(1), heads * d});
+  std::vector<float> scratch(static_cast<size_t>(pos + 1));
+  const decoder::AttentionShape shape{heads, kv, d, cap};
+  {
+    py::gil_scoped_release release;
+    decoder::attend_one(qkv.data(), cs.data() + pos * (d / 2), sn.data() + pos * (d / 2), pos, shape, scale,
+                        k.mutable_data(), v.mutable_data(), out.mutable_data(), scratch.data());
+  }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -306,6 +359,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("matmul_float16_twin", &py_matmul<matmul_float16_twin>, py::arg("x"), py::arg("w"),
         py::arg("bias"), py::arg("out"), py::arg("act_block"));
   m.def("quantize_activation", &quantize_activation, py::arg("x"), py::arg("block"));
+  m.def("rms_norm", &py_rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"));
+  m.def("silu_mul", &py_silu_mul, py::arg("gate_up"));
+  m.def("attend_one", &py_attend_one, py::arg("qkv"), py::arg("cos"), py::arg("sin"), py::arg("pos"),
+        py::arg("k_cache"), py::arg("v_cache"), py::arg("heads"), py::arg("scale"));
   m.def("kernel_info", &kernel_info);
   m.def("cpu_info", &cpu_info);
   m.def("set_num_threads", [](int n) {

@@ -5,6 +5,7 @@ arrays [tokens, features]."""
 from __future__ import annotations
 
 import math
+import mmap
 from typing import Optional, Union
 
 import numpy as np
@@ -50,15 +51,13 @@ class Linear:
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    var = np.einsum("ij,ij->i", x, x)[:, None] * np.float32(1.0 / x.shape[1])
-    return x * (1.0 / np.sqrt(var + np.float32(eps))) * weight
+    """x / sqrt(mean(x^2) + eps) * weight, per row (float32 [tokens, features])."""
+    return _core.rms_norm(x, weight, eps)
 
 
 def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     """SwiGLU: silu(gate) * up, gate and up side by side in one fused projection's output."""
-    n = gate_up.shape[1] // 2
-    g, u = gate_up[:, :n], gate_up[:, n:]
-    return g / (1.0 + np.exp(-g)) * u
+    return _core.silu_mul(gate_up)
 
 
 class Rope:
@@ -104,14 +103,28 @@ def _scaled_inv_freq(inv_freq: np.ndarray, scaling: Optional[dict]) -> np.ndarra
     return inv_freq
 
 
+def _lazy_zeros(shape) -> np.ndarray:
+    """A zero float32 array whose pages become resident only when written, 4 KiB at a time: an
+    anonymous mapping with transparent huge pages off (with them, the first position written in
+    each head's slab would make 2 MiB resident)."""
+    nbytes = int(np.prod(shape)) * 4
+    if nbytes == 0:
+        return np.zeros(shape, np.float32)
+    buf = mmap.mmap(-1, nbytes)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, np.float32).reshape(shape)
+
+
 class KVCache:
     """Keys and values of every layer, preallocated for ``capacity`` positions:
-    [layers, kv_heads, capacity, head_dim] float32 each."""
+    [layers, kv_heads, capacity, head_dim] float32 each; memory becomes resident as positions
+    are filled."""
 
     def __init__(self, cfg: ModelConfig, capacity: int):
         shape = (cfg.num_layers, cfg.num_kv_heads, capacity, cfg.head_dim)
-        self.k = np.zeros(shape, np.float32)
-        self.v = np.zeros(shape, np.float32)
+        self.k = _lazy_zeros(shape)
+        self.v = _lazy_zeros(shape)
         self.capacity = capacity
         self.length = 0          # positions filled (the same for every layer after a forward)
         self.ids: list[int] = []  # the tokens those positions hold (for prefix reuse)
@@ -131,6 +144,9 @@ class Attention:
         n, hd, nkv = x.shape[0], cfg.head_dim, cfg.num_kv_heads
         group = cfg.num_heads // nkv
         qkv = self.qkv(x)
+        if n == 1:  # decode: RoPE, cache update and attention in one call
+            return self.o(_core.attend_one(qkv, self.rope.cos, self.rope.sin, start, cache.k[self.layer],
+                                           cache.v[self.layer], cfg.num_heads, float(self.scale)))
         q = self.rope(qkv[:, :cfg.q_size].reshape(n, cfg.num_heads, hd), start)
         k = self.rope(qkv[:, cfg.q_size:cfg.q_size + cfg.kv_size].reshape(n, nkv, hd), start)
         v = qkv[:, cfg.q_size + cfg.kv_size:].reshape(n, nkv, hd)

@@ -7,6 +7,7 @@ projection, ``layers.{i}.gate_up`` fused gate/up projection, ...) and then assem
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import time
@@ -126,6 +127,7 @@ def _hf_tensors(ckpt: Checkpoint, cfg: ModelConfig, opts: Options, rows: Optiona
                 out[f"layers.{i}.{dst}.bias"] = f32(src)
         if (m + "gate_proj.bias") in ckpt:
             out[f"layers.{i}.gate_up.bias"] = np.concatenate([f32(m + "gate_proj.bias"), f32(m + "up_proj.bias")])
+        _trim_heap()
         bar.update(1)
     out["norm"] = f32("model.norm.weight")
     head = "model.embed_tokens.weight" if cfg.tie_word_embeddings or "lm_head.weight" not in ckpt else "lm_head.weight"
@@ -191,6 +193,23 @@ def _ids(x) -> list[int]:
     if x is None:
         return []
     return [int(i) for i in (x if isinstance(x, (list, tuple)) else [x])]
+
+
+def _trim_heap() -> None:
+    """Give freed memory back to the OS (glibc): loading makes a layer's transient arrays, and
+    glibc keeps freed heap memory by default (its mmap threshold grows after the first large
+    free), so without this the peak RSS of a load grows by the sum of the leftovers."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim = None
 
 
 def _progress(total: int, desc: str, enabled: bool):
@@ -373,6 +392,7 @@ def _load_mnn(d: Path, export, opts: Options, max_context: int, progress: bool) 
                 tensors[f"layers.{i}.{ours}.bias"] = b
         tensors[f"layers.{i}.input_norm"] = export.norms[f"model.layers.{i}.input_layernorm"]
         tensors[f"layers.{i}.post_norm"] = export.norms[f"model.layers.{i}.post_attention_layernorm"]
+        _trim_heap()
         bar.update(1)
     tensors["norm"] = export.norms["model.norm"]
     head = lin["lm_head"]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -134,12 +133,13 @@ class MnnLlm:
 
 
 _CHILD = r"""
-import json, resource, sys
+import json, sys
 from qlinear.llm.mnn_engine import MnnLlm
 args = json.loads(sys.argv[1])
 eng = MnnLlm(args["export_dir"], threads=args["threads"])
 res = eng.bench(args["prompt_ids"], args["n_decode"])
-res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+from qlinear.llm.model import peak_rss_mb
+res["peak_rss_mb"] = peak_rss_mb()
 sys.stdout.write("\n@@RESULT@@" + json.dumps(res) + "\n")
 """
 
@@ -147,7 +147,7 @@ sys.stdout.write("\n@@RESULT@@" + json.dumps(res) + "\n")
 def bench_in_subprocess(export_dir, prompt_ids: Sequence[int], n_decode: int, threads: int = 1,
                         timeout: float = 1800) -> Dict[str, float]:
     """``MnnLlm(export_dir, threads).bench(...)`` in a fresh Python process, so that its peak RSS
-    (``peak_rss_mb``, the child's ``ru_maxrss``) is MNN's alone."""
+    (``peak_rss_mb``, the child's VmHWM) is MNN's alone."""
     args = json.dumps({"export_dir": str(export_dir), "threads": int(threads),
                        "prompt_ids": [int(i) for i in prompt_ids], "n_decode": int(n_decode)})
     proc = subprocess.run([sys.executable, "-c", _CHILD, args], stdout=subprocess.PIPE,
@@ -160,6 +160,4 @@ def bench_in_subprocess(export_dir, prompt_ids: Sequence[int], n_decode: int, th
     return json.loads(proc.stdout.rsplit(marker, 1)[1].strip().splitlines()[0])
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident set size in MB (Linux: ru_maxrss is in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+from .model import peak_rss_mb  # noqa: E402,F401  (re-exported)

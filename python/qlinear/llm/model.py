@@ -15,7 +15,20 @@ from .generation import Sampler, Sampling
 from .layers import Block, KVCache, Linear, rms_norm
 from .tokenizer import Messages, StreamDecoder, Tokenizer
 
-PREFILL_CHUNK = 512  # prompt tokens per forward: bounds the attention scores' memory
+PREFILL_CHUNK = 512
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set, MB: VmHWM (its own since exec; ru_maxrss would carry
+    over the parent's peak into a child process on Linux), else ru_maxrss."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # prompt tokens per forward: bounds the attention scores' memory
 
 
 @dataclass
@@ -40,7 +53,7 @@ class Stats:
 
     @property
     def peak_rss_mb(self) -> float:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return peak_rss_mb()
 
     def __str__(self) -> str:
         return (f"prefill {self.prompt_tokens} tokens in {self.prefill_s:.3f} s ({self.prefill_tok_s:.1f} tok/s), "

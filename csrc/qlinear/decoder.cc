@@ -1,0 +1,78 @@
+#include "decoder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace qlinear::decoder {
+
+void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int64_t n, float* y) {
+  for (int64_t r = 0; r < rows; ++r, x += n, y += n) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / double(n) + eps));
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * weight[i];
+  }
+}
+
+void silu_mul(const float* gu, int64_t rows, int64_t n, float* out) {
+  for (int64_t r = 0; r < rows; ++r, gu += 2 * n, out += n)
+    for (int64_t i = 0; i < n; ++i) out[i] = gu[i] / (1.f + std::exp(-gu[i])) * gu[n + i];
+}
+
+// Dot product in 8 independent lanes (a fixed order, so the compiler may vectorize it without
+// reassociating a single running sum), then the lanes added up.
+static float dot(const float* a, const float* b, int64_t n) {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) lane[j] += a[i + j] * b[i + j];
+  float total = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+  for (; i < n; ++i) total += a[i] * b[i];
+  return total;
+}
+
+static void rope(const float* in, const float* c, const float* s, int64_t d, float* out) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = in[i], x2 = in[half + i];
+    out[i] = x1 * c[i] - x2 * s[i];
+    out[half + i] = x2 * c[i] + x1 * s[i];
+  }
+}
+
+void attend_one(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
+                const AttentionShape& sh, float scale, float* k_cache, float* v_cache, float* out,
+                float* scratch) {
+  const int64_t d = sh.head_dim, group = sh.heads / sh.kv_heads;
+  const float* k_in = qkv + sh.heads * d;
+  const float* v_in = k_in + sh.kv_heads * d;
+  for (int64_t g = 0; g < sh.kv_heads; ++g) {
+    rope(k_in + g * d, cos_row, sin_row, d, k_cache + (g * sh.capacity + pos) * d);
+    std::memcpy(v_cache + (g * sh.capacity + pos) * d, v_in + g * d, sizeof(float) * d);
+  }
+  float q[512];
+  for (int64_t h = 0; h < sh.heads; ++h) {
+    const int64_t g = h / group;
+    const float* kc = k_cache + g * sh.capacity * d;
+    const float* vc = v_cache + g * sh.capacity * d;
+    rope(qkv + h * d, cos_row, sin_row, d, q);
+    for (int64_t i = 0; i < d; ++i) q[i] *= scale;
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t <= pos; ++t) {
+      scratch[t] = dot(q, kc + t * d, d);
+      top = std::max(top, scratch[t]);
+    }
+    float total = 0.f;
+    for (int64_t t = 0; t <= pos; ++t) total += (scratch[t] = std::exp(scratch[t] - top));
+    float* o = out + h * d;
+    std::fill(o, o + d, 0.f);
+    for (int64_t t = 0; t <= pos; ++t) {
+      const float p = scratch[t] / total;
+      for (int64_t i = 0; i < d; ++i) o[i] += p * vc[t * d + i];
+    }
+  }
+}
+
+}  // namespace qlinear::decoder

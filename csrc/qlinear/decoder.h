@@ -1,0 +1,29 @@
+// The small per-token operations of a decoder block, for the LLM runtime's decode step: with one
+// token, each is a few microseconds of work, and doing them as a dozen numpy calls per layer
+// cost as much as the layer's matmuls' memory traffic leaves room for. Plain C++ (the compiler
+// vectorizes the loops), float32, one token (row) at a time.
+#pragma once
+
+#include <cstdint>
+
+namespace qlinear::decoder {
+
+// y = x / sqrt(mean(x^2) + eps) * weight, for `rows` rows of `n` values.
+void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int64_t n, float* y);
+
+// out[i] = silu(gate[i]) * up[i] with gate = gu[:n], up = gu[n:2n] per row.
+void silu_mul(const float* gu, int64_t rows, int64_t n, float* out);
+
+struct AttentionShape {
+  int64_t heads, kv_heads, head_dim, capacity;  // capacity: positions the cache holds
+};
+
+// One token at position `pos`: rotate q and k (rotate-half RoPE with the tables' row `pos`),
+// store k and v into the caches ([kv_heads, capacity, head_dim] each) at `pos`, and attend over
+// positions 0..pos (grouped-query: head h reads KV head h / (heads / kv_heads)).
+// qkv: [heads + 2 * kv_heads, head_dim]; out: [heads, head_dim]; scratch: pos + 1 floats.
+void attend_one(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
+                const AttentionShape& s, float scale, float* k_cache, float* v_cache, float* out,
+                float* scratch);
+
+}  // namespace qlinear::decoder
