@@ -16,9 +16,30 @@ void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int6
   }
 }
 
+// e^x to ~2 ulp (Cephes' expf polynomial after x = n ln2 + r), written so that the compiler can
+// vectorize a loop of it (std::exp is a library call per element): rounding by the 1.5 * 2^23
+// trick, 2^n built in the exponent bits. Inputs are clamped to the finite range.
+static inline float exp_poly(float x) {
+  x = std::min(88.3762626647949f, std::max(-87.3365447504f, x));
+  const float shifter = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (x * 1.44269504088896341f + shifter) - shifter;
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
 void silu_mul(const float* gu, int64_t rows, int64_t n, float* out) {
   for (int64_t r = 0; r < rows; ++r, gu += 2 * n, out += n)
-    for (int64_t i = 0; i < n; ++i) out[i] = gu[i] / (1.f + std::exp(-gu[i])) * gu[n + i];
+    for (int64_t i = 0; i < n; ++i) out[i] = gu[i] / (1.f + exp_poly(-gu[i])) * gu[n + i];
 }
 
 // Dot product in 8 independent lanes (a fixed order, so the compiler may vectorize it without
@@ -60,13 +81,20 @@ void attend_one(const float* qkv, const float* cos_row, const float* sin_row, in
     rope(qkv + h * d, cos_row, sin_row, d, q);
     for (int64_t i = 0; i < d; ++i) q[i] *= scale;
     float top = -std::numeric_limits<float>::infinity();
+    bool nan = false;
     for (int64_t t = 0; t <= pos; ++t) {
       scratch[t] = dot(q, kc + t * d, d);
+      nan |= std::isnan(scratch[t]);
       top = std::max(top, scratch[t]);
     }
-    float total = 0.f;
-    for (int64_t t = 0; t <= pos; ++t) total += (scratch[t] = std::exp(scratch[t] - top));
     float* o = out + h * d;
+    if (nan || std::isinf(top)) {  // NaN / Inf in q or k: the result is NaN, as in float math
+      std::fill(o, o + d, std::numeric_limits<float>::quiet_NaN());
+      continue;
+    }
+    float total = 0.f;
+    for (int64_t t = 0; t <= pos; ++t) scratch[t] = exp_poly(scratch[t] - top);
+    for (int64_t t = 0; t <= pos; ++t) total += scratch[t];
     std::fill(o, o + d, 0.f);
     for (int64_t t = 0; t <= pos; ++t) {
       const float p = scratch[t] / total;
