@@ -56,7 +56,12 @@ class ModelConfig:
         head_dim = hf.get("head_dim") or hidden // heads
         if heads % kv_heads:
             raise ValueError(f"{where}: {heads} attention heads are not a multiple of {kv_heads} KV heads")
+        # transformers 5 writes RoPE settings as one "rope_parameters" object
+        rope = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else {}
+        theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
         scaling = hf.get("rope_scaling")
+        if scaling is None and rope.get("rope_type", "default") != "default":
+            scaling = rope
         if scaling is not None:
             kind = scaling.get("rope_type", scaling.get("type", "default"))
             if kind not in ROPE_TYPES:
@@ -68,7 +73,7 @@ class ModelConfig:
             num_layers=need("num_hidden_layers"), num_heads=heads, num_kv_heads=int(kv_heads),
             head_dim=int(head_dim), vocab_size=need("vocab_size"),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(hf.get("rope_theta", 10000.0)),
+            rope_theta=float(theta),
             max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),

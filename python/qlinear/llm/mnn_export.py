@@ -215,11 +215,10 @@ class _WeightFile:
 def _unpack_codes(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     if bits == 8:
         return np.array(packed[:count], dtype=np.uint8)
-    per = 8 // bits
-    mask = (1 << bits) - 1
-    shifts = np.array([bits * (per - 1 - i) for i in range(per)], dtype=np.uint8)
-    out = (np.asarray(packed, dtype=np.uint8)[:, None] >> shifts[None, :]) & mask
-    return out.reshape(-1)[:count].astype(np.uint8)
+    out = np.empty(2 * packed.size, dtype=np.uint8)  # two codes per byte, high nibble first
+    np.right_shift(packed, 4, out=out[0::2])
+    np.bitwise_and(packed, 0x0F, out=out[1::2])
+    return out[:count]
 
 
 def _read_linear(wf: _WeightFile, op: dict, payload: bool = True) -> Linear:
