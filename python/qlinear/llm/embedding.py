@@ -8,6 +8,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .pread_file import PreadFile
+
 _DTYPES = {"bfloat16": np.uint16, "float16": np.float16, "float32": np.float32}
 
 
@@ -38,10 +40,10 @@ class DiskEmbedding:
         self.path, self.offset, self.dtype = os.fspath(path), int(offset), dtype
         self.vocab_size, self.hidden_size = int(vocab_size), int(hidden_size)
         self.row_bytes = self.hidden_size * np.dtype(_DTYPES[dtype]).itemsize
-        self._fd = os.open(self.path, os.O_RDONLY)
-        size = os.fstat(self._fd).st_size
+        self._file = PreadFile(path)
+        size = self._file.size
         if self.offset < 0 or self.offset + self.vocab_size * self.row_bytes > size:
-            os.close(self._fd)
+            self._file.close()
             raise ValueError(f"{self.path}: {size} bytes cannot hold a {self.vocab_size}x{self.hidden_size} "
                              f"{dtype} embedding at offset {self.offset} (truncated?)")
 
@@ -49,17 +51,9 @@ class DiskEmbedding:
         ids = _check_ids(ids, self.vocab_size)
         raw = np.empty((len(ids), self.hidden_size), _DTYPES[self.dtype])
         for i, t in enumerate(ids):
-            raw[i] = np.frombuffer(os.pread(self._fd, self.row_bytes, self.offset + int(t) * self.row_bytes),
+            raw[i] = np.frombuffer(self._file.read(self.offset + int(t) * self.row_bytes, self.row_bytes),
                                    _DTYPES[self.dtype])
         return _rows_to_float32(raw, self.dtype)
-
-    def __del__(self):
-        fd = getattr(self, "_fd", None)
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
 
 def _check_ids(ids, vocab_size: int) -> np.ndarray:

@@ -47,6 +47,8 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
+from .pread_file import PreadFile
+
 __all__ = ["QuantizedLinear", "MnnExport", "read_export", "read_graph", "read_tokenizer",
            "export_with_llmexport", "SUPPORTED_MODEL_TYPES"]
 
@@ -186,24 +188,17 @@ class _WeightFile:
         if not path.is_file():
             raise ValueError(f"{path}: missing (the weights)")
         self.path = path
-        self._fd = os.open(path, os.O_RDONLY)
-        self.size = os.fstat(self._fd).st_size
-
-    def __del__(self):
-        fd = getattr(self, "_fd", None)
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._file = PreadFile(path)
+        self.size = self._file.size
 
     def bytes(self, offset: int, length: int, what: str) -> np.ndarray:
         if offset < 0 or length < 0 or offset + length > self.size:
             raise ValueError(f"{self.path}: truncated or corrupt: {what} needs bytes "
                              f"[{offset}, {offset + length}) but the file has {self.size}")
-        data = os.pread(self._fd, length, offset)
-        if len(data) != length:
-            raise ValueError(f"{self.path}: short read of {what} (file changed while reading?)")
+        try:
+            data = self._file.read(offset, length)
+        except ValueError:
+            raise ValueError(f"{self.path}: short read of {what} (file changed while reading?)") from None
         return np.frombuffer(data, dtype=np.uint8)
 
     def floats(self, offset: int, length: int, what: str) -> np.ndarray:
