@@ -1,13 +1,18 @@
-"""Whole-model speed of qlinear.llm: prefill (64-token prompt) and decode tok/s on a random
-Qwen2.5-0.5B-shaped model (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864),
-int4 group 64 W4A8, at 1 and 2 threads.
+"""Whole-model speed of qlinear.llm, side by side with MNN.llm: prefill (64-token prompt) and
+decode tok/s on a random Qwen2.5-0.5B-shaped model (hidden 896, 24 layers, 14 heads, 2 KV heads,
+intermediate 4864), int4 group / block 64, W4A8, at 1 and 2 threads.
 
-The model is built once (needs torch + transformers) into QLINEAR_BENCH_MODELS (default
-~/.cache/qlinear-bench). Its vocabulary is 4096 by default, as the MNN.llm reference figure in
-the design notes; QLINEAR_BENCH_VOCAB=151936 gives Qwen2.5's own (its lm head is then ~27% of a
-decode step's weight bytes).
+Engines:
+  qlinear          the Hugging Face checkpoint converted to qlinear's model file
+  qlinear-on-mnn   qlinear.llm.load on the MNN export of the same checkpoint (int4 block 64)
+  mnn              MNN.llm (pip MNN 3.6.1) on that export, its own settings (W4A8, memory low)
+The last two need MNN and llmexport (`tests/test_llm_mnn.py` says how they are installed).
 
-    pytest bench/test_llm.py --benchmark-only
+Models are built once (needs torch + transformers) into QLINEAR_BENCH_MODELS (default
+~/.cache/qlinear-bench). The vocabulary is 4096 by default, as the MNN.llm reference figure in the
+design notes; QLINEAR_BENCH_VOCAB=151936 gives Qwen2.5's own.
+
+    pytest bench/test_llm.py --benchmark-only --benchmark-group-by=param:phase
 """
 
 from __future__ import annotations
@@ -25,65 +30,99 @@ from qlinear import llm  # noqa: E402
 
 PROMPT_TOKENS, DECODE_TOKENS = 64, 32
 VOCAB = int(os.environ.get("QLINEAR_BENCH_VOCAB", "4096"))
+ROOT = Path(os.environ.get("QLINEAR_BENCH_MODELS", Path.home() / ".cache" / "qlinear-bench"))
 
 
-@pytest.fixture(scope="module")
-def model_dir():
-    root = Path(os.environ.get("QLINEAR_BENCH_MODELS", Path.home() / ".cache" / "qlinear-bench"))
-    hf = root / f"qwen2.5-0.5b-v{VOCAB}"
-    out = root / f"qwen2.5-0.5b-v{VOCAB}-int4g64"
-    if not (out / "model.qlinear").is_file():
-        if not (hf / "model.safetensors").is_file():
-            pytest.importorskip("torch")
-            pytest.importorskip("transformers")
-            from qlinear.llm import synthetic
-            synthetic.make_checkpoint(hf, shape="qwen2.5-0.5b", vocab_size=VOCAB, dtype="bfloat16",
-                                      tokenizer_vocab=min(VOCAB, 4096))
-        llm.convert(hf, out, bits=4, group_size=64, progress=False)
+def _checkpoint() -> Path:
+    hf = ROOT / f"qwen2.5-0.5b-v{VOCAB}"
+    if not (hf / "model.safetensors").is_file():
+        pytest.importorskip("torch")
+        pytest.importorskip("transformers")
+        from qlinear.llm import synthetic
+        synthetic.make_checkpoint(hf, shape="qwen2.5-0.5b", vocab_size=VOCAB, dtype="bfloat16",
+                                  tokenizer_vocab=min(VOCAB, 4096))
+    return hf
+
+
+def _export() -> Path:
+    pytest.importorskip("MNN")
+    from qlinear.llm import mnn_export
+    out = ROOT / f"qwen2.5-0.5b-v{VOCAB}-mnn-int4b64"
+    if not (out / "llm.mnn").is_file():
+        try:
+            mnn_export.export_with_llmexport(_checkpoint(), out, bits=4, block=64)
+        except ImportError as e:
+            pytest.skip(str(e))
     return out
 
 
-@pytest.fixture(scope="module")
-def model(model_dir):
-    m = llm.load(model_dir, max_context=PROMPT_TOKENS + DECODE_TOKENS + 8, progress=False)
-    m.tokenizer.stop_ids = set()  # always decode DECODE_TOKENS tokens
-    return m
+class QlinearEngine:
+    def __init__(self, path):
+        self.model = llm.load(path, max_context=PROMPT_TOKENS + DECODE_TOKENS + 8, progress=False)
+
+    def prefill(self, ids):
+        self.model.reset()
+        return int(np.argmax(self.model.prefill(ids)))
+
+    def step(self, token):
+        return int(np.argmax(self.model._forward([token], self.model.cache.length)[0]))
 
 
-def prompt(model) -> list[int]:
-    hi = min(model.tokenizer.vocab_size, model.config.vocab_size)
-    return [int(t) for t in np.random.default_rng(0).integers(0, hi, PROMPT_TOKENS)]
+class MnnEngine:
+    def __init__(self, path, threads):
+        from qlinear.llm.mnn_engine import MnnLlm
+        self.llm = MnnLlm(path, threads=threads)
+
+    def prefill(self, ids):
+        self.llm.reset()
+        return int(np.argmax(self.llm._forward(ids)[-1]))
+
+    def step(self, token):
+        return int(np.argmax(self.llm._forward([token])[-1]))
+
+
+_engines = {}
+
+
+def engine(name: str, threads: int):
+    qlinear.set_num_threads(threads)
+    key = (name, threads if name == "mnn" else 0)
+    if key not in _engines:
+        if name == "qlinear":
+            conv = ROOT / f"qwen2.5-0.5b-v{VOCAB}-int4g64"
+            if not (conv / "model.qlinear").is_file():
+                llm.convert(_checkpoint(), conv, bits=4, group_size=64, progress=False)
+            _engines[key] = QlinearEngine(conv)
+        elif name == "qlinear-on-mnn":
+            _engines[key] = QlinearEngine(_export())
+        else:
+            _engines[key] = MnnEngine(_export(), threads)
+    return _engines[key]
+
+
+def prompt() -> list[int]:
+    return [int(t) for t in np.random.default_rng(0).integers(0, min(VOCAB, 4096), PROMPT_TOKENS)]
+
+
+ENGINES = ["qlinear", "qlinear-on-mnn", "mnn"]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_prefill(benchmark, model, threads):
-    qlinear.set_num_threads(threads)
-    ids = prompt(model)
+@pytest.mark.parametrize("name", ENGINES)
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_llm(benchmark, phase, name, threads):
+    eng = engine(name, threads)
+    ids = prompt()
+    if phase == "prefill":
+        benchmark.pedantic(lambda: eng.prefill(ids), rounds=5, warmup_rounds=1)
+        tokens = PROMPT_TOKENS
+    else:
+        def run(first):
+            token = first
+            for _ in range(DECODE_TOKENS):
+                token = eng.step(token)
 
-    def run():
-        model.reset()
-        model.prefill(ids)
-
-    benchmark.pedantic(run, rounds=5, warmup_rounds=1)
-    benchmark.extra_info.update(engine="qlinear", threads=threads, tokens=PROMPT_TOKENS,
-                                tok_s=PROMPT_TOKENS / benchmark.stats.stats.min)
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-def test_decode(benchmark, model, threads):
-    qlinear.set_num_threads(threads)
-    ids = prompt(model)
-
-    def setup():
-        model.reset()
-        model.prefill(ids)
-        return (), {}
-
-    def run():
-        token = ids[-1]
-        for _ in range(DECODE_TOKENS):
-            token = int(np.argmax(model._forward([token], model.cache.length)[0]))
-
-    benchmark.pedantic(run, setup=setup, rounds=5, warmup_rounds=1)
-    benchmark.extra_info.update(engine="qlinear", threads=threads, tokens=DECODE_TOKENS,
-                                tok_s=DECODE_TOKENS / benchmark.stats.stats.min)
+        benchmark.pedantic(run, setup=lambda: ((eng.prefill(ids),), {}), rounds=5, warmup_rounds=1)
+        tokens = DECODE_TOKENS
+    benchmark.extra_info.update(engine=name, phase=phase, threads=threads, tokens=tokens,
+                                tok_s=tokens / benchmark.stats.stats.min)

@@ -151,6 +151,7 @@ def test_stream_chat_and_history(checkpoints):
     reply1 = model.chat("Hello, who are you?", 10)
     assert reply1 == text
     reply2 = model.chat("Tell me more.", 10)
+    assert 0 < model.stats.reused_tokens < model.stats.prompt_tokens  # the first turn stayed cached
     assert [m["role"] for m in model.history] == ["user", "assistant", "user", "assistant"]
     fresh = llm.load(checkpoints["qwen2"], bits=4, progress=False)
     assert fresh.generate(model.history[:3], 10) == reply2  # the reused prefix changes nothing

@@ -57,7 +57,9 @@ class BFloat16Array(NamedTuple):
         return self.bits.shape
 
     def to_float32(self) -> np.ndarray:
-        return (self.bits.astype(np.uint32) << 16).view(np.float32)
+        wide = self.bits.astype(np.uint32)
+        wide <<= 16  # in place: no temporary of the table's size
+        return wide.view(np.float32)
 
 
 Tensor = Union[PackedWeight, np.ndarray, BFloat16Array]

@@ -55,7 +55,8 @@ def _sampling(args) -> dict:
 
 def _print_stats(model) -> None:
     s = model.stats
-    print(f"\n#########\nprompt tokens: {s.prompt_tokens}  decode tokens: {s.decode_tokens}\n"
+    reused = f" ({s.reused_tokens} reused from the cache)" if s.reused_tokens else ""
+    print(f"\n#########\nprompt tokens: {s.prompt_tokens}{reused}  decode tokens: {s.decode_tokens}\n"
           f"prefill speed: {s.prefill_tok_s:.2f} tok/s  decode speed: {s.decode_tok_s:.2f} tok/s\n"
           f"load: {s.load_s:.2f} s  peak RSS: {s.peak_rss_mb:.0f} MB\n#########", file=sys.stderr)
 

@@ -15,7 +15,9 @@ _DTYPES = {"bfloat16": np.uint16, "float16": np.float16, "float32": np.float32}
 
 def _rows_to_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bfloat16":
-        return (raw.astype(np.uint32) << 16).view(np.float32)
+        wide = raw.astype(np.uint32)
+        wide <<= 16
+        return wide.view(np.float32)
     return raw.astype(np.float32)
 
 

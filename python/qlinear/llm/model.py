@@ -37,6 +37,7 @@ class Stats:
 
     load_s: float = 0.0
     prompt_tokens: int = 0
+    reused_tokens: int = 0   # prompt tokens whose keys / values the cache already held
     prefill_s: float = 0.0
     decode_tokens: int = 0   # tokens generated (the first comes from the prefill's logits)
     decode_steps: int = 0    # forwards of one token each that decoding ran
@@ -45,7 +46,7 @@ class Stats:
 
     @property
     def prefill_tok_s(self) -> float:
-        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+        return (self.prompt_tokens - self.reused_tokens) / self.prefill_s if self.prefill_s else 0.0
 
     @property
     def decode_tok_s(self) -> float:
@@ -56,7 +57,7 @@ class Stats:
         return peak_rss_mb()
 
     def __str__(self) -> str:
-        return (f"prefill {self.prompt_tokens} tokens in {self.prefill_s:.3f} s ({self.prefill_tok_s:.1f} tok/s), "
+        return (f"prefill {self.prompt_tokens - self.reused_tokens} tokens in {self.prefill_s:.3f} s ({self.prefill_tok_s:.1f} tok/s), "
                 f"decode {self.decode_tokens} tokens in {self.decode_s:.3f} s ({self.decode_tok_s:.1f} tok/s), "
                 f"load {self.load_s:.2f} s, peak RSS {self.peak_rss_mb:.0f} MB")
 
@@ -125,6 +126,7 @@ class Model:
             if a != b:
                 break
             common += 1
+        self.stats.reused_tokens = common
         logits = None
         for s in range(common, len(ids), PREFILL_CHUNK):
             logits = self._forward(ids[s:s + PREFILL_CHUNK], s)

@@ -101,7 +101,9 @@ class SafetensorsFile:
 
 def to_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "BF16":
-        return (raw.astype(np.uint32) << 16).view(np.float32)
+        wide = raw.astype(np.uint32)
+        wide <<= 16  # in place: one array of the result's size, no temporary
+        return wide.view(np.float32)
     if dtype in ("F32", "F16", "F64"):
         return raw.astype(np.float32)
     raise ValueError(f"expected a float tensor, got {dtype}")
