@@ -124,6 +124,17 @@ def _build_model(w, bits, block, accuracy_level, symmetric):
     return model, nbytes
 
 
+def _without_spinning(so):
+    import onnxruntime as ort
+
+    new = ort.SessionOptions()
+    for attr in ("intra_op_num_threads", "inter_op_num_threads", "execution_mode",
+                 "graph_optimization_level", "log_severity_level"):
+        setattr(new, attr, getattr(so, attr))
+    new.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return new
+
+
 class ORTMatMulNBits:
     """onnxruntime CPU ``MatMulNBits``: y = x @ w.T with block-quantized weights.
 
@@ -160,9 +171,26 @@ class ORTMatMulNBits:
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = 3  # errors only
-        self._sess = ort.InferenceSession(model.SerializeToString(), so,
-                                          providers=["CPUExecutionProvider"])
+        self._model_bytes, self._options = model.SerializeToString(), so
+        self._sess = ort.InferenceSession(self._model_bytes, so, providers=["CPUExecutionProvider"])
         self._bindings = {}  # M -> (io_binding, x buffer [M, K], y buffer [M, N])
+
+    def clone(self, spinning: bool = True) -> "ORTMatMulNBits":
+        """Another session on the same quantized weights, with its own copy of them (for sweeps
+        over many distinct weight matrices without quantizing each). Every session has its own
+        thread pool: for many sessions, ``spinning=False`` keeps their idle workers from spinning
+        against each other (set it on the first session too, with ``set_spinning``)."""
+        import onnxruntime as ort
+
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        so = self._options
+        if not spinning:
+            so = _without_spinning(so)
+        other._options = so
+        other._sess = ort.InferenceSession(self._model_bytes, so, providers=["CPUExecutionProvider"])
+        other._bindings = {}
+        return other
 
     def _binding(self, m):
         b = self._bindings.get(m)
