@@ -68,27 +68,19 @@ def test_float(run_bench, bench_cache, qlinear_threads, shape, group, threads, e
     ctx = contextlib.nullcontext()
     extra = {}
 
-    if engine == "qlinear-float":
+    if engine in ("qlinear-float", "qlinear-float16"):
         pw = bench_cache.packed(n, k, group, bits=4)
         qlinear_threads(threads)
         nbytes = pw.nbytes
+        half = engine == "qlinear-float16"  # fp16 activations (FP16 arithmetic on ARM fp16 level)
         ki = qlinear.kernel_info(pw)
-        extra = {"kernel": ki.get("gemv_float" if m == 1 else "gemm_float"),
-                 "isa": ki.get("isa")}
+        suffix = "_float16" if half else "_float"
+        extra = {"kernel": ki.get(("gemv" if m == 1 else "gemm") + suffix), "isa": ki.get("isa")}
+        xe = x.astype(np.float16) if half else x
+        oute = np.empty((m, n), dtype=np.float16) if half else out
 
         def fn():
-            return qlinear.matmul_float(x, pw, out=out)
-    elif engine == "qlinear-float16":
-        pw = bench_cache.packed(n, k, group, bits=4)
-        qlinear_threads(threads)
-        nbytes = pw.nbytes
-        ki = qlinear.kernel_info(pw)
-        extra = {"kernel": ki.get("gemv_float16" if m == 1 else "gemm_float16"),
-                 "isa": ki.get("isa")}
-        x16, out16 = x.astype(np.float16), np.empty((m, n), dtype=np.float16)
-
-        def fn():
-            return qlinear.matmul_float(x16, pw, out=out16)
+            return qlinear.matmul_float(xe, pw, out=oute)
     elif engine == "numpy":
         ctx = blas_threads(threads)
         wT = bench_cache.weight_t(n, k)
