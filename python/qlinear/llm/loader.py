@@ -131,7 +131,11 @@ def _hf_tensors(ckpt: Checkpoint, cfg: ModelConfig, opts: Options, rows: Optiona
         bar.update(1)
     out["norm"] = f32("model.norm.weight")
     head = "model.embed_tokens.weight" if cfg.tie_word_embeddings or "lm_head.weight" not in ckpt else "lm_head.weight"
-    w = f32(head) if rows is None else to_float32(ckpt.raw(head)[0][rows], ckpt.raw(head)[1])
+    if rows is None:
+        w = f32(head)
+    else:  # only the kept rows are widened
+        raw, dtype = ckpt.raw(head)
+        w = to_float32(raw[rows], dtype)
     out["lm_head"] = quantize(w)
     if rows is not None:
         out["lm_rows"] = rows
