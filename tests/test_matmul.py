@@ -45,6 +45,38 @@ def test_every_m(isa, rng, bits):
         assert_close_to_reference(qlinear.matmul(x, pw), x, pw, act_block=32)
 
 
+@pytest.mark.parametrize("bits,symmetric", [(4, False), (4, True), (8, False)])
+@pytest.mark.parametrize("group_size", [32, 128, None])
+def test_prefill_gemm_tiles(isa, rng, bits, symmetric, group_size):
+    """Prompt-sized M: row tiles and their remainders, row chunks (long K: fewer rows per chunk),
+    odd panel counts and a partial last panel, with bias."""
+    for m, k, n in [(12, 64, 16), (14, 200, 24), (40, 96, 43), (97, 64, 8), (100, 5000, 17)]:
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        pw = qlinear.pack_weight(w, bits=bits, group_size=group_size, symmetric=symmetric)
+        for ab in (None, "group"):
+            y = qlinear.matmul(x, pw, bias=bias, act_block="group" if ab else None)
+            assert_close_to_reference(y, x, pw, bias=bias, act_block=act_block_of(pw, ab))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_integer_sums_at_their_bounds(isa, bits):
+    """Largest codes times +-127 in every k: the integer sums reach their extremes (for int4
+    the s16 partial sums of 32 k reach 30480) and must stay exact."""
+    k, n = 256, 24
+    hi = 15 if bits == 4 else 255
+    w = np.full((n, k), float(hi), np.float32)
+    w[:, ::64] = 0  # every group holds both ends: scale 1, offset 0
+    pw = qlinear.pack_weight(w, bits=bits, group_size=64)
+    assert np.array_equal(pw.dequantize(), w)
+    for m in (1, 5, 16):
+        for sign in (1, -1):
+            x = np.full((m, k), sign * 127.0, np.float32)
+            expected = x.astype(np.int64) @ w.astype(np.int64).T
+            assert np.array_equal(qlinear.matmul(x, pw), expected.astype(np.float32))
+
+
 @pytest.mark.parametrize("group_size", [32, 64, 128, 256])
 def test_k_around_group_edges(isa, rng, group_size):
     n = 11
@@ -74,7 +106,8 @@ def integer_weights(rng, n, k, g, bits, symmetric):
 @pytest.mark.parametrize("group_size", [32, 64, 256, None])
 def test_integer_core_is_exact(isa, rng, bits, symmetric, group_size):
     """Integer data makes every scale 1: the output is the exact int32 sum, bit for bit."""
-    for m, k, n in [(1, 256, 24), (5, 96, 9), (4, 1000, 16), (1, 4098, 8)]:
+    # m >= 12 takes the prefill GEMM (blocks of two panels unpacked, 3-row tiles, row chunks)
+    for m, k, n in [(1, 256, 24), (5, 96, 9), (4, 1000, 16), (1, 4098, 8), (13, 320, 40), (50, 4100, 19)]:
         g = k if group_size is None else group_size
         w = integer_weights(rng, n, k, min(g, k), bits, symmetric)
         x = rng.integers(-127, 128, size=(m, k)).astype(np.float32)

@@ -11,9 +11,13 @@
 //         sums are of x * (c - 128): symmetric weights need nothing more, asymmetric ones add
 //         128 * sum(x) to recover the sum over the stored codes.
 // Float epilogue per block (8 rows at once): y += (s_x * scale) * acc + (s_x * sum_x) * offset.
+// GEMV and small GEMMs run row tiles over the packed panels; the int4 GEMM from 12 rows on
+// (prefill) unpacks each block of two panels once and runs 3-row x 16-output tiles over it.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "avx2.h"
 
@@ -241,6 +245,157 @@ void gemm(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// int4 GEMM over unpacked blocks. The prefill GEMM is bound by vector ALU operations, not by
+// memory, and VPMADDUBSW + VPADDW (one each per 32 multiply-adds) are the floor; the rest is
+// overhead to cut: splitting nibbles inside the row tile (3 operations per chunk), a broadcast per
+// 8 output rows, spills. So each block of two panels is unpacked once into int8 chunks (8 rows x
+// 4 k, 0..15) in an L1 buffer, chunk j of both panels side by side, and every 3-row tile of the
+// row chunk reuses it: one activation broadcast feeds 16 output rows. The float results of the
+// chunk's rows live in an L1 tile updated once per block, leaving the registers to the integer
+// sums (3 x 2 x s16 + 3 x 2 x s32).
+
+// Unpacks one panel's block of int4 codes: int4 chunk c (8 rows x 8 k) -> int8 chunks 2c (k 0..3,
+// low nibbles) and 2c + 1 (k 4..7, high nibbles), chunk j stored at out + j * stride.
+inline void unpack_block4(const uint8_t* codes, int64_t code_bytes, int8_t* out, int64_t stride) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (int64_t i = 0; i < code_bytes; i += 32, out += 2 * stride) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out), _mm256_and_si256(raw, low4));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out + stride), _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4));
+  }
+}
+
+// acc[i * NP + p] = sum over one block of xq[i][k] * code[p][n][k] for MR rows x NP panels.
+// The u8 x s8 pair sums of 8 chunks (32 k) add up in s16 (|sum| <= 8 * 2 * 15 * 127 = 30480)
+// before VPMADDWD widens them: exact.
+template <int MR, int NP>
+inline void unpacked_block_dot(const int8_t* w, int64_t block, const int8_t* const* xq, __m256i* acc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int i = 0; i < MR * NP; ++i) acc[i] = _mm256_setzero_si256();
+  for (int64_t kk = 0; kk < block; kk += 32, w += 256 * NP) {
+    __m256i s16[MR * NP];
+    for (int i = 0; i < MR * NP; ++i) s16[i] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      // Ordered barriers: chunk c's sums are complete before chunk c + 1's weights are read.
+      // Without them GCC hoists all products above the sums and spills them.
+      for (int i = 0; i < MR * NP; ++i) __asm__ volatile("" : "+x"(s16[i]));
+      __m256i wc[NP];
+      for (int p = 0; p < NP; ++p) {
+        wc[p] = _mm256_load_si256(reinterpret_cast<const __m256i*>(w + 32 * (c * NP + p)));
+        __asm__ volatile("" : "+x"(wc[p]));
+      }
+      for (int i = 0; i < MR; ++i) {
+        const __m256i x4 = bcast4(xq[i] + kk + 4 * c);
+        for (int p = 0; p < NP; ++p)
+          s16[i * NP + p] = _mm256_add_epi16(s16[i * NP + p], _mm256_maddubs_epi16(wc[p], x4));
+      }
+    }
+    for (int i = 0; i < MR * NP; ++i) acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(s16[i], ones));
+  }
+}
+
+// A block's scales and offsets, one vector per panel.
+struct BlockFactors {
+  __m256 scale[2], offset[2];
+};
+
+// One block of an MR-row x NP-panel tile: integer sums, then
+// ytile[i][p] += s_x * scale * (acc + zsum) (+ s_x * sum_x * offset). ytile rows hold 8 * NP floats.
+template <int MR, int NP>
+inline void unpacked_tile_block(const Int8MatmulArgs& a, const int8_t* w, const BlockFactors& f,
+                                bool asymmetric, int64_t m, int64_t b, float* ytile) {
+  const WeightGeometry& g = *a.w;
+  const int8_t* xq[MR];
+  for (int i = 0; i < MR; ++i) xq[i] = a.act.q + (m + i) * a.act.ldq + b * g.block;
+  __m256i acc[MR * NP];
+  unpacked_block_dot<MR, NP>(w, g.block, xq, acc);
+  for (int i = 0; i < MR; ++i) {
+    const int64_t at = (m + i) * g.nblocks + b;
+    const __m256 sx = _mm256_broadcast_ss(a.act.scale + at);
+    const __m256i zsum = _mm256_set1_epi32(a.act.shifted_sum[at]);
+    const __m256 sxsum = _mm256_broadcast_ss(a.act.scaled_sum + at);
+    for (int p = 0; p < NP; ++p) {
+      float* yp = ytile + 8 * (i * NP + p);
+      const __m256i acc_q = _mm256_add_epi32(acc[i * NP + p], zsum);
+      __m256 y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc_q), _mm256_mul_ps(f.scale[p], sx), _mm256_load_ps(yp));
+      if (asymmetric) y = _mm256_fmadd_ps(f.offset[p], sxsum, y);
+      _mm256_store_ps(yp, y);
+    }
+  }
+}
+
+// Rows [mc, mc1) x panels [p, p + NP): returns the results in ytile ([rows][8 * NP]).
+template <int NP>
+void unpacked_panels(const Int8MatmulArgs& a, int64_t mc, int64_t mc1, int64_t p, int8_t* wbuf, float* ytile) {
+  const WeightGeometry& g = *a.w;
+  constexpr int MR = NP == 2 ? 3 : 4;
+  const bool asymmetric = !g.symmetric;
+  std::fill(ytile, ytile + (mc1 - mc) * 8 * NP, 0.f);
+  for (int64_t b = 0; b < g.nblocks; ++b) {
+    BlockFactors f;
+    for (int q = 0; q < NP; ++q) {
+      const uint8_t* block = a.packed + (p + q) * g.panel_bytes + b * g.block_bytes;
+      unpack_block4(block, g.code_bytes, wbuf + 32 * q, 32 * NP);
+      f.scale[q] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + g.code_bytes)));
+      f.offset[q] = asymmetric
+          ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + g.code_bytes + 16)))
+          : _mm256_setzero_ps();
+    }
+    int64_t m = mc;
+    float* yt = ytile;
+    for (; m + MR <= mc1; m += MR, yt += MR * 8 * NP) unpacked_tile_block<MR, NP>(a, wbuf, f, asymmetric, m, b, yt);
+    switch (mc1 - m) {
+      case 3: unpacked_tile_block<3, NP>(a, wbuf, f, asymmetric, m, b, yt); break;
+      case 2: unpacked_tile_block<2, NP>(a, wbuf, f, asymmetric, m, b, yt); break;
+      case 1: unpacked_tile_block<1, NP>(a, wbuf, f, asymmetric, m, b, yt); break;
+      default: break;
+    }
+  }
+}
+
+// Rows of a chunk whose int8 activations (rows x K bytes) stay in about half of L2 while the
+// panels pass over them (3-row tiles: a multiple of 3).
+inline int64_t unpacked_row_chunk(int64_t kpad) {
+  constexpr int64_t kMaxRowChunk = 96;
+  return std::clamp<int64_t>((196608 / kpad) / 3 * 3, 24, kMaxRowChunk);
+}
+
+void gemm_unpacked4(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  const WeightGeometry& g = *a.w;
+  const int64_t row_chunk = unpacked_row_chunk(g.padded_k());
+  alignas(64) int8_t wbuf[2 * 8 * 256];  // one unpacked block of two panels (block <= 256)
+  alignas(64) float ytile[96 * 16];
+  for (int64_t mc = m0; mc < m1; mc += row_chunk) {
+    const int64_t mc1 = std::min(m1, mc + row_chunk);
+    for (int64_t p = p0; p < p1;) {
+      const int np = p + 2 <= p1 ? 2 : 1;
+      if (np == 2) unpacked_panels<2>(a, mc, mc1, p, wbuf, ytile);
+      else unpacked_panels<1>(a, mc, mc1, p, wbuf, ytile);
+      for (int q = 0; q < np; ++q, ++p) {
+        const int64_t n0 = p * 8, rows = std::min<int64_t>(8, g.n - n0);
+        const __m256 bias = a.bias == nullptr || rows < 8 ? _mm256_setzero_ps() : _mm256_loadu_ps(a.bias + n0);
+        for (int64_t m = mc; m < mc1; ++m) {
+          const float* yt = ytile + (m - mc) * 8 * np + 8 * q;
+          float* out = a.y + m * a.ldy + n0;
+          if (rows == 8) {
+            _mm256_storeu_ps(out, _mm256_add_ps(_mm256_load_ps(yt), bias));
+          } else {
+            for (int64_t r = 0; r < rows; ++r) out[r] = a.bias ? yt[r] + a.bias[n0 + r] : yt[r];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Below a dozen rows the unpacking is not repaid: the row tiles split nibbles themselves.
+void gemm4(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  if (m1 - m0 >= 12) gemm_unpacked4(a, m0, m1, p0, p1);
+  else gemm<4>(a, m0, m1, p0, p1);
+}
+
 }  // namespace
 
 const KernelTable& avx2_kernels() {
@@ -248,7 +403,7 @@ const KernelTable& avx2_kernels() {
       Isa::avx2,
       quantize_acts, "quantize_acts_absmax_avx2",
       {gemv<4>, gemv<8>}, {"gemv_w4a8_nr8_kr4_avx2", "gemv_w8a8_nr8_kr4_avx2"},
-      {gemm<4>, gemm<8>}, {"gemm_w4a8_nr8_kr4_4x8_avx2", "gemm_w8a8_nr8_kr4_4x8_avx2"},
+      {gemm4, gemm<8>}, {"gemm_w4a8_nr8_kr4_3x16_unpacked_avx2", "gemm_w8a8_nr8_kr4_4x8_avx2"},
       {0, 128},
       avx2::prepare_float_acts,
       {avx2::gemv_float<4>, avx2::gemv_float<8>}, {"gemv_w4f32_nr8_kr4_avx2", "gemv_w8f32_nr8_kr4_avx2"},
