@@ -284,19 +284,43 @@ F32Array checked_f32(const py::array& a, const char* what, int ndim) {
   return py::reinterpret_borrow<F32Array>(a);
 }
 
+// Row-wise elementwise work (prefill: tokens x features) split over the thread pool once there is
+// enough of it; a decode step's single row stays on the calling thread.
+template <class F>
+void rows_in_parallel(int64_t rows, int64_t cost_per_row, F&& fn) {
+  constexpr int64_t kMinWork = 1 << 16;
+  if (rows < 2 || rows * cost_per_row < kMinWork) {
+    fn(int64_t{0}, rows);
+    return;
+  }
+  ThreadPool::global().parallel_for(rows, std::max<int64_t>(1, kMinWork / cost_per_row), fn);
+}
+
 F32Array py_rms_norm(const py::array& x_in, const py::array& w_in, float eps) {
   F32Array x = checked_f32(x_in, "x", 2), w = checked_f32(w_in, "weight", 1);
   if (w.shape(0) != x.shape(1)) throw py::value_error("rms_norm: weight size does not match x");
   F32Array y({x.shape(0), x.shape(1)});
-  decoder::rms_norm(x.data(), w.data(), eps, x.shape(0), x.shape(1), y.mutable_data());
+  const int64_t n = x.shape(1);
+  const float *xp = x.data(), *wp = w.data();
+  float* yp = y.mutable_data();
+  py::gil_scoped_release release;
+  rows_in_parallel(x.shape(0), n, [&](int64_t r0, int64_t r1) {
+    decoder::rms_norm(xp + r0 * n, wp, eps, r1 - r0, n, yp + r0 * n);
+  });
   return y;
 }
 
 F32Array py_silu_mul(const py::array& gu_in) {
   F32Array gu = checked_f32(gu_in, "gate_up", 2);
   if (gu.shape(1) % 2) throw py::value_error("silu_mul: gate_up must have an even number of columns");
-  F32Array y({gu.shape(0), gu.shape(1) / 2});
-  decoder::silu_mul(gu.data(), gu.shape(0), gu.shape(1) / 2, y.mutable_data());
+  const int64_t n = gu.shape(1) / 2;
+  F32Array y({gu.shape(0), n});
+  const float* gp = gu.data();
+  float* yp = y.mutable_data();
+  py::gil_scoped_release release;
+  rows_in_parallel(gu.shape(0), 8 * n, [&](int64_t r0, int64_t r1) {  // ~8 x the work of a copy
+    decoder::silu_mul(gp + r0 * 2 * n, r1 - r0, n, yp + r0 * n);
+  });
   return y;
 }
 

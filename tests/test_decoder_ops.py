@@ -20,6 +20,24 @@ def test_rms_norm(rng):
         _core.rms_norm(x[:, ::2], w[:19], 1e-6)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_prefill_sized_rows(rng, threads):
+    """Many rows (a prompt) are split over the thread pool: every row as computed alone."""
+    import qlinear
+    previous = qlinear.get_num_threads()
+    qlinear.set_num_threads(threads)
+    try:
+        x = rng.standard_normal((97, 896)).astype(np.float32)
+        w = rng.standard_normal(896).astype(np.float32)
+        gu = rng.standard_normal((97, 2 * 1200)).astype(np.float32) * 4
+        norm, act = _core.rms_norm(x, w, 1e-6), _core.silu_mul(gu)
+        for r in (0, 1, 48, 96):
+            assert np.array_equal(norm[r], _core.rms_norm(x[r:r + 1], w, 1e-6)[0])
+            assert np.array_equal(act[r], _core.silu_mul(gu[r:r + 1])[0])
+    finally:
+        qlinear.set_num_threads(previous)
+
+
 def test_silu_mul(rng):
     gu = (rng.standard_normal((2, 2 * 101)) * 30).astype(np.float32)
     gu[0, :4] = [np.nan, 200.0, -200.0, 0.0]
