@@ -156,7 +156,10 @@ class Attention:
         vc[:, start:end] = v.transpose(1, 0, 2)
         # [kv_heads, group, tokens, head_dim] @ [kv_heads, 1, head_dim, positions]
         qg = q.reshape(n, nkv, group, hd).transpose(1, 2, 0, 3)
-        scores = (qg * self.scale) @ kc[:, None, :end].transpose(0, 1, 3, 2)
+        # keys transposed into a contiguous copy: numpy's batched matmul over the strided view
+        # is ~3x slower than the copy and the product together
+        kt = np.ascontiguousarray(kc[:, :end].transpose(0, 2, 1))[:, None]
+        scores = (qg * self.scale) @ kt
         if n > 1:  # causal: token i (at start + i) sees positions <= start + i
             future = np.arange(end)[None, :] > np.arange(start, end)[:, None]
             scores[:, :, future] = -np.inf
