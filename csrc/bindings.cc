@@ -339,12 +339,11 @@ F32Array py_attend_one(const py::array& qkv_in, const py::array& cos_in, const p
       sn.shape(1) != d / 2)
     throw py::value_error("attend_one: position outside the cache or the RoPE tables");
   F32Array out({int64_t(1), heads * d});
-  std::vector<float> scratch(static_cast<size_t>(pos + 1));
   const decoder::AttentionShape shape{heads, kv, d, cap};
   {
     py::gil_scoped_release release;
     decoder::attend_one(qkv.data(), cs.data() + pos * (d / 2), sn.data() + pos * (d / 2), pos, shape, scale,
-                        k.mutable_data(), v.mutable_data(), out.mutable_data(), scratch.data());
+                        k.mutable_data(), v.mutable_data(), out.mutable_data());
   }
   return out;
 }

@@ -94,3 +94,40 @@ def test_attend_one_rejects_bad_input(rng):
     qkv_nan = qkv.copy()
     qkv_nan[0, 0] = np.nan
     assert np.isnan(_core.attend_one(qkv_nan, cos, cos, 1, k, k.copy(), 4, 0.25)[0, :16]).all()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_levels_and_threads_agree_exactly(rng, threads):
+    """The baseline and AVX2 builds of the decoder operations run the same float operations in the
+    same order, and a long context's heads split over threads change nothing: bit-identical."""
+    import qlinear
+    heads, kv_heads, d, cap, pos = 14, 2, 64, 2048, 1500  # long enough to split the heads
+    x = rng.standard_normal((5, 896)).astype(np.float32)
+    w = rng.standard_normal(896).astype(np.float32)
+    gu = (rng.standard_normal((5, 2 * 300)) * 6).astype(np.float32)
+    qkv = rng.standard_normal((1, (heads + 2 * kv_heads) * d)).astype(np.float32)
+    ang = np.arange(cap)[:, None] * (1.0 / 10000 ** (np.arange(0, d, 2) / d))[None, :]
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    caches = rng.standard_normal((2, kv_heads, cap, d)).astype(np.float32)
+    previous, prev_threads = qlinear.cpu_info()["active_isa"], qlinear.get_num_threads()
+    results = {}
+    try:
+        qlinear.set_num_threads(threads)
+        for level in qlinear.cpu_info()["available_isas"]:
+            qlinear.set_isa(level)
+            k, v = caches[0].copy(), caches[1].copy()
+            att = _core.attend_one(qkv, cos, sin, pos, k, v, heads, 0.125)
+            results[level] = (_core.rms_norm(x, w, 1e-6), _core.silu_mul(gu), att, k, v)
+    finally:
+        qlinear.set_isa(previous)
+        qlinear.set_num_threads(prev_threads)
+    for level, outs in results.items():
+        for a, b in zip(outs, results["scalar"]):
+            assert np.array_equal(a, b, equal_nan=True), level
+    if threads == 2:
+        qlinear.set_num_threads(1)
+        try:
+            k, v = caches[0].copy(), caches[1].copy()
+            assert np.array_equal(_core.attend_one(qkv, cos, sin, pos, k, v, heads, 0.125), results["scalar"][2])
+        finally:
+            qlinear.set_num_threads(prev_threads)

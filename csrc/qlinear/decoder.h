@@ -1,7 +1,7 @@
 // The small per-token operations of a decoder block, for the LLM runtime's decode step: with one
 // token, each is a few microseconds of work, and doing them as a dozen numpy calls per layer
 // cost as much as the layer's matmuls' memory traffic leaves room for. Plain C++ (the compiler
-// vectorizes the loops), float32, one token (row) at a time.
+// vectorizes the loops: decoder_impl.h, built for the baseline and for AVX2), float32.
 #pragma once
 
 #include <cstdint>
@@ -20,10 +20,10 @@ struct AttentionShape {
 
 // One token at position `pos`: rotate q and k (rotate-half RoPE with the tables' row `pos`),
 // store k and v into the caches ([kv_heads, capacity, head_dim] each) at `pos`, and attend over
-// positions 0..pos (grouped-query: head h reads KV head h / (heads / kv_heads)).
-// qkv: [heads + 2 * kv_heads, head_dim]; out: [heads, head_dim]; scratch: pos + 1 floats.
+// positions 0..pos (grouped-query: head h reads KV head h / (heads / kv_heads)); heads are split
+// over the thread pool when the context is long.
+// qkv: [heads + 2 * kv_heads, head_dim]; out: [heads, head_dim].
 void attend_one(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
-                const AttentionShape& s, float scale, float* k_cache, float* v_cache, float* out,
-                float* scratch);
+                const AttentionShape& s, float scale, float* k_cache, float* v_cache, float* out);
 
 }  // namespace qlinear::decoder
