@@ -214,8 +214,9 @@ PackedWeightHandle pack_quantized(py::array codes_in, py::array scale_in, py::ob
   }
   const int qmax = bits == 4 ? 15 : 255;
   const auto* c = static_cast<const uint8_t*>(codes.data());
-  for (int64_t i = 0; i < g.n * g.k; ++i)
-    if (c[i] > qmax) throw py::value_error("codes exceed " + std::to_string(qmax) + " for " + std::to_string(bits) + "-bit weights");
+  uint8_t top = 0;
+  for (int64_t i = 0; i < g.n * g.k; ++i) top = std::max(top, c[i]);  // vectorizes
+  if (top > qmax) throw py::value_error("codes exceed " + std::to_string(qmax) + " for " + std::to_string(bits) + "-bit weights");
   py::array_t<uint8_t> packed(g.total_bytes);
   const QuantizedWeight q{const_cast<uint8_t*>(c), static_cast<uint16_t*>(const_cast<void*>(scale.data())),
                           symmetric ? zeros.data() : static_cast<uint16_t*>(const_cast<void*>(offset.data()))};

@@ -50,6 +50,23 @@ GroupError quantize_group(const float* w, int64_t len, int bits, bool symmetric,
   return GroupError::none;
 }
 
+// Stores one row's codes of a block (`len` <= block real k, the rest stays zero) into the
+// block's chunks: whole bytes at a time (both nibbles of an int4 byte at once), as layout.h
+// describes; write_code's element-wise form gives the same bytes, ~10x slower.
+void write_row_codes(const WeightGeometry& g, const uint8_t* codes, int64_t len, int r, uint8_t* block) {
+  const int64_t kr = g.kr, chunk_bytes = int64_t(g.nr) * kr;
+  uint8_t* out = block + r * kr;
+  const auto code = [&](int64_t kk) -> uint8_t { return kk < len ? codes[kk] : 0; };
+  if (g.bits == 8) {
+    for (int64_t c = 0; c * kr < len; ++c, out += chunk_bytes)
+      for (int64_t i = 0; i < kr; ++i) out[i] = code(c * kr + i);
+  } else {
+    for (int64_t c = 0; c * 2 * kr < len; ++c, out += chunk_bytes)
+      for (int64_t i = 0; i < kr; ++i)
+        out[i] = static_cast<uint8_t>(code(c * 2 * kr + i) | code(c * 2 * kr + kr + i) << 4);
+  }
+}
+
 }  // namespace
 
 void quantize_weight(const WeightGeometry& g, const float* w, int64_t ldw, QuantizedWeight out) {
@@ -82,9 +99,7 @@ void pack_weight(const WeightGeometry& g, const QuantizedWeight& in, uint8_t* pa
         for (int r = 0; r < g.nr; ++r) {
           const int64_t n = p * g.nr + r;
           if (n >= g.n) break;  // padding rows stay zero: zero scale, zero output
-          const uint8_t* codes = in.codes + n * g.k;
-          for (int64_t kk = 0; kk < g.block && b * g.block + kk < g.k; ++kk)
-            write_code(block, g.bits, g.nr, g.kr, r, kk, codes[b * g.block + kk]);
+          write_row_codes(g, in.codes + n * g.k + b * g.block, std::min(g.block, g.k - b * g.block), r, block);
           std::memcpy(scales + r, in.scale + n * g.ngroups + j, 2);
           if (!g.symmetric) std::memcpy(scales + g.nr + r, in.offset + n * g.ngroups + j, 2);
         }
