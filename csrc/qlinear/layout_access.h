@@ -1,5 +1,5 @@
-// Element-wise access to the codes of one packed block, for any layout of layout.h. Used by the
-// pack/unpack routines and the scalar kernels (the oracle), never by SIMD kernels.
+// Element-wise access to the codes of one packed block, for any layout of layout.h. Used by
+// unpacking and the scalar kernels (the oracle), never by SIMD kernels.
 #pragma once
 
 #include <cstdint>
@@ -17,12 +17,6 @@ inline CodeAddress code_address(int bits, int nr, int kr, int r, int64_t kk) {
 inline int read_code(const uint8_t* codes, int bits, int nr, int kr, int r, int64_t kk) {
   const CodeAddress a = code_address(bits, nr, kr, r, kk);
   return bits == 8 ? codes[a.byte] : (codes[a.byte] >> a.shift) & 0xF;
-}
-
-inline void write_code(uint8_t* codes, int bits, int nr, int kr, int r, int64_t kk, int code) {
-  const CodeAddress a = code_address(bits, nr, kr, r, kk);
-  if (bits == 8) { codes[a.byte] = static_cast<uint8_t>(code); return; }
-  codes[a.byte] = static_cast<uint8_t>((codes[a.byte] & ~(0xF << a.shift)) | ((code & 0xF) << a.shift));
 }
 
 }  // namespace qlinear

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "layout_access.h"
+#include "layout_access.h"  // read_code (unpack_weight)
 #include "threadpool.h"
 
 namespace qlinear {
@@ -52,7 +52,7 @@ GroupError quantize_group(const float* w, int64_t len, int bits, bool symmetric,
 
 // Stores one row's codes of a block (`len` <= block real k, the rest stays zero) into the
 // block's chunks: whole bytes at a time (both nibbles of an int4 byte at once), as layout.h
-// describes; write_code's element-wise form gives the same bytes, ~10x slower.
+// describes (read_code in layout_access.h reads them back element by element).
 void write_row_codes(const WeightGeometry& g, const uint8_t* codes, int64_t len, int r, uint8_t* block) {
   const int64_t kr = g.kr, chunk_bytes = int64_t(g.nr) * kr;
   uint8_t* out = block + r * kr;
