@@ -269,6 +269,11 @@ py::dict cpu_info() {
   std::vector<std::string> levels;
   for (Isa isa : available_isas()) levels.emplace_back(isa_name(isa));
   d["available_isas"] = levels;
+  // Levels whose kernels run on emulated intrinsics (a QLINEAR_EMULATE_X86 test build): correct
+  // but slow, never a measure of speed.
+  std::vector<std::string> emulated;
+  for (Isa isa : f.emulated) emulated.emplace_back(isa_name(isa));
+  d["emulated"] = emulated;
   d["physical_cores"] = f.physical_cores;
   d["layout"] = layout_info(family_layout()).name;
   return d;

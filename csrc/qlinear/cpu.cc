@@ -10,6 +10,10 @@
 #define QLINEAR_X86 1
 #include <cpuid.h>
 #endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #if defined(__linux__)
 #include <sched.h>
 #endif
@@ -21,13 +25,16 @@
 namespace qlinear {
 
 namespace {
-constexpr Isa kAllIsas[] = {Isa::scalar, Isa::avx2, Isa::neon, Isa::fp16, Isa::dotprod, Isa::i8mm};
+constexpr Isa kAllIsas[] = {Isa::scalar, Isa::avx2, Isa::avxvnni, Isa::avx512vnni, Isa::amx, Isa::neon, Isa::fp16, Isa::dotprod, Isa::i8mm};
 }  // namespace
 
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::scalar: return "scalar";
     case Isa::avx2: return "avx2";
+    case Isa::avxvnni: return "avxvnni";
+    case Isa::avx512vnni: return "avx512vnni";
+    case Isa::amx: return "amx";
     case Isa::neon: return "neon";
     case Isa::fp16: return "fp16";
     case Isa::dotprod: return "dotprod";
@@ -46,6 +53,15 @@ bool parse_isa(const std::string& name, Isa* out) {
 namespace {
 
 #ifdef QLINEAR_X86
+bool request_amx_permission() {
+#if defined(__linux__) && defined(QLINEAR_HAVE_AMX)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
 void detect_x86(CpuFeatures& f) {
   f.arch = "x86_64";
   unsigned a, b, c, d;
@@ -82,7 +98,35 @@ void detect_x86(CpuFeatures& f) {
   const auto has = [&](const char* n) {
     return std::find(f.flags.begin(), f.flags.end(), n) != f.flags.end();
   };
-  if (has("avx2") && has("fma") && has("f16c")) f.best = Isa::avx2;
+  const bool avx2 = has("avx2") && has("fma") && has("f16c");
+  const bool avx512vnni = avx2 && has("avx512f") && has("avx512bw") && has("avx512vl") && has("avx512vnni");
+  bool amx = avx512vnni && has("amx-tile") && has("amx-int8");
+#if defined(QLINEAR_EMULATE_X86)
+  // Emulated build: the kernels of the levels beyond AVX2 run on emulated intrinsics built from
+  // AVX2 / FMA / F16C (kernels/x86_simd.h), so any AVX2 CPU runs them; cpu_info()["emulated"]
+  // lists them.
+  const bool emulate = avx2;
+#else
+  const bool emulate = false;
+#endif
+  // Linux hands out the AMX tile data state only on request (once per process, for every
+  // thread); refused (or an older kernel), the amx level is not supported and avx512vnni runs.
+  if (amx && !emulate) amx = request_amx_permission();
+  if (avx2) f.supported.push_back(Isa::avx2);
+  const auto level = [&](bool present, Isa isa) {
+    if (emulate) f.emulated.push_back(isa);
+    if (present || emulate) f.supported.push_back(isa);
+  };
+#if defined(QLINEAR_HAVE_AVXVNNI)
+  level(avx2 && has("avxvnni"), Isa::avxvnni);
+#endif
+#if defined(QLINEAR_HAVE_AVX512VNNI)
+  level(avx512vnni, Isa::avx512vnni);
+#endif
+#if defined(QLINEAR_HAVE_AMX)
+  level(amx, Isa::amx);
+#endif
+  (void)level;
 }
 #endif
 
@@ -103,11 +147,10 @@ void detect_arm64(CpuFeatures& f) {
   // FP16 arithmetic needs both the scalar (fphp) and the vector (asimdhp) half of FEAT_FP16.
   // The levels form a chain (cpu.h): dotprod and i8mm require FP16 arithmetic too.
   const bool fp16 = asimd && fphp && asimdhp;
-  f.best = fp16 && asimddp && i8mm ? Isa::i8mm
-         : fp16 && asimddp         ? Isa::dotprod
-         : fp16                    ? Isa::fp16
-         : asimd                   ? Isa::neon
-                                   : Isa::scalar;
+  if (asimd) f.supported.push_back(Isa::neon);
+  if (fp16) f.supported.push_back(Isa::fp16);
+  if (fp16 && asimddp) f.supported.push_back(Isa::dotprod);
+  if (fp16 && asimddp && i8mm) f.supported.push_back(Isa::i8mm);
 }
 #endif
 
@@ -150,6 +193,10 @@ CpuFeatures detect() {
 #ifdef QLINEAR_ARM64_LINUX
   detect_arm64(f);
 #endif
+  // The best level: the highest supported one (scalar is always supported).
+  f.supported.insert(f.supported.begin(), Isa::scalar);
+  f.best = *std::max_element(f.supported.begin(), f.supported.end(),
+                             [](Isa a, Isa b) { return static_cast<int>(a) < static_cast<int>(b); });
   f.physical_cores = count_physical_cores();
   return f;
 }
@@ -162,11 +209,13 @@ const CpuFeatures& cpu_features() {
 }
 
 bool cpu_supports(Isa isa) {
-  const Isa best = cpu_features().best;
-  if (isa == Isa::scalar) return true;
-  // Levels of another family are never supported.
-  const int family = static_cast<int>(isa) / 10, best_family = static_cast<int>(best) / 10;
-  return family == best_family && static_cast<int>(isa) <= static_cast<int>(best);
+  const std::vector<Isa>& s = cpu_features().supported;
+  return std::find(s.begin(), s.end(), isa) != s.end();
+}
+
+bool cpu_emulates(Isa isa) {
+  const std::vector<Isa>& e = cpu_features().emulated;
+  return std::find(e.begin(), e.end(), isa) != e.end();
 }
 
 std::vector<Isa> available_isas() {

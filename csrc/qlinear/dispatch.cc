@@ -12,6 +12,15 @@ const KernelTable& kernels_for(Isa isa) {
   switch (isa) {
 #if defined(__x86_64__) || defined(_M_X64)
     case Isa::avx2: return avx2_kernels();
+#if defined(QLINEAR_HAVE_AVXVNNI)
+    case Isa::avxvnni: return avxvnni_kernels();
+#endif
+#if defined(QLINEAR_HAVE_AVX512VNNI)
+    case Isa::avx512vnni: return avx512vnni_kernels();
+#endif
+#if defined(QLINEAR_HAVE_AMX)
+    case Isa::amx: return amx_kernels();
+#endif
 #endif
 #if defined(__aarch64__)
     case Isa::neon: return neon_kernels();
@@ -25,7 +34,7 @@ const KernelTable& kernels_for(Isa isa) {
 
 namespace {
 
-// The highest supported level <= cap (within the CPU's family), or scalar.
+// The highest supported level <= cap (levels of another family are never supported), or scalar.
 Isa capped_level(Isa cap) {
   Isa best = Isa::scalar;
   for (Isa isa : available_isas())
@@ -39,7 +48,7 @@ Isa initial_level() {
   Isa cap;
   if (!parse_isa(env, &cap))
     throw std::invalid_argument(std::string("QLINEAR_ISA=") + env +
-                                " is not a known level (scalar, avx2, neon, fp16, dotprod, i8mm)");
+                                " is not a known level (scalar, avx2, avxvnni, avx512vnni, amx, neon, fp16, dotprod, i8mm)");
   return capped_level(cap);
 }
 

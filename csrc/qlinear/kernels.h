@@ -103,6 +103,11 @@ void half_float_matmul_twin(const HalfMatmulArgs& a, int64_t m0, int64_t m1, int
 const KernelTable& scalar_kernels();
 #if defined(__x86_64__) || defined(_M_X64)
 const KernelTable& avx2_kernels();
+// Levels beyond AVX2 (each built only if the compiler takes its flags, or emulated: x86_simd.h).
+// Their activation quantization and float path are the AVX2 level's.
+const KernelTable& avxvnni_kernels();
+const KernelTable& avx512vnni_kernels();
+const KernelTable& amx_kernels();
 #endif
 #if defined(__aarch64__)
 const KernelTable& neon_kernels();
