@@ -77,6 +77,21 @@ def test_integer_sums_at_their_bounds(isa, bits):
             assert np.array_equal(qlinear.matmul(x, pw), expected.astype(np.float32))
 
 
+@pytest.mark.parametrize("bits,symmetric,group_size", CONFIGS + [(4, False, 96), (8, True, 96)])
+def test_row_tiles(isa, rng, bits, symmetric, group_size):
+    """M around 16- and 32-row tiles (the amx GEMM's; the other levels' row tails), odd and even
+    panel counts, blocks of 32 + 64j k (half-depth tile steps)."""
+    for m, k, n in [(16, 96, 8), (17, 200, 24), (31, 64, 17), (32, 160, 40), (33, 300, 9),
+                    (48, 257, 16), (130, 128, 33)]:
+        w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        pw = qlinear.pack_weight(w, bits=bits, group_size=group_size, symmetric=symmetric)
+        bias = rng.standard_normal(n).astype(np.float32)
+        for act_block in (None, "group"):
+            y = qlinear.matmul(x, pw, bias=bias, act_block="group" if act_block == "group" else None)
+            assert_close_to_reference(y, x, pw, bias=bias, act_block=act_block_of(pw, act_block))
+
+
 @pytest.mark.parametrize("group_size", [32, 64, 128, 256])
 def test_k_around_group_edges(isa, rng, group_size):
     n = 11
