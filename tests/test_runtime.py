@@ -25,6 +25,21 @@ def test_cpu_info_and_kernel_info(rng):
     assert any(k["isa"] in k[op] for op in ("gemm", "gemm_float16"))
 
 
+def test_emulated_levels_are_flagged():
+    """A QLINEAR_EMULATE_X86 build runs the x86 levels beyond AVX2 on emulated intrinsics: they
+    are listed, and only such levels can be."""
+    info = qlinear.cpu_info()
+    assert set(info["emulated"]) <= set(info["available_isas"])
+    assert set(info["emulated"]) <= {"avxvnni", "avx512vnni", "amx"}
+    if info["emulated"]:
+        assert "avx2" in info["available_isas"]
+
+
+def test_amx_implies_avx512vnni():
+    levels = qlinear.cpu_info()["available_isas"]
+    assert "amx" not in levels or "avx512vnni" in levels
+
+
 @pytest.mark.parametrize("level", qlinear.cpu_info()["available_isas"])
 def test_qlinear_isa_environment_caps_the_level(level):
     code = "import qlinear; print(qlinear.cpu_info()['active_isa'])"

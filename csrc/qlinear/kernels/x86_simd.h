@@ -154,13 +154,20 @@ inline TileState& configured_tiles() {
 inline void _tile_loadconfig(const void* config) {
   const auto* c = static_cast<const uint8_t*>(config);
   TileState& s = tile_state();
-  if (c[0] != 1) __builtin_trap();  // only palette 1 exists
+  // As LDTILECFG's #GP checks: palette 1, start_row 0, reserved bytes zero, tiles 8..15 unused.
+  if (c[0] != 1) __builtin_trap();
+  for (int i = 1; i < 16; ++i)
+    if (c[i] != 0) __builtin_trap();
+  for (int i = 16 + 2 * 8; i < 48; ++i)
+    if (c[i] != 0) __builtin_trap();
+  for (int i = 48 + 8; i < 64; ++i)
+    if (c[i] != 0) __builtin_trap();
   for (int t = 0; t < 8; ++t) {
     uint16_t colsb;
     std::memcpy(&colsb, c + 16 + 2 * t, 2);
     s.rows[t] = c[48 + t];
     s.colsb[t] = colsb;
-    if (s.rows[t] > 16 || s.colsb[t] > 64) __builtin_trap();
+    if (s.rows[t] > 16 || s.colsb[t] > 64 || (s.rows[t] == 0) != (s.colsb[t] == 0)) __builtin_trap();
   }
   std::memset(s.data, 0, sizeof(s.data));
   s.configured = true;
@@ -170,23 +177,31 @@ inline void _tile_release() {
   s.configured = false;
   std::memset(s.data, 0, sizeof(s.data));
 }
-inline void _tile_zero(int t) { std::memset(configured_tiles().data[t], 0, sizeof(TileState::data[0])); }
-inline void _tile_loadd(int t, const void* base, long stride) {
+// A tile the configuration leaves empty (0 rows) must not be used.
+inline TileState& configured_tile(int t) {
   TileState& s = configured_tiles();
+  if (t < 0 || t > 7 || s.rows[t] == 0) __builtin_trap();
+  return s;
+}
+inline void _tile_zero(int t) { std::memset(configured_tile(t).data[t], 0, sizeof(TileState::data[0])); }
+inline void _tile_loadd(int t, const void* base, long stride) {
+  TileState& s = configured_tile(t);
   std::memset(s.data[t], 0, sizeof(s.data[t]));
   for (int r = 0; r < s.rows[t]; ++r)
     std::memcpy(s.data[t][r], static_cast<const uint8_t*>(base) + r * stride, s.colsb[t]);
 }
 inline void _tile_stream_loadd(int t, const void* base, long stride) { _tile_loadd(t, base, stride); }
 inline void _tile_stored(int t, void* base, long stride) {
-  TileState& s = configured_tiles();
+  TileState& s = configured_tile(t);
   for (int r = 0; r < s.rows[t]; ++r)
     std::memcpy(static_cast<uint8_t*>(base) + r * stride, s.data[t][r], s.colsb[t]);
 }
 // TDPBSUD: dst[m][n] (int32) += sum over k of s8(a[m][4k + i]) * u8(b[k][4n + i]), i = 0..3;
 // rows(dst) = rows(a), colsb(dst) = colsb(b), colsb(a) = 4 * rows(b). Wrap-around int32 adds.
 inline void _tile_dpbsud(int dst, int a, int b) {
-  TileState& s = configured_tiles();
+  TileState& s = configured_tile(dst);
+  configured_tile(a);
+  configured_tile(b);
   const int m_rows = s.rows[dst], n_cols = s.colsb[dst] / 4, k_quads = s.colsb[a] / 4;
   if (s.rows[a] != m_rows || s.colsb[b] != s.colsb[dst] || s.rows[b] != k_quads) __builtin_trap();
   for (int m = 0; m < m_rows; ++m) {
