@@ -126,3 +126,46 @@ def test_llm(benchmark, phase, name, threads):
         tokens = DECODE_TOKENS
     benchmark.extra_info.update(engine=name, phase=phase, threads=threads, tokens=tokens,
                                 tok_s=tokens / benchmark.stats.stats.min)
+
+
+def main(rounds: int = 8, threads_list=(1, 2)) -> None:
+    """Interleaved rounds: per thread count, every engine's prefill then its decode in turn, round
+    after round, so that the load of a shared machine falls on all alike. Prints medians (and
+    best) in tok/s and the ratios to MNN.llm."""
+    import time
+
+    ids = prompt()
+    print(f"Qwen2.5-0.5B-shaped, vocab {VOCAB}, int4 group / block 64, W4A8; {PROMPT_TOKENS}-token prompt, "
+          f"{DECODE_TOKENS} decoded tokens; medians (best) of {rounds} interleaved rounds")
+    print("| phase | threads | " + " | ".join(ENGINES) + " | qlinear-on-mnn / mnn |")
+    print("|---|---|" + "---|" * (len(ENGINES) + 1))
+    for threads in threads_list:
+        engines = {name: engine(name, threads) for name in ENGINES}
+        times = {(name, phase): [] for name in ENGINES for phase in ("prefill", "decode")}
+        for r in range(rounds + 1):  # round 0 warms up
+            for name, eng in engines.items():
+                qlinear.set_num_threads(threads)
+                t0 = time.perf_counter()
+                token = eng.prefill(ids)
+                t1 = time.perf_counter()
+                for _ in range(DECODE_TOKENS):
+                    token = eng.step(token)
+                t2 = time.perf_counter()
+                if r:
+                    times[(name, "prefill")].append(PROMPT_TOKENS / (t1 - t0))
+                    times[(name, "decode")].append(DECODE_TOKENS / (t2 - t1))
+        for phase in ("prefill", "decode"):
+            med = {n: float(np.median(times[(n, phase)])) for n in ENGINES}
+            cells = [f"{med[n]:.1f} ({max(times[(n, phase)]):.1f})" for n in ENGINES]
+            print(f"| {phase} | {threads} | " + " | ".join(cells) +
+                  f" | {med['qlinear-on-mnn'] / med['mnn']:.2f}x |")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="qlinear.llm and MNN.llm side by side, interleaved rounds")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    a = ap.parse_args()
+    main(a.rounds, tuple(a.threads))
