@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "avx2.h"
 
@@ -272,15 +273,16 @@ inline void unpack_block4(const uint8_t* codes, int64_t code_bytes, int8_t* out,
 template <int MR, int NP>
 inline void unpacked_block_dot(const int8_t* w, int64_t block, const int8_t* const* xq, __m256i* acc) {
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int i = 0; i < MR * NP; ++i) acc[i] = _mm256_setzero_si256();
-  for (int64_t kk = 0; kk < block; kk += 32, w += 256 * NP) {
+  // 32 k: the first chunk's products start the s16 sums, the first step's widened sums the
+  // accumulators (no additions to zero).
+  const auto step32 = [&](int64_t kk, auto first_step) {
     __m256i s16[MR * NP];
-    for (int i = 0; i < MR * NP; ++i) s16[i] = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int c = 0; c < 8; ++c) {
       // Ordered barriers: chunk c's sums are complete before chunk c + 1's weights are read.
       // Without them GCC hoists all products above the sums and spills them.
-      for (int i = 0; i < MR * NP; ++i) __asm__ volatile("" : "+x"(s16[i]));
+      if (c > 0)
+        for (int i = 0; i < MR * NP; ++i) __asm__ volatile("" : "+x"(s16[i]));
       __m256i wc[NP];
       for (int p = 0; p < NP; ++p) {
         wc[p] = _mm256_load_si256(reinterpret_cast<const __m256i*>(w + 32 * (c * NP + p)));
@@ -288,12 +290,20 @@ inline void unpacked_block_dot(const int8_t* w, int64_t block, const int8_t* con
       }
       for (int i = 0; i < MR; ++i) {
         const __m256i x4 = bcast4(xq[i] + kk + 4 * c);
-        for (int p = 0; p < NP; ++p)
-          s16[i * NP + p] = _mm256_add_epi16(s16[i * NP + p], _mm256_maddubs_epi16(wc[p], x4));
+        for (int p = 0; p < NP; ++p) {
+          const __m256i prod = _mm256_maddubs_epi16(wc[p], x4);
+          s16[i * NP + p] = c == 0 ? prod : _mm256_add_epi16(s16[i * NP + p], prod);
+        }
       }
     }
-    for (int i = 0; i < MR * NP; ++i) acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(s16[i], ones));
-  }
+    for (int i = 0; i < MR * NP; ++i) {
+      const __m256i wide = _mm256_madd_epi16(s16[i], ones);
+      acc[i] = decltype(first_step)::value ? wide : _mm256_add_epi32(acc[i], wide);
+    }
+    w += 256 * NP;
+  };
+  step32(0, std::true_type{});
+  for (int64_t kk = 32; kk < block; kk += 32) step32(kk, std::false_type{});
 }
 
 // A block's scales and offsets, one vector per panel.
@@ -318,7 +328,8 @@ inline void unpacked_tile_block(const Int8MatmulArgs& a, const int8_t* w, const 
     const __m256 sxsum = _mm256_broadcast_ss(a.act.scaled_sum + at);
     for (int p = 0; p < NP; ++p) {
       float* yp = ytile + 8 * (i * NP + p);
-      const __m256i acc_q = _mm256_add_epi32(acc[i * NP + p], zsum);
+      // int4 codes are summed as stored: only symmetric weights need their zero point removed
+      const __m256i acc_q = asymmetric ? acc[i * NP + p] : _mm256_add_epi32(acc[i * NP + p], zsum);
       __m256 y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc_q), _mm256_mul_ps(f.scale[p], sx), _mm256_load_ps(yp));
       if (asymmetric) y = _mm256_fmadd_ps(f.offset[p], sxsum, y);
       _mm256_store_ps(yp, y);
