@@ -24,6 +24,10 @@ struct Scratch {
 };
 thread_local Scratch tl_scratch;
 
+// Row stride of the int8 activations: an odd number of cache lines, so that the rows a GEMM
+// tile reads at one k fall into different L1 sets (with K = 4096 every row hit the same set).
+inline int64_t activation_stride(int64_t kpad) { return (ceil_div(kpad, 64) | 1) * 64; }
+
 // Below this many multiply-adds a job is not worth waking other threads for.
 constexpr int64_t kMinParallelWork = 1 << 18;
 
@@ -86,15 +90,15 @@ void matmul_int8(const MatmulRequest& r) {
   if (r.m <= 0) return;
   const WeightGeometry& w = *r.w;
   const KernelTable& kt = kernels_for_weight(w);
-  const int64_t kpad = w.padded_k();
+  const int64_t kpad = w.padded_k(), ldq = activation_stride(kpad);
   Scratch& s = tl_scratch;
-  s.q.resize(static_cast<size_t>(r.m * kpad));
+  s.q.resize(static_cast<size_t>(r.m * ldq));
   s.scale.resize(static_cast<size_t>(r.m * w.nblocks));
   s.sum.resize(static_cast<size_t>(r.m * w.nblocks));
   ThreadPool& pool = ThreadPool::global();
 
   const ActQuantArgs qa{r.x, r.dtype, r.ldx, w.k, w.block, w.nblocks, r.act_block,
-                        s.q.data(), kpad, s.scale.data(), s.sum.data()};
+                        s.q.data(), ldq, s.scale.data(), s.sum.data()};
   if (r.m * w.k >= kMinParallelWork / 16) {
     pool.parallel_for(r.m, 4, [&](int64_t m0, int64_t m1) { kt.quantize_acts(qa, m0, m1); });
   } else {
@@ -110,7 +114,7 @@ void matmul_int8(const MatmulRequest& r) {
     s.shifted_sum[i] = shift * s.sum[i];
   }
   const Int8MatmulArgs args{&w, r.packed,
-                            {s.q.data(), kpad, s.scale.data(), s.sum.data(), s.scaled_sum.data(),
+                            {s.q.data(), ldq, s.scale.data(), s.sum.data(), s.scaled_sum.data(),
                              s.shifted_sum.data()},
                             r.bias, r.y, r.ldy};
   run_tiled(w, r.m, kt.gemv[idx], kt.gemm[idx], args);
