@@ -256,17 +256,6 @@ void gemm(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p
 // chunk's rows live in an L1 tile updated once per block, leaving the registers to the integer
 // sums (3 x 2 x s16 + 3 x 2 x s32).
 
-// Unpacks one panel's block of int4 codes: int4 chunk c (8 rows x 8 k) -> int8 chunks 2c (k 0..3,
-// low nibbles) and 2c + 1 (k 4..7, high nibbles), chunk j stored at out + j * stride.
-inline void unpack_block4(const uint8_t* codes, int64_t code_bytes, int8_t* out, int64_t stride) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  for (int64_t i = 0; i < code_bytes; i += 32, out += 2 * stride) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out), _mm256_and_si256(raw, low4));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out + stride), _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4));
-  }
-}
-
 // acc[i * NP + p] = sum over one block of xq[i][k] * code[p][n][k] for MR rows x NP panels.
 // The u8 x s8 pair sums of 8 chunks (32 k) add up in s16 (|sum| <= 8 * 2 * 15 * 127 = 30480)
 // before VPMADDWD widens them: exact.
@@ -348,7 +337,7 @@ void unpacked_panels(const Int8MatmulArgs& a, int64_t mc, int64_t mc1, int64_t p
     BlockFactors f;
     for (int q = 0; q < NP; ++q) {
       const uint8_t* block = a.packed + (p + q) * g.panel_bytes + b * g.block_bytes;
-      unpack_block4(block, g.code_bytes, wbuf + 32 * q, 32 * NP);
+      avx2::unpack_int4_block(block, g.code_bytes, wbuf + 32 * q, 32 * NP);
       f.scale[q] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + g.code_bytes)));
       f.offset[q] = asymmetric
           ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + g.code_bytes + 16)))

@@ -9,12 +9,15 @@
 //   int8: the stored codes 0..255 directly (code_shift 0: shifted_sum = -zero_point * sum).
 // Float epilogue per block (8 rows at once), as the AVX2 level:
 //   y += (s_x * scale) * (acc + shifted_sum) (+ (s_x * sum_x) * offset).
+// GEMV and GEMMs under 12 rows run 4 x 8 row tiles over the packed panels; larger GEMMs 6 x 16
+// tiles over blocks of two panels (gemm_tiled below).
 #include "x86_simd.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "../kernels.h"
+#include "avx2.h"
 
 namespace qlinear {
 namespace {
@@ -129,6 +132,133 @@ void gemm(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// GEMM from 12 rows on (prefill): 6-row x 16-output tiles over a block of two panels, one
+// VPDPBUSD per 32 multiply-adds and nothing else in the inner loop: an activation broadcast
+// feeds both panels, int8 weights are read from the packed chunks as they are, and int4 blocks
+// are unpacked once per row chunk into int8 chunks in L1 (as the AVX2 GEMM). The float results
+// of the chunk's rows live in an L1 tile updated once per block; the registers hold the 12
+// accumulators, two weight chunks and a broadcast.
+
+// acc[i * NP + q] = sum over one block of xq[i][k] * code[q][n][k]: panel q's int8 chunk c
+// (8 rows x 4 k) at w[q] + c * stride.
+template <int MR, int NP>
+inline void tile_block_dot(const uint8_t* const* w, int64_t stride, int64_t block, const int8_t* const* xq,
+                           __m256i* acc) {
+  for (int i = 0; i < MR * NP; ++i) acc[i] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+  for (int64_t kk = 0, off = 0; kk < block; kk += 4, off += stride) {
+    __m256i wc[NP];
+    for (int q = 0; q < NP; ++q) wc[q] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[q] + off));
+    for (int i = 0; i < MR; ++i) {
+      const __m256i x4 = bcast4(xq[i] + kk);
+      for (int q = 0; q < NP; ++q) acc[i * NP + q] = _mm256_dpbusd_avx_epi32(acc[i * NP + q], wc[q], x4);
+    }
+  }
+}
+
+struct BlockFactors {
+  __m256 scale[2], offset[2];
+};
+
+// One block of an MR-row x NP-panel tile: ytile[i][q] += s_x * scale * (acc + shifted_sum)
+// (+ s_x * sum_x * offset); ytile rows hold 8 * NP floats.
+template <int MR, int NP>
+inline void tile_block(const Int8MatmulArgs& a, const uint8_t* const* w, int64_t stride, const BlockFactors& f,
+                       int64_t m, int64_t b, float* ytile) {
+  const WeightGeometry& g = *a.w;
+  const int8_t* xq[MR];
+  for (int i = 0; i < MR; ++i) xq[i] = a.act.q + (m + i) * a.act.ldq + b * g.block;
+  __m256i acc[MR * NP];
+  tile_block_dot<MR, NP>(w, stride, g.block, xq, acc);
+  for (int i = 0; i < MR; ++i) {
+    const int64_t at = (m + i) * g.nblocks + b;
+    const __m256 sx = _mm256_broadcast_ss(a.act.scale + at);
+    const __m256i zsum = _mm256_set1_epi32(a.act.shifted_sum[at]);  // -zero_point * sum_x
+    const __m256 sxsum = _mm256_broadcast_ss(a.act.scaled_sum + at);
+    for (int q = 0; q < NP; ++q) {
+      float* yq = ytile + 8 * (i * NP + q);
+      const __m256i acc_q = g.symmetric ? _mm256_add_epi32(acc[i * NP + q], zsum) : acc[i * NP + q];
+      __m256 y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc_q), _mm256_mul_ps(f.scale[q], sx), _mm256_load_ps(yq));
+      if (!g.symmetric) y = _mm256_fmadd_ps(f.offset[q], sxsum, y);
+      _mm256_store_ps(yq, y);
+    }
+  }
+}
+
+// Rows [mc, mc1) x panels [p, p + NP), results in ytile ([rows][8 * NP]).
+template <int BITS, int NP>
+void tile_panels(const Int8MatmulArgs& a, int64_t mc, int64_t mc1, int64_t p, int8_t* wbuf, float* ytile) {
+  const WeightGeometry& g = *a.w;
+  constexpr int MR = 6;
+  std::fill(ytile, ytile + (mc1 - mc) * 8 * NP, 0.f);
+  for (int64_t b = 0; b < g.nblocks; ++b) {
+    BlockFactors f;
+    const uint8_t* w[NP];
+    for (int q = 0; q < NP; ++q) {
+      const uint8_t* block = a.packed + (p + q) * g.panel_bytes + b * g.block_bytes;
+      if constexpr (BITS == 4) {
+        avx2::unpack_int4_block(block, g.code_bytes, wbuf + 32 * q, 32 * NP);
+        w[q] = reinterpret_cast<const uint8_t*>(wbuf) + 32 * q;
+      } else {
+        w[q] = block;
+      }
+      f.scale[q] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + g.code_bytes)));
+      f.offset[q] = g.symmetric ? _mm256_setzero_ps()
+          : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + g.code_bytes + 16)));
+    }
+    const int64_t stride = BITS == 4 ? 32 * NP : 32;
+    int64_t m = mc;
+    float* yt = ytile;
+    for (; m + MR <= mc1; m += MR, yt += MR * 8 * NP) tile_block<MR, NP>(a, w, stride, f, m, b, yt);
+    switch (mc1 - m) {
+      case 5: tile_block<5, NP>(a, w, stride, f, m, b, yt); break;
+      case 4: tile_block<4, NP>(a, w, stride, f, m, b, yt); break;
+      case 3: tile_block<3, NP>(a, w, stride, f, m, b, yt); break;
+      case 2: tile_block<2, NP>(a, w, stride, f, m, b, yt); break;
+      case 1: tile_block<1, NP>(a, w, stride, f, m, b, yt); break;
+      default: break;
+    }
+  }
+}
+
+template <int BITS>
+void gemm_tiled(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  const WeightGeometry& g = *a.w;
+  // Rows whose int8 activations stay in about half of L2 while the panels pass over them.
+  const int64_t row_chunk = std::clamp<int64_t>((196608 / g.padded_k()) / 6 * 6, 24, 96);
+  alignas(64) int8_t wbuf[2 * 8 * 256];  // one unpacked int4 block of two panels (block <= 256)
+  alignas(64) float ytile[96 * 16];
+  for (int64_t mc = m0; mc < m1; mc += row_chunk) {
+    const int64_t mc1 = std::min(m1, mc + row_chunk);
+    for (int64_t p = p0; p < p1;) {
+      const int np = p + 2 <= p1 ? 2 : 1;
+      if (np == 2) tile_panels<BITS, 2>(a, mc, mc1, p, wbuf, ytile);
+      else tile_panels<BITS, 1>(a, mc, mc1, p, wbuf, ytile);
+      for (int q = 0; q < np; ++q, ++p) {
+        const int64_t n0 = p * 8, rows = std::min<int64_t>(8, g.n - n0);
+        const __m256 bias = a.bias == nullptr || rows < 8 ? _mm256_setzero_ps() : _mm256_loadu_ps(a.bias + n0);
+        for (int64_t m = mc; m < mc1; ++m) {
+          const float* yt = ytile + (m - mc) * 8 * np + 8 * q;
+          float* out = a.y + m * a.ldy + n0;
+          if (rows == 8) {
+            _mm256_storeu_ps(out, _mm256_add_ps(_mm256_load_ps(yt), bias));
+          } else {
+            for (int64_t r = 0; r < rows; ++r) out[r] = a.bias ? yt[r] + a.bias[n0 + r] : yt[r];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Below a dozen rows the 4 x 8 row tiles over the packed panels (no unpacking to repay).
+template <int BITS>
+void gemm_any(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  if (m1 - m0 >= 12) gemm_tiled<BITS>(a, m0, m1, p0, p1);
+  else gemm<BITS>(a, m0, m1, p0, p1);
+}
+
 }  // namespace
 
 const KernelTable& avxvnni_kernels() {
@@ -139,10 +269,10 @@ const KernelTable& avxvnni_kernels() {
     t.gemv[1] = gemv<8>;
     t.gemv_name[0] = "gemv_w4a8_nr8_kr4_avxvnni";
     t.gemv_name[1] = "gemv_w8a8_nr8_kr4_avxvnni";
-    t.gemm[0] = gemm<4>;
-    t.gemm[1] = gemm<8>;
-    t.gemm_name[0] = "gemm_w4a8_nr8_kr4_4x8_avxvnni";
-    t.gemm_name[1] = "gemm_w8a8_nr8_kr4_4x8_avxvnni";
+    t.gemm[0] = gemm_any<4>;
+    t.gemm[1] = gemm_any<8>;
+    t.gemm_name[0] = "gemm_w4a8_nr8_kr4_6x16_avxvnni";
+    t.gemm_name[1] = "gemm_w8a8_nr8_kr4_6x16_avxvnni";
     t.code_shift[0] = t.code_shift[1] = 0;
     return t;
   }();
