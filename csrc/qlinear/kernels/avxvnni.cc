@@ -22,11 +22,7 @@
 namespace qlinear {
 namespace {
 
-inline __m256i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
+using avx2::bcast4;
 
 // Sum over one block of x * code for MR activation rows and one panel. Two accumulators per row
 // (low / high nibbles, or even / odd chunks) halve the VPDPBUSD dependency chains.
@@ -224,32 +220,14 @@ void tile_panels(const Int8MatmulArgs& a, int64_t mc, int64_t mc1, int64_t p, in
 
 template <int BITS>
 void gemm_tiled(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
-  const WeightGeometry& g = *a.w;
   // Rows whose int8 activations stay in about half of L2 while the panels pass over them.
-  const int64_t row_chunk = std::clamp<int64_t>((196608 / g.padded_k()) / 6 * 6, 24, 96);
+  const int64_t row_chunk = std::clamp<int64_t>((196608 / a.w->padded_k()) / 6 * 6, 24, 96);
   alignas(64) int8_t wbuf[2 * 8 * 256];  // one unpacked int4 block of two panels (block <= 256)
-  alignas(64) float ytile[96 * 16];
-  for (int64_t mc = m0; mc < m1; mc += row_chunk) {
-    const int64_t mc1 = std::min(m1, mc + row_chunk);
-    for (int64_t p = p0; p < p1;) {
-      const int np = p + 2 <= p1 ? 2 : 1;
-      if (np == 2) tile_panels<BITS, 2>(a, mc, mc1, p, wbuf, ytile);
-      else tile_panels<BITS, 1>(a, mc, mc1, p, wbuf, ytile);
-      for (int q = 0; q < np; ++q, ++p) {
-        const int64_t n0 = p * 8, rows = std::min<int64_t>(8, g.n - n0);
-        const __m256 bias = a.bias == nullptr || rows < 8 ? _mm256_setzero_ps() : _mm256_loadu_ps(a.bias + n0);
-        for (int64_t m = mc; m < mc1; ++m) {
-          const float* yt = ytile + (m - mc) * 8 * np + 8 * q;
-          float* out = a.y + m * a.ldy + n0;
-          if (rows == 8) {
-            _mm256_storeu_ps(out, _mm256_add_ps(_mm256_load_ps(yt), bias));
-          } else {
-            for (int64_t r = 0; r < rows; ++r) out[r] = a.bias ? yt[r] + a.bias[n0 + r] : yt[r];
-          }
-        }
-      }
-    }
-  }
+  avx2::gemm_by_panel_pairs(a, m0, m1, p0, p1, row_chunk,
+                            [&](int64_t mc, int64_t mc1, int64_t p, int np, float* ytile) {
+                              if (np == 2) tile_panels<BITS, 2>(a, mc, mc1, p, wbuf, ytile);
+                              else tile_panels<BITS, 1>(a, mc, mc1, p, wbuf, ytile);
+                            });
 }
 
 // Below a dozen rows the 4 x 8 row tiles over the packed panels (no unpacking to repay).
