@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -90,10 +91,10 @@ ActView view_activations(py::array x, int64_t k_expected, const char* what) {
 
 thread_local std::vector<float> tl_y32, tl_bias32;
 
-// y = x @ W'.T (+ bias) with the given driver: matmul_int8 (act="int8") or matmul_float.
-template <void (*kDriver)(const MatmulRequest&)>
-py::array py_matmul(py::array x_in, const PackedWeightHandle& w, py::object bias_in,
-                    py::object out_in, int64_t act_block) {
+// y = x @ W'.T (+ bias) computed by run(request): a driver, or one micro-kernel.
+template <class Run>
+py::array py_matmul_with(py::array x_in, const PackedWeightHandle& w, py::object bias_in,
+                         py::object out_in, int64_t act_block, const Run& run) {
   const WeightGeometry& g = w.geom();
   ActView x = view_activations(x_in, g.k, "x");
   if (act_block <= 0) throw py::value_error("act_block must be positive");
@@ -131,16 +132,23 @@ py::array py_matmul(py::array x_in, const PackedWeightHandle& w, py::object bias
   if (x.dtype == DType::f32) {
     req.y = static_cast<float*>(out.mutable_data());
     py::gil_scoped_release release;
-    kDriver(req);
+    run(req);
   } else {
     auto* y16 = static_cast<uint16_t*>(out.mutable_data());
     py::gil_scoped_release release;
     tl_y32.resize(static_cast<size_t>(x.m * g.n));
     req.y = tl_y32.data();
-    kDriver(req);
+    run(req);
     for (size_t i = 0; i < tl_y32.size(); ++i) y16[i] = float_to_half(tl_y32[i]);
   }
   return out;
+}
+
+// The drivers: matmul_int8 (act="int8"), matmul_float, matmul_float16_twin.
+template <void (*kDriver)(const MatmulRequest&)>
+py::array py_matmul(py::array x_in, const PackedWeightHandle& w, py::object bias_in,
+                    py::object out_in, int64_t act_block) {
+  return py_matmul_with(x_in, w, bias_in, out_in, act_block, kDriver);
 }
 
 py::tuple quantize_activation(py::array x_in, int64_t block) {
@@ -241,22 +249,104 @@ py::tuple unpack(const PackedWeightHandle& w) {
   return py::make_tuple(codes, scale, g.symmetric ? py::object(py::none()) : py::object(offset));
 }
 
-py::dict kernel_info(const PackedWeightHandle& w) {
+py::list planned(const WeightGeometry& g, int64_t m, Family family) {
+  py::list l;
+  for (const PlannedKernel& k : planned_kernels(g, m, family)) {
+    py::dict d;
+    d["name"] = k.name;
+    d["mr"] = k.mr;
+    d["nr"] = k.nr;
+    d["rows"] = py::make_tuple(k.m0, k.m1);
+    l.append(d);
+  }
+  return l;
+}
+
+// Without m: the level's kernels for one row (gemv*) and for many (gemm*). With m: the kernels
+// that will run for m rows, per activation type, each with its tile and the rows it computes.
+py::dict kernel_info(const PackedWeightHandle& w, std::optional<int64_t> m) {
   const WeightGeometry& g = w.geom();
   const KernelTable& kt = kernels_for_weight(g);
-  const int idx = g.bits == 8 ? 1 : 0;
   py::dict d;
   d["isa"] = isa_name(kt.isa);
   d["layout"] = layout_info(g.layout).name;
   d["quantize_acts"] = kt.quantize_acts_name;
-  d["gemv"] = kt.gemv_name[idx];
-  d["gemm"] = kt.gemm_name[idx];
-  d["gemv_float"] = kt.gemv_float_name[idx];
-  d["gemm_float"] = kt.gemm_float_name[idx];
+  if (m.has_value()) {
+    if (*m < 1) throw py::value_error("m must be >= 1, got " + std::to_string(*m));
+    d["m"] = *m;
+    d["int8"] = planned(g, *m, Family::int8);
+    d["float"] = planned(g, *m, Family::float32);
+    d["float16"] = planned(g, *m, Family::float16);
+    return d;
+  }
+  const auto name = [&](int64_t rows, Family f) { return planned_kernels(g, rows, f).front().name; };
+  constexpr int64_t kTall = 1 << 20;  // the kernel a large prefill runs
+  d["gemv"] = name(1, Family::int8);
+  d["gemm"] = name(kTall, Family::int8);
+  d["gemv_float"] = name(1, Family::float32);
+  d["gemm_float"] = name(kTall, Family::float32);
   // Kernels for float16 activations: FP16 arithmetic where the level has it.
-  d["gemv_float16"] = kt.gemv_half[idx] ? kt.gemv_half_name[idx] : kt.gemv_float_name[idx];
-  d["gemm_float16"] = kt.gemm_half[idx] ? kt.gemm_half_name[idx] : kt.gemm_float_name[idx];
+  d["gemv_float16"] = name(1, Family::float16);
+  d["gemm_float16"] = name(kTall, Family::float16);
   return d;
+}
+
+// -- per-kernel tests: every micro-kernel descriptor of every level this build can run -----------
+
+const char* family_name(Family f) {
+  return f == Family::int8 ? "int8" : f == Family::float32 ? "float32" : "float16";
+}
+
+template <class U>
+void list_family(py::list& out, Isa isa, Family f, const std::vector<U>& kernels) {
+  for (const U& k : kernels) {
+    py::dict d;
+    d["isa"] = isa_name(isa);
+    d["family"] = family_name(f);
+    d["name"] = k.name;
+    d["bits"] = k.bits;
+    d["mr"] = k.mr;
+    d["nr"] = k.np * layout_info(LayoutId::nr8_kr4).nr;
+    d["m_min"] = k.m_min;
+    d["m_max"] = k.m_max;
+    d["m_unit"] = k.m_unit;
+    d["code_shift"] = k.code_shift;
+    out.append(d);
+  }
+}
+
+py::list ukernels() {
+  py::list out;
+  for (Isa isa : available_isas()) {
+    const KernelTable& kt = kernels_for(isa);
+    list_family(out, isa, Family::int8, kt.int8);
+    list_family(out, isa, Family::float32, kt.float32);
+    list_family(out, isa, Family::float16, kt.float16);
+  }
+  return out;
+}
+
+template <class U>
+size_t find_kernel(const std::vector<U>& kernels, const std::string& name) {
+  for (size_t i = 0; i < kernels.size(); ++i)
+    if (name == kernels[i].name) return i;
+  throw py::value_error("no kernel named '" + name + "' at this level");
+}
+
+py::array run_ukernel_py(const std::string& isa_str, const std::string& family, const std::string& name,
+                         py::array x, const PackedWeightHandle& w, py::object bias, int64_t act_block) {
+  Isa isa;
+  if (!parse_isa(isa_str, &isa)) throw py::value_error("unknown ISA level '" + isa_str + "'");
+  if (!cpu_supports(isa)) throw py::value_error("ISA level '" + isa_str + "' is not supported by this CPU");
+  const KernelTable& kt = kernels_for(isa);
+  Family f;
+  size_t index;
+  if (family == "int8") f = Family::int8, index = find_kernel(kt.int8, name);
+  else if (family == "float32") f = Family::float32, index = find_kernel(kt.float32, name);
+  else if (family == "float16") f = Family::float16, index = find_kernel(kt.float16, name);
+  else throw py::value_error("family must be 'int8', 'float32' or 'float16', got '" + family + "'");
+  return py_matmul_with(x, w, bias, py::none(), act_block,
+                        [&](const MatmulRequest& r) { run_ukernel(kt, f, index, r); });
 }
 
 py::dict cpu_info() {
@@ -418,7 +508,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("silu_mul", &py_silu_mul, py::arg("gate_up"));
   m.def("attend_one", &py_attend_one, py::arg("qkv"), py::arg("cos"), py::arg("sin"), py::arg("pos"),
         py::arg("k_cache"), py::arg("v_cache"), py::arg("heads"), py::arg("scale"));
-  m.def("kernel_info", &kernel_info);
+  m.def("kernel_info", &kernel_info, py::arg("w"), py::arg("m") = py::none());
+  m.def("_ukernels", &ukernels);
+  m.def("_run_ukernel", &run_ukernel_py, py::arg("isa"), py::arg("family"), py::arg("name"), py::arg("x"),
+        py::arg("w"), py::arg("bias"), py::arg("act_block"));
   m.def("cpu_info", &cpu_info);
   m.def("set_num_threads", [](int n) {
     if (n < 1) throw py::value_error("number of threads must be >= 1, got " + std::to_string(n));

@@ -1,10 +1,15 @@
-// The kernel interface. Every ISA level provides the same small set of stateless functions over
-// the packed layouts of layout.h; a KernelTable collects one level's functions, and dispatch
-// picks a table once (capped by QLINEAR_ISA). Kernels never allocate and never spawn threads:
-// the driver (matmul.cc) tiles the work and hands each thread a range.
+// The kernel interface. Every ISA level provides stateless micro-kernels over the packed layouts
+// of layout.h, each described by a descriptor (Ukernel below: name, tile, the M it serves, the
+// activation packing it reads); a KernelTable lists one level's descriptors, and dispatch picks a
+// table once (capped by QLINEAR_ISA). Kernels never allocate and never spawn threads: the driver
+// (matmul.cc) chooses the kernel for the M at hand, packs the activations, and hands each thread
+// a range in the kernel's units.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "common.h"
 #include "cpu.h"
@@ -12,27 +17,58 @@
 
 namespace qlinear {
 
-// Activations after dynamic quantization: int8 codes zero-padded to the weight's padded K,
-// and for every (row, storage block) the activation scale and the sum of the codes.
+// Activations after dynamic quantization (activation packing): int8 codes zero-padded to the
+// weight's padded K, and for every (row, storage block) the activation scale, the sum of the codes
+// and the two pre-sums the float epilogue needs, so kernels do no per-(row, block) scalar work.
 struct QuantizedActs {
   const int8_t* q = nullptr;     // [m, ldq]
   int64_t ldq = 0;
   const float* scale = nullptr;  // [m, nblocks]: s_x of the activation block holding the block
   const int32_t* sum = nullptr;  // [m, nblocks]: sum of q over the storage block
-  // Filled by the driver for the weight at hand, so kernels do no per-panel scalar work:
-  const float* scaled_sum = nullptr;   // [m, nblocks]: scale * sum (the offset term's factor)
+  const float* scaled_sum = nullptr;     // [m, nblocks]: scale * sum (the offset term's factor)
   const int32_t* shifted_sum = nullptr;  // [m, nblocks]: (code_shift - zero_point) * sum
 };
 
 // Quantizes rows [m0, m1) of x (row stride ldx elements, K = k) with absmax scales per
 // `act_block` consecutive k (act_block >= k: per row; else a multiple of `block`).
-// Writes q [.., ldq] (zero past k up to nblocks*block), scale and sum [.., nblocks].
+// Writes q [.., ldq] (zero past k up to nblocks*block), scale and sum [.., nblocks], and, where
+// scaled_sum / shifted_sum are not null, the pre-sums with the factor sum_shift = code_shift -
+// zero_point of the micro-kernel that will read them.
 struct ActQuantArgs {
   const void* x; DType dtype; int64_t ldx;
   int64_t k, block, nblocks, act_block;
   int8_t* q; int64_t ldq; float* scale; int32_t* sum;
+  float* scaled_sum = nullptr; int32_t* shifted_sum = nullptr; int32_t sum_shift = 0;
 };
 using QuantizeActsFn = void (*)(const ActQuantArgs& a, int64_t m0, int64_t m1);
+
+// An activation block's scale s = absmax / 127 (NaN if the block holds a NaN or an infinity),
+// from the absmax and finiteness of its values before i and the values load(i .. end - 1).
+template <class Load>
+inline float act_scale(float absmax, bool finite, Load&& load, int64_t i, int64_t end) {
+  for (; i < end; ++i) {
+    const float v = load(i);
+    finite &= !std::isnan(v);
+    absmax = std::max(absmax, std::fabs(v));
+  }
+  finite &= !std::isinf(absmax);
+  return finite ? absmax / 127.f : NAN;
+}
+
+// The activation quantizers' step for one value (docs/semantics.md): q = clamp(rint(x / s),
+// -127, 127), rint rounding to nearest even in the default rounding mode.
+inline int8_t quantize_one(float x, float s) {
+  return static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint(x / s))));
+}
+
+// The pre-sums of rows [m0, m1), from their scale and sum (shared by every level's quantizer).
+inline void write_pre_sums(const ActQuantArgs& a, int64_t m0, int64_t m1) {
+  if (a.scaled_sum == nullptr) return;
+  for (int64_t i = m0 * a.nblocks; i < m1 * a.nblocks; ++i) {
+    a.scaled_sum[i] = a.scale[i] * float(a.sum[i]);
+    a.shifted_sum[i] = a.sum_shift * a.sum[i];
+  }
+}
 
 // y[m, n] = sum_blocks s_x * scale * (acc - zp * sum) (+ s_x * offset * sum) + bias[n]
 // for rows [m0, m1) of the activations and panels [p0, p1) of the weight.
@@ -75,24 +111,49 @@ struct HalfMatmulArgs {
 };
 using HalfMatmulFn = void (*)(const HalfMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1);
 
+// A micro-kernel descriptor. A kernel computes rows [m0, m1) x panels [p0, p1) of one weight
+// (within, it walks its own register tiles: mr rows x np panels); what it serves and how work may
+// be split is stated here, and the driver (matmul.cc) chooses by it:
+//   - m_min / m_max: the request sizes M it is meant for (GEMV: 1; a tiled GEMM: from the M
+//     where its set-up pays);
+//   - m_unit: it takes only whole multiples of m_unit rows (AMX: 16-row tiles); the driver gives
+//     the rest of the rows to the next kernel that serves them;
+//   - code_shift (int8 activations): the constant c it subtracts from the stored codes (int8 codes
+//     flipped to c - 128 for VPMADDUBSW); activation packing then writes shifted_sum =
+//     (c - zero_point) * sum, and the kernel's integer sums plus shifted_sum are sum(x * (code - zp)).
+// Names state scheme x layout x tile x level: gemm_w4a8_nr8_kr4_3x16_avx2 = int4 weights, int8
+// activations, nr8_kr4 layout, 3 rows x 16 outputs per register tile, AVX2.
+template <class Fn>
+struct Ukernel {
+  const char* name = nullptr;
+  Fn fn = nullptr;
+  int bits = 4;          // weight bits it reads
+  int mr = 1;            // activation rows per register tile
+  int np = 1;            // panels per register tile (outputs per tile: np * nr)
+  int64_t m_min = 1, m_max = INT64_MAX;
+  int64_t m_unit = 1;
+  int32_t code_shift = 0;
+
+  bool serves(int weight_bits, int64_t m) const {
+    return bits == weight_bits && m >= m_min && m <= m_max && m >= m_unit;
+  }
+};
+using Int8Ukernel = Ukernel<Int8MatmulFn>;
+using FloatUkernel = Ukernel<FloatMatmulFn>;
+using HalfUkernel = Ukernel<HalfMatmulFn>;
+
+// One level's kernels: activation packing, then its micro-kernels in order of preference (the
+// driver runs the first that serves the request).
 struct KernelTable {
   Isa isa;
-  QuantizeActsFn quantize_acts; const char* quantize_acts_name;
-  // Indexed by bits == 8: [0] int4 weights, [1] int8 weights. GEMV runs M == 1, GEMM M > 1;
-  // each level picks them independently.
-  Int8MatmulFn gemv[2]; const char* gemv_name[2];
-  Int8MatmulFn gemm[2]; const char* gemm_name[2];
-  // Per bits: the constant c a kernel subtracts from the stored codes (e.g. int8 codes flipped to
-  // code - 128 for VPMADDUBSW). Its integer sums plus shifted_sum are sum(x * (code - zp)).
-  int code_shift[2];
-  PrepareFloatActsFn prepare_float_acts;
-  FloatMatmulFn gemv_float[2]; const char* gemv_float_name[2];
-  FloatMatmulFn gemm_float[2]; const char* gemm_float_name[2];
   LayoutId layout;  // the layout these kernels read
-  // fp16 activations in FP16 arithmetic (levels with FEAT_FP16); where null, fp16 activations
-  // are converted and take the float32 kernels above.
-  HalfMatmulFn gemv_half[2] = {nullptr, nullptr}; const char* gemv_half_name[2] = {nullptr, nullptr};
-  HalfMatmulFn gemm_half[2] = {nullptr, nullptr}; const char* gemm_half_name[2] = {nullptr, nullptr};
+  QuantizeActsFn quantize_acts; const char* quantize_acts_name;
+  PrepareFloatActsFn prepare_float_acts;
+  std::vector<Int8Ukernel> int8;      // int8 activations (W4A8 / W8A8)
+  std::vector<FloatUkernel> float32;  // float activations, fp32 arithmetic
+  // fp16 activations in FP16 arithmetic (levels with FEAT_FP16); where empty, fp16 activations
+  // are converted and take the float32 kernels.
+  std::vector<HalfUkernel> float16;
 };
 
 // The scalar twin of the FP16-arithmetic kernels (bit-identical results, any layout, any CPU):

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "fp16_path.h"
@@ -48,36 +49,74 @@ void quantize_activations(const void* x, DType dtype, int64_t m, int64_t ldx, in
   ThreadPool::global().parallel_for(m, grain, [&](int64_t m0, int64_t m1) { fn(args, m0, m1); });
 }
 
-// Runs a GEMV (m == 1: panels split evenly over the threads) or a GEMM (tasks of a few panels,
-// whose weights stay in L2 while every row block passes over them; rows are split too when
-// there are too few panel tasks to keep the threads busy).
-template <class Args>
-static void run_tiled(const WeightGeometry& w, int64_t m,
-                      void (*gemv)(const Args&, int64_t, int64_t, int64_t, int64_t),
-                      void (*gemm)(const Args&, int64_t, int64_t, int64_t, int64_t), const Args& args) {
+namespace {
+
+// The kernels of an M-row request: the first descriptor (in the table's order of preference)
+// that serves M takes the whole multiples of its m_unit; the first that serves the rows left
+// and reads the same activation packing (code_shift) takes them.
+template <class U>
+struct Plan {
+  struct Segment { const U* k; int64_t m0, m1; };
+  Segment seg[2];
+  int count = 0;
+};
+
+template <class U>
+const U* first_serving(const std::vector<U>& kernels, int bits, int64_t m, const U* like) {
+  for (const U& k : kernels)
+    if (k.serves(bits, m) && (like == nullptr || k.code_shift == like->code_shift)) return &k;
+  return nullptr;
+}
+
+template <class U>
+Plan<U> plan(const std::vector<U>& kernels, int bits, int64_t m) {
+  Plan<U> p;
+  const U* k = first_serving(kernels, bits, m, static_cast<const U*>(nullptr));
+  if (k == nullptr) throw std::logic_error("no kernel serves " + std::to_string(m) + " rows of " + std::to_string(bits) + "-bit weights");
+  const int64_t whole = m / k->m_unit * k->m_unit;
+  p.seg[p.count++] = {k, 0, whole};
+  if (whole < m) {
+    const U* rest = first_serving(kernels, bits, m - whole, k);
+    if (rest == nullptr) throw std::logic_error("no kernel serves the last " + std::to_string(m - whole) + " rows");
+    p.seg[p.count++] = {rest, whole, m};
+  }
+  return p;
+}
+
+// Runs kernel k on rows [m0, m1) over the thread pool. One row (GEMV): panels split over a few
+// tasks per thread, taken dynamically (a thread that is slow to start, or a core taken by
+// another process, leaves its share to the others). More rows (GEMM): tasks of a few panels,
+// whose weights stay in L2 while every row block passes over them; rows are split too (in the
+// kernel's row units) when there are too few panel tasks to keep the threads busy.
+template <class U, class Args>
+void run_kernel(const WeightGeometry& w, const U& k, int64_t m0, int64_t m1, const Args& args) {
   ThreadPool& pool = ThreadPool::global();
+  const int64_t m = m1 - m0, np = k.np;
   const int64_t work = m * w.npanels * w.nr * w.padded_k();
   if (m == 1) {
-    // A few tasks per thread, taken dynamically: a thread that is slow to start (or a core
-    // taken by another process) leaves its share to the others.
     constexpr int64_t kTasksPerThread = 4, kMinPanelsPerTask = 4;
     const int64_t tasks = work < kMinParallelWork ? 1
         : std::max<int64_t>(1, std::min(pool.num_threads() * kTasksPerThread, w.npanels / kMinPanelsPerTask));
-    auto task = [&](int64_t t) { gemv(args, 0, 1, w.npanels * t / tasks, w.npanels * (t + 1) / tasks); };
+    // task boundaries on whole register tiles (np panels)
+    const auto bound = [&](int64_t t) { return std::min(w.npanels, round_up(w.npanels * t / tasks, np)); };
+    auto task = [&](int64_t t) {
+      if (bound(t) < bound(t + 1)) k.fn(args, m0, m1, bound(t), bound(t + 1));
+    };
     pool.run(tasks, TaskRef(task));
     return;
   }
   const int threads = work < kMinParallelWork ? 1 : pool.num_threads();
-  constexpr int64_t kPanelsPerTask = 4;
-  const int64_t panel_tasks = ceil_div(w.npanels, kPanelsPerTask);
+  const int64_t panels_per_task = round_up(4, np);
+  const int64_t row_unit = k.m_unit > 1 ? k.m_unit : k.mr;
+  const int64_t panel_tasks = ceil_div(w.npanels, panels_per_task);
   const int64_t row_tasks = panel_tasks >= 2 * threads ? 1
-      : std::min(ceil_div(m, 4), ceil_div(2 * threads, panel_tasks));
-  const int64_t rows_per_task = round_up(ceil_div(m, row_tasks), 4);
+      : std::min(ceil_div(m, row_unit), ceil_div(2 * threads, panel_tasks));
+  const int64_t rows_per_task = round_up(ceil_div(m, row_tasks), row_unit);
   auto task = [&](int64_t t) {
     const int64_t pt = t % panel_tasks, rt = t / panel_tasks;
-    const int64_t p0 = pt * kPanelsPerTask, p1 = std::min(w.npanels, p0 + kPanelsPerTask);
-    const int64_t m0 = rt * rows_per_task, m1 = std::min(m, m0 + rows_per_task);
-    if (m0 < m1) gemm(args, m0, m1, p0, p1);
+    const int64_t p0 = pt * panels_per_task, p1 = std::min(w.npanels, p0 + panels_per_task);
+    const int64_t r0 = m0 + rt * rows_per_task, r1 = std::min(m1, r0 + rows_per_task);
+    if (r0 < r1) k.fn(args, r0, r1, p0, p1);
   };
   if (threads == 1) {
     for (int64_t t = 0; t < panel_tasks * row_tasks; ++t) task(t);
@@ -86,38 +125,39 @@ static void run_tiled(const WeightGeometry& w, int64_t m,
   }
 }
 
-void matmul_int8(const MatmulRequest& r) {
-  if (r.m <= 0) return;
+template <class U, class Args>
+void run_plan(const WeightGeometry& w, const Plan<U>& p, const Args& args) {
+  for (int i = 0; i < p.count; ++i) run_kernel(w, *p.seg[i].k, p.seg[i].m0, p.seg[i].m1, args);
+}
+
+// Activation packing for an int8 request read by kernels of the given code_shift.
+Int8MatmulArgs pack_int8_acts(const KernelTable& kt, const MatmulRequest& r, int32_t code_shift, bool threaded) {
   const WeightGeometry& w = *r.w;
-  const KernelTable& kt = kernels_for_weight(w);
   const int64_t kpad = w.padded_k(), ldq = activation_stride(kpad);
   Scratch& s = tl_scratch;
   s.q.resize(static_cast<size_t>(r.m * ldq));
-  s.scale.resize(static_cast<size_t>(r.m * w.nblocks));
-  s.sum.resize(static_cast<size_t>(r.m * w.nblocks));
-  ThreadPool& pool = ThreadPool::global();
-
+  for (auto* v : {&s.scale, &s.scaled_sum}) v->resize(static_cast<size_t>(r.m * w.nblocks));
+  for (auto* v : {&s.sum, &s.shifted_sum}) v->resize(static_cast<size_t>(r.m * w.nblocks));
   const ActQuantArgs qa{r.x, r.dtype, r.ldx, w.k, w.block, w.nblocks, r.act_block,
-                        s.q.data(), ldq, s.scale.data(), s.sum.data()};
-  if (r.m * w.k >= kMinParallelWork / 16) {
-    pool.parallel_for(r.m, 4, [&](int64_t m0, int64_t m1) { kt.quantize_acts(qa, m0, m1); });
+                        s.q.data(), ldq, s.scale.data(), s.sum.data(),
+                        s.scaled_sum.data(), s.shifted_sum.data(), code_shift - w.zero_point()};
+  if (threaded && r.m * w.k >= kMinParallelWork / 16) {
+    ThreadPool::global().parallel_for(r.m, 4, [&](int64_t m0, int64_t m1) { kt.quantize_acts(qa, m0, m1); });
   } else {
     kt.quantize_acts(qa, 0, r.m);
   }
+  return {&w, r.packed,
+          {s.q.data(), ldq, s.scale.data(), s.sum.data(), s.scaled_sum.data(), s.shifted_sum.data()},
+          r.bias, r.y, r.ldy};
+}
 
-  const int idx = w.bits == 8 ? 1 : 0;
-  const int32_t shift = kt.code_shift[idx] - w.zero_point();
-  s.scaled_sum.resize(s.sum.size());
-  s.shifted_sum.resize(s.sum.size());
-  for (size_t i = 0; i < s.sum.size(); ++i) {
-    s.scaled_sum[i] = s.scale[i] * float(s.sum[i]);
-    s.shifted_sum[i] = shift * s.sum[i];
-  }
-  const Int8MatmulArgs args{&w, r.packed,
-                            {s.q.data(), ldq, s.scale.data(), s.sum.data(), s.scaled_sum.data(),
-                             s.shifted_sum.data()},
-                            r.bias, r.y, r.ldy};
-  run_tiled(w, r.m, kt.gemv[idx], kt.gemm[idx], args);
+}  // namespace
+
+void matmul_int8(const MatmulRequest& r) {
+  if (r.m <= 0) return;
+  const KernelTable& kt = kernels_for_weight(*r.w);
+  const auto p = plan(kt.int8, r.w->bits, r.m);
+  run_plan(*r.w, p, pack_int8_acts(kt, r, p.seg[0].k->code_shift, true));
 }
 
 namespace {
@@ -154,29 +194,17 @@ HalfMatmulArgs prepare_half_acts(const MatmulRequest& r, Scratch& s) {
 
 }  // namespace
 
-void matmul_float16_twin(const MatmulRequest& r) {
-  if (r.m <= 0) return;
-  if (r.dtype != DType::f16) throw std::invalid_argument("the FP16-arithmetic path takes float16 activations");
-  const HalfMatmulArgs args = prepare_half_acts(r, tl_scratch);
-  run_tiled(*r.w, r.m, half_float_matmul_twin, half_float_matmul_twin, args);
-}
+namespace {
 
-void matmul_float(const MatmulRequest& r) {
-  if (r.m <= 0) return;
+// Float activations copied zero-padded to the padded K with their block sums.
+FloatMatmulArgs prepare_float(const KernelTable& kt, const MatmulRequest& r) {
   const WeightGeometry& w = *r.w;
-  const KernelTable& kt = kernels_for_weight(w);
-  const int idx = w.bits == 8 ? 1 : 0;
-  if (r.dtype == DType::f16 && kt.gemv_half[idx] != nullptr) {
-    const HalfMatmulArgs args = prepare_half_acts(r, tl_scratch);
-    run_tiled(w, r.m, kt.gemv_half[idx], kt.gemm_half[idx], args);
-    return;
-  }
   const int64_t kpad = w.padded_k();
   Scratch& s = tl_scratch;
   s.xf.resize(static_cast<size_t>(r.m * kpad));
   s.xsum.resize(static_cast<size_t>(r.m * w.nblocks));
   const FloatActArgs fa{r.x, r.dtype, r.ldx, w.k, w.block, w.nblocks, s.xf.data(), kpad, s.xsum.data()};
-  float absmax = kt.prepare_float_acts(fa, 0, r.m);
+  const float absmax = kt.prepare_float_acts(fa, 0, r.m);
   // Position-scaled accumulators reach |x| * 2^32 * K: far beyond any real activation, but keep
   // absurd ones finite by scaling x down by an exact power of two (undone in the epilogue).
   float unscale = 1.f;
@@ -185,8 +213,87 @@ void matmul_float(const MatmulRequest& r) {
     for (float& v : s.xf) v *= 0x1p-64f;
     for (float& v : s.xsum) v *= 0x1p-64f;
   }
-  const FloatMatmulArgs args{&w, r.packed, s.xf.data(), kpad, s.xsum.data(), unscale, r.bias, r.y, r.ldy};
-  run_tiled(w, r.m, kt.gemv_float[idx], kt.gemm_float[idx], args);
+  return {&w, r.packed, s.xf.data(), kpad, s.xsum.data(), unscale, r.bias, r.y, r.ldy};
+}
+
+// The FP16-arithmetic kernels serve fp16 activations where the level has them.
+bool takes_half_path(const KernelTable& kt, const MatmulRequest& r) {
+  return r.dtype == DType::f16 && !kt.float16.empty();
+}
+
+}  // namespace
+
+void matmul_float16_twin(const MatmulRequest& r) {
+  if (r.m <= 0) return;
+  if (r.dtype != DType::f16) throw std::invalid_argument("the FP16-arithmetic path takes float16 activations");
+  const HalfMatmulArgs args = prepare_half_acts(r, tl_scratch);
+  const HalfUkernel twin{"half_float_matmul_twin", half_float_matmul_twin, r.w->bits, 1, 1, 1};
+  run_kernel(*r.w, twin, 0, r.m, args);
+}
+
+void matmul_float(const MatmulRequest& r) {
+  if (r.m <= 0) return;
+  const WeightGeometry& w = *r.w;
+  const KernelTable& kt = kernels_for_weight(w);
+  if (takes_half_path(kt, r)) {
+    run_plan(w, plan(kt.float16, w.bits, r.m), prepare_half_acts(r, tl_scratch));
+  } else {
+    run_plan(w, plan(kt.float32, w.bits, r.m), prepare_float(kt, r));
+  }
+}
+
+namespace {
+
+template <class U>
+void describe(const Plan<U>& p, int nr, std::vector<PlannedKernel>& out) {
+  for (int i = 0; i < p.count; ++i) {
+    const U& k = *p.seg[i].k;
+    out.push_back({k.name, k.mr, k.np * nr, p.seg[i].m0, p.seg[i].m1});
+  }
+}
+
+}  // namespace
+
+std::vector<PlannedKernel> planned_kernels(const WeightGeometry& w, int64_t m, Family family) {
+  const KernelTable& kt = kernels_for_weight(w);
+  std::vector<PlannedKernel> out;
+  if (m <= 0) return out;
+  if (family == Family::int8) describe(plan(kt.int8, w.bits, m), w.nr, out);
+  else if (family == Family::float16 && !kt.float16.empty()) describe(plan(kt.float16, w.bits, m), w.nr, out);
+  else describe(plan(kt.float32, w.bits, m), w.nr, out);
+  return out;
+}
+
+namespace {
+
+template <class U>
+void check_runs(const KernelTable& kt, const U& k, const MatmulRequest& r) {
+  const WeightGeometry& w = *r.w;
+  if (kt.isa != Isa::scalar && kt.layout != w.layout)
+    throw std::invalid_argument(std::string(k.name) + " reads another layout than the weight's");
+  if (!k.serves(w.bits, r.m) || r.m % k.m_unit != 0)
+    throw std::invalid_argument(std::string(k.name) + " does not serve " + std::to_string(r.m) + " rows of " +
+                                std::to_string(w.bits) + "-bit weights");
+}
+
+}  // namespace
+
+void run_ukernel(const KernelTable& kt, Family family, size_t index, const MatmulRequest& r) {
+  const WeightGeometry& w = *r.w;
+  if (family == Family::int8) {
+    const Int8Ukernel& k = kt.int8.at(index);
+    check_runs(kt, k, r);
+    k.fn(pack_int8_acts(kt, r, k.code_shift, false), 0, r.m, 0, w.npanels);
+  } else if (family == Family::float32) {
+    const FloatUkernel& k = kt.float32.at(index);
+    check_runs(kt, k, r);
+    k.fn(prepare_float(kt, r), 0, r.m, 0, w.npanels);
+  } else {
+    const HalfUkernel& k = kt.float16.at(index);
+    check_runs(kt, k, r);
+    if (r.dtype != DType::f16) throw std::invalid_argument(std::string(k.name) + " takes float16 activations");
+    k.fn(prepare_half_acts(r, tl_scratch), 0, r.m, 0, w.npanels);
+  }
 }
 
 }  // namespace qlinear

@@ -1,9 +1,10 @@
-// The driver of the int8-activation matmuls (W4A8 / W8A8): quantizes the activations, then tiles
-// the weight panels (and, for tall inputs, the rows) over the thread pool and runs the active
-// level's GEMV (M == 1) or GEMM (M > 1) kernel on each tile.
+// The matmul driver: packs the activations (int8 quantization and its pre-sums, or float copies),
+// chooses the active level's micro-kernels for the M at hand by their descriptors (kernels.h),
+// and splits the work over the thread pool in the units the descriptors give.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels.h"
 
@@ -29,6 +30,22 @@ void matmul_float(const MatmulRequest& r);
 // The float path for float16 activations through the scalar twin of the FP16-arithmetic
 // kernels (fp16_path.h), on any CPU: the oracle of those kernels, for tests.
 void matmul_float16_twin(const MatmulRequest& r);
+
+enum class Family { int8, float32, float16 };
+
+// What a request of m rows would run: the kernel per row range, with its register tile.
+struct PlannedKernel {
+  const char* name;
+  int mr, nr;       // rows x outputs per register tile
+  int64_t m0, m1;   // the rows it computes
+};
+// float16: fp16 activations through the float path (FP16 arithmetic where the level has it).
+std::vector<PlannedKernel> planned_kernels(const WeightGeometry& w, int64_t m, Family family);
+
+// Runs descriptor `index` of the family in table kt on the whole request, on the calling thread,
+// after that table's activation packing: the per-kernel tests' entry (throws
+// std::invalid_argument if the kernel does not serve the request).
+void run_ukernel(const KernelTable& kt, Family family, size_t index, const MatmulRequest& r);
 
 // Quantizes activations only (qlinear.quantize_activation): q [m, ldq], scale/sum [m, nblocks].
 void quantize_activations(const void* x, DType dtype, int64_t m, int64_t ldx, int64_t k,

@@ -1,8 +1,8 @@
 // AMX-INT8 GEMM over the nr8_kr4 layout (compiled with the avx512vnni flags plus -mamx-tile
 // -mamx-int8 in this file only; dispatch calls it only on CPUs that report AMX-TILE + AMX-INT8,
 // the OS's tile state in XCR0, and after Linux granted this process the tile data state). GEMV
-// (M = 1), rows that do not fill a 16-row tile, activation quantization and the float path are
-// the avx512vnni / AVX2 levels'.
+// (M = 1), rows that do not fill a 16-row tile (the driver gives them to the next kernel that
+// serves them), activation quantization and the float path are the avx512vnni / AVX2 levels'.
 //
 // TDPBSUD multiplies a signed A tile (activations: 16 rows x up to 64 k of int8) by an unsigned
 // B tile in VNNI form (one B row per k-quad, 4 bytes per output column) into int32 C tiles
@@ -15,13 +15,10 @@
 // Tiles: 0, 1 = A (rows m..m+15, m+16..m+31), 2, 3 = B (panels p, p + 1), 4..7 = C
 // (4 + 2 * row tile + panel). Per block, the C tiles are stored to a buffer and the float epilogue
 // runs on zmm registers exactly as the avx512vnni kernels' (same operations, same order).
-#include "x86_simd.h"
+#include "x86_zmm.h"
 
 #include <algorithm>
 #include <cstring>
-
-#include "../kernels.h"
-#include "x86_vnni.h"
 
 namespace qlinear {
 namespace {
@@ -50,17 +47,6 @@ void configure_tiles(int kstep) {
   for (int t = 4; t < 8; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 32; }                               // C
   compiler_barrier();
   _tile_loadconfig(&cfg);
-}
-
-// int4 codes of one panel's block (4 * block bytes) -> int8 codes in nr8_kr4 chunk order (8 * block bytes).
-inline void unpack_int4_block(const uint8_t* src, int64_t block, uint8_t* dst) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  for (int64_t c = 0; c < block / 8; ++c) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32 * c));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(dst + 64 * c), _mm256_and_si256(raw, low4));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(dst + 64 * c + 32),
-                       _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4));
-  }
 }
 
 // The int32 sums of one block for MT x 16 activation rows (at x, row stride ldq) and NP panels
@@ -95,15 +81,6 @@ inline void block_tiles(const int8_t* x, int64_t ldq, const uint8_t* w0, const u
   }
 }
 
-// 16 fp16 values: 8 at p (panel p) and 8 at p + panel_bytes (panel p + 1, or zeros).
-template <int NP>
-inline __m512 load_half16(const uint8_t* p, int64_t panel_bytes) {
-  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i hi = NP == 2 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + panel_bytes))
-                             : _mm_setzero_si128();
-  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
-}
-
 constexpr int64_t kRowChunk = 128;  // rows whose float sums stay in a buffer across a panel pair
 
 // Rows [m0, m1) (m1 - m0 a multiple of 16, at most kRowChunk) x panels [p, p + NP).
@@ -121,14 +98,15 @@ void panel_rows(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p, int 
     const uint8_t* w0 = block;
     const uint8_t* w1 = NP == 2 ? block + g.panel_bytes : block;
     if constexpr (BITS == 4) {
-      unpack_int4_block(w0, g.block, wbuf[0]);
-      if constexpr (NP == 2) unpack_int4_block(w1, g.block, wbuf[1]);
+      // int8 chunks 2c (low nibbles) and 2c + 1 (high): the int8 layout of the block
+      x86::unpack_int4_block(w0, g.code_bytes, reinterpret_cast<int8_t*>(wbuf[0]), 32);
+      if constexpr (NP == 2) x86::unpack_int4_block(w1, g.code_bytes, reinterpret_cast<int8_t*>(wbuf[1]), 32);
       w0 = wbuf[0];
       w1 = wbuf[1];
       compiler_barrier();  // the tile loads read wbuf
     }
-    const __m512 scale = load_half16<NP>(block + g.code_bytes, g.panel_bytes);
-    const __m512 offset = g.symmetric ? _mm512_setzero_ps() : load_half16<NP>(block + g.code_bytes + 16, g.panel_bytes);
+    const __m512 scale = x86::Zmm::load_halves<NP>(block + g.code_bytes, g.panel_bytes);
+    const __m512 offset = g.symmetric ? _mm512_setzero_ps() : x86::Zmm::load_halves<NP>(block + g.code_bytes + 16, g.panel_bytes);
     for (int64_t m = m0; m < m1;) {
       const int mt = m1 - m >= 32 ? 2 : 1;
       const int8_t* x = a.act.q + m * a.act.ldq + b * g.block;
@@ -153,37 +131,33 @@ void panel_rows(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p, int 
     _mm512_mask_storeu_ps(a.y + m * a.ldy + n0, mask, _mm512_add_ps(_mm512_loadu_ps(ybuf + 16 * (m - m0)), bias));
 }
 
+// Rows [m0, m1), a multiple of 16 (the descriptor's m_unit).
 template <int BITS>
 void gemm(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
   const WeightGeometry& g = *a.w;
-  const int64_t m_tiles = m0 + (m1 - m0) / 16 * 16;  // rows filling 16-row tiles
-  if (m_tiles > m0) {
-    const int kstep = g.block % 64 == 0 ? 64 : 32;
-    configure_tiles(kstep);
-    for (int64_t mc = m0; mc < m_tiles; mc += kRowChunk) {
-      const int64_t mc1 = std::min(m_tiles, mc + kRowChunk);
-      int64_t p = p0;
-      for (; p + 2 <= p1; p += 2) panel_rows<BITS, 2>(a, mc, mc1, p, kstep);
-      if (p < p1) panel_rows<BITS, 1>(a, mc, mc1, p, kstep);
-    }
-    _tile_release();
+  const int kstep = g.block % 64 == 0 ? 64 : 32;
+  configure_tiles(kstep);
+  for (int64_t mc = m0; mc < m1; mc += kRowChunk) {
+    const int64_t mc1 = std::min(m1, mc + kRowChunk);
+    int64_t p = p0;
+    for (; p + 2 <= p1; p += 2) panel_rows<BITS, 2>(a, mc, mc1, p, kstep);
+    if (p < p1) panel_rows<BITS, 1>(a, mc, mc1, p, kstep);
   }
-  if (m_tiles < m1) {
-    if constexpr (BITS == 4) avx512vnni::gemm_w4a8(a, m_tiles, m1, p0, p1);
-    else avx512vnni::gemm_w8a8(a, m_tiles, m1, p0, p1);
-  }
+  _tile_release();
 }
 
 }  // namespace
 
 const KernelTable& amx_kernels() {
+  using x86::ukernel;
+  using Dot = x86::DpbusdDot<x86::Zmm>;  // TDPBSUD reads the codes as stored, as VPDPBUSD
   static const KernelTable table = [] {
-    KernelTable t = avx512vnni_kernels();  // GEMV, activation quantization, the float path
+    KernelTable t = avx512vnni_kernels();  // GEMV, row tails, activation quantization, float path
     t.isa = Isa::amx;
-    t.gemm[0] = gemm<4>;
-    t.gemm[1] = gemm<8>;
-    t.gemm_name[0] = "gemm_w4a8_nr8_kr4_32x16_amx";
-    t.gemm_name[1] = "gemm_w8a8_nr8_kr4_32x16_amx";
+    t.int8.insert(t.int8.begin(), {
+        ukernel<Dot>("gemm_w4a8_nr8_kr4_32x16_amx", gemm<4>, 4, 32, 2, 16, INT64_MAX, 16),
+        ukernel<Dot>("gemm_w8a8_nr8_kr4_32x16_amx", gemm<8>, 8, 32, 2, 16, INT64_MAX, 16),
+    });
     return t;
   }();
   return table;

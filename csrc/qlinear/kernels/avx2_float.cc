@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "avx2.h"
+#include "tiling.h"
 
 namespace qlinear::avx2 {
 
@@ -89,6 +90,8 @@ float prepare_float_acts(const FloatActArgs& a, int64_t m0, int64_t m1) {
   return hmax(vmax);
 }
 
+namespace {
+
 template <int BITS>
 void gemv_float(const FloatMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
   using P = Positions<BITS>;
@@ -134,8 +137,6 @@ void gemv_float(const FloatMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, in
     }
   }
 }
-
-namespace {
 
 constexpr int64_t kSliceK = 2048;  // k per dequantized slice: 8 x 2048 floats = 64 KiB (L2)
 
@@ -183,7 +184,6 @@ inline void slice_tile(const float* wbuf, int64_t klen, int64_t block, const flo
   for (int i = 0; i < MR; ++i) _mm256_storeu_ps(y[i], acc[i]);
 }
 
-}  // namespace
 
 template <int BITS>
 void gemm_float(const FloatMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
@@ -199,12 +199,12 @@ void gemm_float(const FloatMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, in
       dequantize_slice<BITS>(g, panel, b0, b1, wbuf);
       const int64_t k0 = b0 * g.block, klen = (b1 - b0) * g.block;
       const bool first = b0 == 0, last = b1 == g.nblocks;
-      for (int64_t m = m0; m < m1; m += 4) {
-        const int mr = static_cast<int>(std::min<int64_t>(4, m1 - m));
-        const float* x[4];
-        float* y[4];
-        for (int i = 0; i < 4; ++i) {
-          x[i] = a.x + (m + std::min(i, mr - 1)) * a.ldx + k0;
+      for_row_tiles<4>(m0, m1, [&](auto tile_rows, int64_t m) {
+        constexpr int mr = decltype(tile_rows)::value;
+        const float* x[mr];
+        float* y[mr];
+        for (int i = 0; i < mr; ++i) {
+          x[i] = a.x + (m + i) * a.ldx + k0;
           y[i] = ytile[i];
         }
         // Between slices the partial sums wait in the output.
@@ -212,12 +212,7 @@ void gemm_float(const FloatMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, in
           for (int i = 0; i < mr; ++i)
             for (int64_t r = 0; r < 8; ++r) ytile[i][r] = r < rows ? a.y[(m + i) * a.ldy + n0 + r] : 0.f;
         }
-        switch (mr) {
-          case 4: slice_tile<4>(wbuf, klen, g.block, x, y, first); break;
-          case 3: slice_tile<3>(wbuf, klen, g.block, x, y, first); break;
-          case 2: slice_tile<2>(wbuf, klen, g.block, x, y, first); break;
-          default: slice_tile<1>(wbuf, klen, g.block, x, y, first); break;
-        }
+        slice_tile<mr>(wbuf, klen, g.block, x, y, first);
         for (int i = 0; i < mr; ++i) {
           float* out = a.y + (m + i) * a.ldy + n0;
           for (int64_t r = 0; r < rows; ++r) {
@@ -226,14 +221,20 @@ void gemm_float(const FloatMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, in
             out[r] = v;
           }
         }
-      }
+      });
     }
   }
 }
 
-template void gemv_float<4>(const FloatMatmulArgs&, int64_t, int64_t, int64_t, int64_t);
-template void gemv_float<8>(const FloatMatmulArgs&, int64_t, int64_t, int64_t, int64_t);
-template void gemm_float<4>(const FloatMatmulArgs&, int64_t, int64_t, int64_t, int64_t);
-template void gemm_float<8>(const FloatMatmulArgs&, int64_t, int64_t, int64_t, int64_t);
+}  // namespace
+
+std::vector<FloatUkernel> float_ukernels() {
+  return {
+      {"gemv_w4f32_nr8_kr4_1x8_avx2", gemv_float<4>, 4, 1, 1, 1, 1},
+      {"gemm_w4f32_nr8_kr4_4x8_avx2", gemm_float<4>, 4, 4, 1, 2},
+      {"gemv_w8f32_nr8_kr4_1x8_avx2", gemv_float<8>, 8, 1, 1, 1, 1},
+      {"gemm_w8f32_nr8_kr4_4x8_avx2", gemm_float<8>, 8, 4, 1, 2},
+  };
+}
 
 }  // namespace qlinear::avx2

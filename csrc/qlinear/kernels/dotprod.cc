@@ -12,7 +12,7 @@ using arm::SdotBlockDot;
 
 const KernelTable& dotprod_kernels() {
   static const KernelTable table = with_fp16_float_path(arm::make_table<SdotBlockDot, SdotBlockDot>(
-      Isa::dotprod, "gemv_w4a8_nr8_kr4_dotprod", "gemv_w8a8_nr8_kr4_dotprod",
+      Isa::dotprod, "gemv_w4a8_nr8_kr4_1x8_dotprod", "gemv_w8a8_nr8_kr4_1x8_dotprod",
       "gemm_w4a8_nr8_kr4_4x8_dotprod", "gemm_w8a8_nr8_kr4_4x8_dotprod"));
   return table;
 }

@@ -140,12 +140,12 @@ void half_matmul(const HalfMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, in
 }  // namespace
 
 KernelTable with_fp16_float_path(KernelTable t) {
-  t.gemv_half[0] = t.gemm_half[0] = half_matmul<4>;
-  t.gemv_half[1] = t.gemm_half[1] = half_matmul<8>;
-  t.gemv_half_name[0] = "gemv_w4f16_nr8_kr4_fp16";
-  t.gemv_half_name[1] = "gemv_w8f16_nr8_kr4_fp16";
-  t.gemm_half_name[0] = "gemm_w4f16_nr8_kr4_fp16";
-  t.gemm_half_name[1] = "gemm_w8f16_nr8_kr4_fp16";
+  t.float16 = {
+      {"gemv_w4f16_nr8_kr4_1x8_fp16", half_matmul<4>, 4, 1, 1, 1, 1},
+      {"gemm_w4f16_nr8_kr4_1x8_fp16", half_matmul<4>, 4, 1, 1, 2},
+      {"gemv_w8f16_nr8_kr4_1x8_fp16", half_matmul<8>, 8, 1, 1, 1, 1},
+      {"gemm_w8f16_nr8_kr4_1x8_fp16", half_matmul<8>, 8, 1, 1, 2},
+  };
   return t;
 }
 

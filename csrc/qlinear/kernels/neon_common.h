@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "../kernels.h"
+#include "tiling.h"
 
 namespace qlinear::arm {
 
@@ -44,15 +45,9 @@ void quantize_acts_impl(const ActQuantArgs& a, int64_t m0, int64_t m1) {
         vmax = vmaxnmq_f32(vmax, vabsq_f32(v));
         vnan = vorrq_u32(vnan, vmvnq_u32(vceqq_f32(v, v)));
       }
-      float absmax = vmaxvq_f32(vmax);
-      bool finite = vmaxvq_u32(vnan) == 0;
-      for (; i < a1; ++i) {
-        const float v = load1<DT>(x, i);
-        finite &= !std::isnan(v);
-        absmax = std::max(absmax, std::fabs(v));
-      }
-      finite &= !std::isinf(absmax);
-      const float s = finite ? absmax / 127.f : NAN;
+      const float absmax = vmaxvq_f32(vmax);
+      const bool finite = vmaxvq_u32(vnan) == 0;
+      const float s = act_scale(absmax, finite, [&](int64_t j) { return load1<DT>(x, j); }, i, a1);
       const bool zero = !(s > 0.f);
       const float32x4_t vs = vdupq_n_f32(s);
       const int64_t block_end = std::min(a0 + act_block, kpad);
@@ -70,12 +65,7 @@ void quantize_acts_impl(const ActQuantArgs& a, int64_t m0, int64_t m1) {
             vsum = vaddq_s32(vsum, vaddq_s32(q0, q1));
             vst1_s8(q + j, vmovn_s16(vcombine_s16(vmovn_s32(q0), vmovn_s32(q1))));
           }
-          for (; j < real_end; ++j) {
-            const float r = std::nearbyint(load1<DT>(x, j) / s);
-            const int32_t v = static_cast<int32_t>(std::min(127.f, std::max(-127.f, r)));
-            q[j] = static_cast<int8_t>(v);
-            sum += v;
-          }
+          for (; j < real_end; ++j) sum += q[j] = quantize_one(load1<DT>(x, j), s);
         }
         for (; j < b1; ++j) q[j] = 0;
         a.sum[m * a.nblocks + b] = sum + vaddvq_s32(vsum);
@@ -88,6 +78,7 @@ void quantize_acts_impl(const ActQuantArgs& a, int64_t m0, int64_t m1) {
 inline void quantize_acts(const ActQuantArgs& a, int64_t m0, int64_t m1) {
   if (a.dtype == DType::f32) quantize_acts_impl<DType::f32>(a, m0, m1);
   else quantize_acts_impl<DType::f16>(a, m0, m1);
+  write_pre_sums(a, m0, m1);
 }
 
 inline float32x4_t load_half4(const uint8_t* p) {
@@ -149,16 +140,8 @@ void gemm(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p
   constexpr int64_t kRowChunk = 32;
   for (int64_t mc = m0; mc < m1; mc += kRowChunk) {
     const int64_t mc1 = std::min(m1, mc + kRowChunk);
-    for (int64_t p = p0; p < p1; ++p) {
-      int64_t m = mc;
-      for (; m + 4 <= mc1; m += 4) panel_tile<BlockDot, BITS, 4>(a, m, p);
-      switch (mc1 - m) {
-        case 3: panel_tile<BlockDot, BITS, 3>(a, m, p); break;
-        case 2: panel_tile<BlockDot, BITS, 2>(a, m, p); break;
-        case 1: panel_tile<BlockDot, BITS, 1>(a, m, p); break;
-        default: break;
-      }
-    }
+    for (int64_t p = p0; p < p1; ++p)
+      for_row_tiles<4>(mc, mc1, [&](auto rows, int64_t m) { panel_tile<BlockDot, BITS, decltype(rows)::value>(a, m, p); });
   }
 }
 
@@ -302,19 +285,26 @@ void float_matmul(const FloatMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, 
   }
 }
 
-// A level's table: its integer cores for GEMV and GEMM, everything else shared.
+// A level's table: its integer cores for GEMV (1 x 8) and GEMM (4 x 8 row tiles), everything else
+// shared. Names: scheme x layout x tile x level.
 template <template <int, int> class GemvDot, template <int, int> class GemmDot>
 KernelTable make_table(Isa isa, const char* gemv_w4, const char* gemv_w8, const char* gemm_w4,
                        const char* gemm_w8) {
-  return {isa,
-          quantize_acts, "quantize_acts_absmax_neon",
-          {gemv<GemvDot, 4>, gemv<GemvDot, 8>}, {gemv_w4, gemv_w8},
-          {gemm<GemmDot, 4>, gemm<GemmDot, 8>}, {gemm_w4, gemm_w8},
-          {0, 128},  // int8 codes flipped to code - 128 (s8 operands)
-          prepare_float_acts,
-          {float_matmul<4>, float_matmul<8>}, {"gemv_w4f32_nr8_kr4_neon", "gemv_w8f32_nr8_kr4_neon"},
-          {float_matmul<4>, float_matmul<8>}, {"gemm_w4f32_nr8_kr4_neon", "gemm_w8f32_nr8_kr4_neon"},
-          LayoutId::nr8_kr4};
+  constexpr int32_t kShift8 = 128;  // int8 codes flipped to code - 128 (s8 operands)
+  KernelTable t{isa, LayoutId::nr8_kr4, quantize_acts, "quantize_acts_absmax_neon", prepare_float_acts, {}, {}, {}};
+  t.int8 = {
+      {gemv_w4, gemv<GemvDot, 4>, 4, 1, 1, 1, 1},
+      {gemm_w4, gemm<GemmDot, 4>, 4, 4, 1, 2},
+      {gemv_w8, gemv<GemvDot, 8>, 8, 1, 1, 1, 1, 1, kShift8},
+      {gemm_w8, gemm<GemmDot, 8>, 8, 4, 1, 2, INT64_MAX, 1, kShift8},
+  };
+  t.float32 = {
+      {"gemv_w4f32_nr8_kr4_1x8_neon", float_matmul<4>, 4, 1, 1, 1, 1},
+      {"gemm_w4f32_nr8_kr4_1x8_neon", float_matmul<4>, 4, 1, 1, 2},
+      {"gemv_w8f32_nr8_kr4_1x8_neon", float_matmul<8>, 8, 1, 1, 1, 1},
+      {"gemm_w8f32_nr8_kr4_1x8_neon", float_matmul<8>, 8, 1, 1, 2},
+  };
+  return t;
 }
 
 }  // namespace qlinear::arm

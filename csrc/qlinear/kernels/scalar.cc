@@ -34,8 +34,7 @@ void quantize_acts(const ActQuantArgs& a, int64_t m0, int64_t m1) {
       if (!finite) s = NAN;  // the block's outputs become NaN
       const bool zero = !finite || s == 0.f;
       for (int64_t i = a0; i < a1; ++i) {
-        const float v = zero ? 0.f : std::nearbyint(load_x(a.x, a.dtype, row + i) / s);
-        q[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
+        q[i] = zero ? 0 : quantize_one(load_x(a.x, a.dtype, row + i), s);
       }
       for (int64_t i = std::max(a1, a0); i < std::min(a0 + act_block, kpad); ++i) q[i] = 0;
       for (int64_t b = a0 / a.block; b < std::min(a0 + act_block, kpad) / a.block; ++b)
@@ -47,6 +46,18 @@ void quantize_acts(const ActQuantArgs& a, int64_t m0, int64_t m1) {
       a.sum[m * a.nblocks + b] = sum;
     }
   }
+  write_pre_sums(a, m0, m1);
+}
+
+// Calls f(m, n, r, panel) for every output of rows [m0, m1) x panels [p0, p1): activation row m,
+// weight row n = p * nr + r (r < the panel's real rows), the panel at byte offset `panel`.
+template <class F>
+void for_each_output(const WeightGeometry& w, int64_t m0, int64_t m1, int64_t p0, int64_t p1, F&& f) {
+  for (int64_t p = p0; p < p1; ++p) {
+    const int rows = static_cast<int>(std::min<int64_t>(w.nr, w.n - p * w.nr));
+    for (int64_t m = m0; m < m1; ++m)
+      for (int r = 0; r < rows; ++r) f(m, p * w.nr + r, r, p * w.panel_bytes);
+  }
 }
 
 // One kernel for int4 and int8 weights and any layout: the integer core per (row, block), then
@@ -54,34 +65,27 @@ void quantize_acts(const ActQuantArgs& a, int64_t m0, int64_t m1) {
 void int8_matmul(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
   const WeightGeometry& w = *a.w;
   const int zp = w.zero_point();
-  for (int64_t p = p0; p < p1; ++p) {
-    const uint8_t* panel = a.packed + p * w.panel_bytes;
-    const int rows = static_cast<int>(std::min<int64_t>(w.nr, w.n - p * w.nr));
-    for (int64_t m = m0; m < m1; ++m) {
-      const int8_t* xq = a.act.q + m * a.act.ldq;
-      for (int r = 0; r < rows; ++r) {
-        float y = 0.f;
-        for (int64_t b = 0; b < w.nblocks; ++b) {
-          const uint8_t* block = panel + b * w.block_bytes;
-          int32_t acc = 0;
-          for (int64_t kk = 0; kk < w.block; ++kk)
-            acc += int32_t(xq[b * w.block + kk]) * read_code(block, w.bits, w.nr, w.kr, r, kk);
-          const auto* scales = reinterpret_cast<const uint16_t*>(block + w.code_bytes);
-          const float sx = a.act.scale[m * w.nblocks + b];
-          const int32_t xsum = a.act.sum[m * w.nblocks + b];
-          const float scale = half_to_float(scales[r]);
-          if (w.symmetric) {
-            y += (sx * scale) * float(acc - zp * xsum);
-          } else {
-            const float offset = half_to_float(scales[w.nr + r]);
-            y += (sx * scale) * float(acc) + (sx * float(xsum)) * offset;
-          }
-        }
-        const int64_t n = p * w.nr + r;
-        a.y[m * a.ldy + n] = a.bias ? y + a.bias[n] : y;
+  for_each_output(w, m0, m1, p0, p1, [&](int64_t m, int64_t n, int r, int64_t panel) {
+    const int8_t* xq = a.act.q + m * a.act.ldq;
+    float y = 0.f;
+    for (int64_t b = 0; b < w.nblocks; ++b) {
+      const uint8_t* block = a.packed + panel + b * w.block_bytes;
+      int32_t acc = 0;
+      for (int64_t kk = 0; kk < w.block; ++kk)
+        acc += int32_t(xq[b * w.block + kk]) * read_code(block, w.bits, w.nr, w.kr, r, kk);
+      const auto* scales = reinterpret_cast<const uint16_t*>(block + w.code_bytes);
+      const float sx = a.act.scale[m * w.nblocks + b];
+      const int32_t xsum = a.act.sum[m * w.nblocks + b];
+      const float scale = half_to_float(scales[r]);
+      if (w.symmetric) {
+        y += (sx * scale) * float(acc - zp * xsum);
+      } else {
+        const float offset = half_to_float(scales[w.nr + r]);
+        y += (sx * scale) * float(acc) + (sx * float(xsum)) * offset;
       }
     }
-  }
+    a.y[m * a.ldy + n] = a.bias ? y + a.bias[n] : y;
+  });
 }
 
 float prepare_float_acts(const FloatActArgs& a, int64_t m0, int64_t m1) {
@@ -106,31 +110,24 @@ float prepare_float_acts(const FloatActArgs& a, int64_t m0, int64_t m1) {
 void float_matmul(const FloatMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
   const WeightGeometry& w = *a.w;
   const int zp = w.zero_point();
-  for (int64_t p = p0; p < p1; ++p) {
-    const uint8_t* panel = a.packed + p * w.panel_bytes;
-    const int rows = static_cast<int>(std::min<int64_t>(w.nr, w.n - p * w.nr));
-    for (int64_t m = m0; m < m1; ++m) {
-      const float* x = a.x + m * a.ldx;
-      for (int r = 0; r < rows; ++r) {
-        float y = 0.f;
-        for (int64_t b = 0; b < w.nblocks; ++b) {
-          const uint8_t* block = panel + b * w.block_bytes;
-          const auto* scales = reinterpret_cast<const uint16_t*>(block + w.code_bytes);
-          const float scale = half_to_float(scales[r]);
-          const float offset = w.symmetric ? 0.f : half_to_float(scales[w.nr + r]);
-          float yb = 0.f;  // per block, as the SIMD kernels: error ~ (block + blocks) ulps
-          for (int64_t kk = 0; kk < w.block; ++kk) {
-            const int q = read_code(block, w.bits, w.nr, w.kr, r, kk) - zp;
-            yb += x[b * w.block + kk] * (offset + scale * float(q));
-          }
-          y += yb;
-        }
-        const int64_t n = p * w.nr + r;
-        y *= a.unscale;
-        a.y[m * a.ldy + n] = a.bias ? y + a.bias[n] : y;
+  for_each_output(w, m0, m1, p0, p1, [&](int64_t m, int64_t n, int r, int64_t panel) {
+    const float* x = a.x + m * a.ldx;
+    float y = 0.f;
+    for (int64_t b = 0; b < w.nblocks; ++b) {
+      const uint8_t* block = a.packed + panel + b * w.block_bytes;
+      const auto* scales = reinterpret_cast<const uint16_t*>(block + w.code_bytes);
+      const float scale = half_to_float(scales[r]);
+      const float offset = w.symmetric ? 0.f : half_to_float(scales[w.nr + r]);
+      float yb = 0.f;  // per block, as the SIMD kernels: error ~ (block + blocks) ulps
+      for (int64_t kk = 0; kk < w.block; ++kk) {
+        const int q = read_code(block, w.bits, w.nr, w.kr, r, kk) - zp;
+        yb += x[b * w.block + kk] * (offset + scale * float(q));
       }
+      y += yb;
     }
-  }
+    y *= a.unscale;
+    a.y[m * a.ldy + n] = a.bias ? y + a.bias[n] : y;
+  });
 }
 
 // fp16 rounding for the FP16-arithmetic twin. The double results it is applied to are exact
@@ -156,50 +153,53 @@ void half_float_matmul_twin(const HalfMatmulArgs& a, int64_t m0, int64_t m1, int
   using namespace fp16_path;
   const WeightGeometry& w = *a.w;
   const int zp = w.zero_point(), qmax = w.bits == 4 ? 15 : 255;
-  for (int64_t p = p0; p < p1; ++p) {
-    const uint8_t* panel = a.packed + p * w.panel_bytes;
-    const int rows = static_cast<int>(std::min<int64_t>(w.nr, w.n - p * w.nr));
-    for (int64_t m = m0; m < m1; ++m) {
-      for (int r = 0; r < rows; ++r) {
-        float y = 0.f;
-        for (int64_t b = 0; b < w.nblocks; ++b) {
-          const uint8_t* block = panel + b * w.block_bytes;
-          const auto* scales = reinterpret_cast<const uint16_t*>(block + w.code_bytes);
-          const float scale = half_to_float(scales[r]);
-          const float offset = w.symmetric ? -float(zp) * scale : half_to_float(scales[w.nr + r]);
-          const float norm = pow2_normalizer(weight_bound(offset, scale, qmax), kWeightTop);
-          const float sc = half_to_float(float_to_half(scale * norm));
-          const float of = half_to_float(float_to_half(offset * norm));
-          const uint16_t* x = a.x + m * a.ldx + b * w.block;
-          float bsum = 0.f;
-          for (int64_t c = 0; c < w.block; c += kChunk) {
-            float acc[kAccs] = {};
-            for (int j = 0; j < kChunk; ++j) {
-              const float wq = fma_half(sc, float(read_code(block, w.bits, w.nr, w.kr, r, c + j)), of);
-              acc[j % kAccs] = fma_half(half_to_float(x[c + j]), wq, acc[j % kAccs]);
-            }
-            bsum += add_half(add_half(acc[0], acc[1]), add_half(acc[2], acc[3]));
-          }
-          y = std::fma(bsum, (1.f / norm) * a.xunscale[m * w.nblocks + b], y);
+  for_each_output(w, m0, m1, p0, p1, [&](int64_t m, int64_t n, int r, int64_t panel) {
+    float y = 0.f;
+    for (int64_t b = 0; b < w.nblocks; ++b) {
+      const uint8_t* block = a.packed + panel + b * w.block_bytes;
+      const auto* scales = reinterpret_cast<const uint16_t*>(block + w.code_bytes);
+      const float scale = half_to_float(scales[r]);
+      const float offset = w.symmetric ? -float(zp) * scale : half_to_float(scales[w.nr + r]);
+      const float norm = pow2_normalizer(weight_bound(offset, scale, qmax), kWeightTop);
+      const float sc = half_to_float(float_to_half(scale * norm));
+      const float of = half_to_float(float_to_half(offset * norm));
+      const uint16_t* x = a.x + m * a.ldx + b * w.block;
+      float bsum = 0.f;
+      for (int64_t c = 0; c < w.block; c += kChunk) {
+        float acc[kAccs] = {};
+        for (int j = 0; j < kChunk; ++j) {
+          const float wq = fma_half(sc, float(read_code(block, w.bits, w.nr, w.kr, r, c + j)), of);
+          acc[j % kAccs] = fma_half(half_to_float(x[c + j]), wq, acc[j % kAccs]);
         }
-        const int64_t n = p * w.nr + r;
-        a.y[m * a.ldy + n] = a.bias ? y + a.bias[n] : y;
+        bsum += add_half(add_half(acc[0], acc[1]), add_half(acc[2], acc[3]));
       }
+      y = std::fma(bsum, (1.f / norm) * a.xunscale[m * w.nblocks + b], y);
     }
-  }
+    a.y[m * a.ldy + n] = a.bias ? y + a.bias[n] : y;
+  });
 }
 
 const KernelTable& scalar_kernels() {
+  // One function per family serves every M; GEMV (M = 1) and GEMM are listed apart so that
+  // kernel_info names what runs as at the other levels.
   static const KernelTable table = {
       Isa::scalar,
-      quantize_acts, "quantize_acts_absmax_scalar",
-      {int8_matmul, int8_matmul}, {"gemv_w4a8_scalar", "gemv_w8a8_scalar"},
-      {int8_matmul, int8_matmul}, {"gemm_w4a8_scalar", "gemm_w8a8_scalar"},
-      {0, 0},
-      prepare_float_acts,
-      {float_matmul, float_matmul}, {"gemv_w4f32_scalar", "gemv_w8f32_scalar"},
-      {float_matmul, float_matmul}, {"gemm_w4f32_scalar", "gemm_w8f32_scalar"},
       family_layout(),  // reads any layout; packs for the SIMD family of this build
+      quantize_acts, "quantize_acts_absmax_scalar",
+      prepare_float_acts,
+      {
+          {"gemv_w4a8_scalar", int8_matmul, 4, 1, 1, 1, 1},
+          {"gemm_w4a8_scalar", int8_matmul, 4, 1, 1, 2},
+          {"gemv_w8a8_scalar", int8_matmul, 8, 1, 1, 1, 1},
+          {"gemm_w8a8_scalar", int8_matmul, 8, 1, 1, 2},
+      },
+      {
+          {"gemv_w4f32_scalar", float_matmul, 4, 1, 1, 1, 1},
+          {"gemm_w4f32_scalar", float_matmul, 4, 1, 1, 2},
+          {"gemv_w8f32_scalar", float_matmul, 8, 1, 1, 1, 1},
+          {"gemm_w8f32_scalar", float_matmul, 8, 1, 1, 2},
+      },
+      {},
   };
   return table;
 }

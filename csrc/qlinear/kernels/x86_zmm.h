@@ -1,0 +1,70 @@
+// Vector traits of the AVX-512 levels (avx512vnni, amx) for x86_common.h's kernel bodies: one zmm
+// holds the same 32-byte chunk of two consecutive panels (16 output rows x 4 k per 32-bit lane:
+// panel p in the low half, p + 1 in the high half; an odd last panel runs with a zero high half).
+// Include only from files compiled with AVX-512F/BW/VL + AVX512-VNNI (or emulated: x86_simd.h).
+#pragma once
+
+#include "x86_common.h"
+
+namespace qlinear::x86 {
+namespace {
+
+struct Zmm {
+  using I = __m512i;
+  using F = __m512;
+  static constexpr int kPanels = 2;
+
+  static I zero() { return _mm512_setzero_si512(); }
+  static F fzero() { return _mm512_setzero_ps(); }
+  static I set1_8(char v) { return _mm512_set1_epi8(v); }
+  static I set1_32(int32_t v) { return _mm512_set1_epi32(v); }
+  static I add32(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I and_(I a, I b) { return _mm512_and_si512(a, b); }
+  static I high_nibbles(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+  static I dpbusd(I acc, I a, I b) { return _mm512_dpbusd_epi32(acc, a, b); }
+  static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F bcast(const float* p) { return _mm512_set1_ps(*p); }
+  static I bcast4(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+  }
+  // The same 32 bytes of panels p (at w) and p + 1 (at w + panel_bytes), or of p alone (NP == 1).
+  template <int NP>
+  static I load_codes(const uint8_t* w, int64_t panel_bytes) {
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    if constexpr (NP == 2) {
+      return _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + panel_bytes)), 1);
+    } else {
+      return _mm512_zextsi256_si512(lo);
+    }
+  }
+  template <int NP>
+  static void prefetch(const uint8_t* p, int64_t panel_bytes) {
+    _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+    if constexpr (NP == 2) _mm_prefetch(reinterpret_cast<const char*>(p) + panel_bytes, _MM_HINT_T0);
+  }
+  // 16 fp16 values: 8 at p (panel p) and 8 at p + panel_bytes (panel p + 1, or zeros).
+  template <int NP>
+  static F load_halves(const uint8_t* p, int64_t panel_bytes) {
+    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i hi = NP == 2 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + panel_bytes))
+                               : _mm_setzero_si128();
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+  }
+  static __mmask16 row_mask(int64_t rows) { return static_cast<__mmask16>((1u << rows) - 1); }
+  template <int NP>
+  static F load_bias(const float* bias, int64_t rows) {
+    return bias == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(row_mask(rows), bias);
+  }
+  template <int NP>
+  static void store_rows(float* out, F y, F vbias, const float*, int64_t rows) {
+    _mm512_mask_storeu_ps(out, row_mask(rows), _mm512_add_ps(y, vbias));
+  }
+};
+
+}  // namespace
+}  // namespace qlinear::x86
