@@ -5,37 +5,11 @@ import numpy as np
 import pytest
 
 import qlinear
-from _check import float_path_magnitude, fp16_arithmetic, fp16_arithmetic_tolerance
+from _check import assert_float_path_close as check
 
 CONFIGS = [(bits, sym, g) for bits in (4, 8) for sym in (False, True) for g in (32, 64, 128, 256, None)]
 SHAPES = [(1, 1, 1), (1, 64, 8), (1, 100, 13), (2, 33, 9), (3, 257, 17), (4, 256, 16), (5, 129, 24),
           (7, 300, 7), (8, 512, 33), (13, 65, 40), (1, 2500, 130), (6, 2100, 9)]
-
-
-def check(y, x, pw, bias=None, random_data=True):
-    """Each output within the worst-case float32 error of a blocked sum, (block + blocks) ulps of
-    sum |x| (|offset| + |scale q|); on random data also the norm-wise relative error <= 1e-5.
-    float16 activations on a level with FP16 arithmetic: plus its bound (_check.py)."""
-    w = pw.dequantize().astype(np.float64)
-    x64 = np.atleast_2d(np.asarray(x, dtype=np.float64))
-    ref = x64 @ w.T
-    mag = float_path_magnitude(x64, pw)
-    if bias is not None:
-        ref = ref + np.asarray(bias, np.float64)
-        mag = mag + np.abs(np.asarray(bias, np.float64))
-    half = np.asarray(y).dtype == np.float16
-    fp16_arith = np.asarray(x).dtype == np.float16 and fp16_arithmetic(pw)
-    y = np.atleast_2d(np.asarray(y, dtype=np.float64))
-    block = pw._h.block
-    tol = (block + -(-pw.shape[1] // block) + 8) * 2.0 ** -24 * mag + 1e-30
-    if half:
-        tol = tol + 2.0 ** -11 * np.abs(ref)
-    if fp16_arith:
-        tol = tol + fp16_arithmetic_tolerance(x64, pw, mag)
-    bad = ~(np.abs(y - ref) <= tol)
-    assert not bad.any(), f"{bad.sum()} outputs off; worst {np.abs(y - ref).max():.3g}"
-    if random_data and not half and np.linalg.norm(ref) > 0:
-        assert np.linalg.norm(y - ref) / np.linalg.norm(ref) <= 1e-5
 
 
 @pytest.mark.parametrize("bits,symmetric,group_size", CONFIGS)

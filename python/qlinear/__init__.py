@@ -7,6 +7,10 @@
 See ``qlinear.reference`` for the exact semantics every kernel follows.
 """
 
+from typing import Optional
+
+import numpy as np
+
 from . import _core, reference
 from ._format import load_weight, load_weights, save_weights
 from ._ops import DEFAULT_ACT_BLOCK, matmul, matmul_float, matmul_w4a8, matmul_w8a8, quantize_activation
@@ -26,11 +30,22 @@ def cpu_info() -> dict:
     return _core.cpu_info()
 
 
-def kernel_info(pw: PackedWeight) -> dict:
-    """The kernels a call on ``pw`` runs now: ISA level, layout, quantizer, GEMV and GEMM."""
+def kernel_info(pw: PackedWeight, m: Optional[int] = None) -> dict:
+    """The kernels a call on ``pw`` runs now: ISA level, layout, activation quantizer, and
+
+    - without ``m``: the GEMV (one row) and the GEMM (many rows) of each activation type;
+    - with ``m``: the kernels that will run for ``m`` rows, per activation type ("int8", "float",
+      "float16"): a list of ``{"name", "mr", "nr", "rows"}``, the register tile (mr rows x nr
+      outputs) and the row range each computes (two entries where a kernel takes whole tiles
+      only, e.g. AMX's 16-row tiles, and another the rows left).
+    """
     if type(pw) is not PackedWeight:
         raise TypeError(f"expected a PackedWeight, got {type(pw).__name__}")
-    return _core.kernel_info(pw._h)
+    if m is not None and (isinstance(m, bool) or not isinstance(m, (int, np.integer))):
+        raise TypeError(f"m must be an int, got {type(m).__name__}")
+    if m is not None and m < 1:
+        raise ValueError(f"m must be >= 1, got {m}")
+    return _core.kernel_info(pw._h, None if m is None else int(m))
 
 
 def set_num_threads(n: int) -> None:
