@@ -46,11 +46,9 @@ def _copies(nbytes_each: int) -> int:
 
 def _qlinear_sweep(group: int):
     pw = qlinear.pack_weight(_weight(), bits=4, group_size=group)
-    h = pw._h
     ws = [qlinear.PackedWeight(_core.PackedWeightHandle(np.copy(pw.buffer), N, K, 4, group, False, pw.layout))
           for _ in range(_copies(pw.nbytes))]
     x = np.random.default_rng(1).standard_normal((1, K), dtype=np.float32)
-    del h
 
     def run():
         for w in ws:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import qlinear
+from qlinear._ops import act_block_size
 from _check import float_path_magnitude, fp16_arithmetic, fp16_arithmetic_tolerance
 
 CONFIGS = [(bits, sym, g) for bits in (4, 8) for sym in (False, True) for g in (32, 64, 128, 256, None)]
@@ -26,7 +27,7 @@ def check(y, x, pw, bias=None, random_data=True):
     half = np.asarray(y).dtype == np.float16
     fp16_arith = np.asarray(x).dtype == np.float16 and fp16_arithmetic(pw)
     y = np.atleast_2d(np.asarray(y, dtype=np.float64))
-    block = pw._h.block
+    block = act_block_size(pw, "group")
     tol = (block + -(-pw.shape[1] // block) + 8) * 2.0 ** -24 * mag + 1e-30
     if half:
         tol = tol + 2.0 ** -11 * np.abs(ref)

@@ -317,7 +317,7 @@ def test_mnn_bench_in_subprocess(exports, read):
 
 # -- qlinear.llm on MNN exports ------------------------------------------------------------------
 @pytest.mark.parametrize("name", list(EXPORTS))
-@pytest.mark.parametrize("act_block", [None, 0])
+@pytest.mark.parametrize("act_block", ["group", None])
 def test_qlinear_runs_exports_like_mnn(exports, read, mnn, name, act_block):
     """qlinear.llm.load(export): the records repacked without re-rounding, W4A8 / W8A8 on our
     kernels; teacher-forced logits vs MNN.llm's over 256 positions (over fewer, a handful of

@@ -4,33 +4,29 @@
     pw = qlinear.pack_weight(w, bits=4, group_size=64)      # w: float [N, K]
     y = qlinear.matmul_w4a8(x, pw)                          # x: [M, K] or [K], float32 / float16
 
-See ``qlinear.reference`` for the exact semantics every kernel follows.
+See docs/semantics.md (and ``qlinear.reference``, its executable form) for the exact semantics
+every kernel follows.
 """
 
 from . import _core, reference
-from ._format import load_weight, load_weights, save_weights
-from ._ops import DEFAULT_ACT_BLOCK, matmul, matmul_float, matmul_w4a8, matmul_w8a8, quantize_activation
+from ._format import load_weight, load_weights, save_weight, save_weights
+from ._ops import (DEFAULT_ACT_BLOCK, kernel_info, matmul, matmul_float, matmul_w4a8, matmul_w8a8,
+                   quantize_activation)
 from ._packed import PackedWeight, pack_quantized, pack_weight
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "PackedWeight", "pack_weight", "pack_quantized", "load_weight", "load_weights", "save_weights",
-    "matmul", "matmul_w4a8", "matmul_w8a8", "matmul_float", "quantize_activation", "DEFAULT_ACT_BLOCK",
-    "cpu_info", "kernel_info", "set_num_threads", "get_num_threads", "set_isa", "reference",
+    "PackedWeight", "pack_weight", "pack_quantized", "load_weight", "load_weights", "save_weight",
+    "save_weights", "matmul", "matmul_w4a8", "matmul_w8a8", "matmul_float", "quantize_activation",
+    "DEFAULT_ACT_BLOCK", "cpu_info", "kernel_info", "set_num_threads", "get_num_threads", "set_isa",
+    "reference",
 ]
 
 
 def cpu_info() -> dict:
     """What this CPU offers and which ISA level the kernels run at."""
     return _core.cpu_info()
-
-
-def kernel_info(pw: PackedWeight) -> dict:
-    """The kernels a call on ``pw`` runs now: ISA level, layout, quantizer, GEMV and GEMM."""
-    if type(pw) is not PackedWeight:
-        raise TypeError(f"expected a PackedWeight, got {type(pw).__name__}")
-    return _core.kernel_info(pw._h)
 
 
 def set_num_threads(n: int) -> None:

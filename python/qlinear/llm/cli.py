@@ -45,7 +45,7 @@ def _load(args):
                 act="float" if bits is None else args.act, memory=args.memory,
                 disk_embedding=not args.no_disk_embedding, threads=args.threads,
                 max_context=args.max_context, slim_vocab=args.slim_vocab,
-                act_block=0 if args.act_block == "row" else None, progress=sys.stderr.isatty())
+                act_block=None if args.act_block == "row" else "group", progress=sys.stderr.isatty())
 
 
 def _sampling(args) -> dict:

@@ -20,6 +20,7 @@ import numpy as np
 from .. import _core, set_num_threads
 from .._format import BFloat16Array, array_location, load_weights, save_weights
 from .._packed import PackedWeight, pack_quantized, pack_weight
+from .._scheme import DEFAULT_ACT_BLOCK, ActBlock
 from .config import ModelConfig
 from .embedding import DiskEmbedding, MemoryEmbedding
 from .layers import Attention, Block, Linear, Rope
@@ -38,7 +39,7 @@ class Options:
     group_size: Optional[int] = 64     # None: one scale per output row
     symmetric: bool = False
     act: str = "int8"                  # "int8": W4A8 / W8A8 kernels; "float": low-memory float path
-    act_block: Optional[int] = None    # activation scales: None = per weight group, 0 = per row
+    act_block: ActBlock = DEFAULT_ACT_BLOCK  # activation scales, as qlinear.matmul's act_block
     memory: str = "low"                # "normal" with act="float": dequantize weights at load
     disk_embedding: bool = True
     slim_vocab: Union[bool, Sequence[int]] = False
@@ -57,7 +58,7 @@ class Options:
 def load(path, bits: Optional[int] = 4, group_size: Optional[int] = 64, act: str = "int8",
          memory: str = "low", disk_embedding: bool = True, threads: Optional[int] = None,
          max_context: int = 4096, slim_vocab: Union[bool, Sequence[int]] = False,
-         act_block: Optional[int] = None, symmetric: bool = False, progress: bool = True) -> Model:
+         act_block: ActBlock = DEFAULT_ACT_BLOCK, symmetric: bool = False, progress: bool = True) -> Model:
     """Open a model directory: a Hugging Face checkpoint (``config.json``, ``*.safetensors``,
     ``tokenizer.json``; quantized here to ``bits`` with ``group_size``), a directory written by
     ``convert`` (its own quantization is used; ``bits``/``group_size`` are ignored), or an MNN
@@ -67,8 +68,8 @@ def load(path, bits: Optional[int] = 4, group_size: Optional[int] = 64, act: str
     kernel). memory: "low" keeps weights quantized; "normal" with act="float" dequantizes them to
     float32 at load (faster prefill, 8x the memory of int4). disk_embedding: read embedding rows
     from the file instead of holding the table. slim_vocab: True keeps only the tokenizer's ids in
-    the lm head (or pass the ids to keep). act_block: None = one activation scale per weight group,
-    0 = one per row. threads: kernel threads (default: physical cores).
+    the lm head (or pass the ids to keep). act_block: as ``qlinear.matmul``'s ("group": one
+    activation scale per row and weight group; None: one per row; an int: per that many k). threads: kernel threads (default: physical cores).
     """
     t0 = time.perf_counter()
     if threads is not None:
@@ -258,8 +259,7 @@ def build_model(cfg: ModelConfig, tokenizer: Tokenizer, embedding, tensors: dict
                 raise ValueError(f"tensor {name + '.bias'!r} has shape {bias.shape}, expected ({shape[0]},)")
         if not isinstance(w, PackedWeight):
             return Linear(np.asarray(w, np.float32), bias, act="float")
-        block = w._h.k if opts.act_block == 0 else opts.act_block
-        return Linear(w, bias, act=opts.act, act_block=block)
+        return Linear(w, bias, act=opts.act, act_block=opts.act_block)
 
     def vector(name, n):
         v = np.array(need(name), dtype=np.float32)
