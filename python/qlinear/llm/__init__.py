@@ -14,7 +14,8 @@ Needs the ``llm`` extra (tokenizers, jinja2, tqdm).
 
 from .config import ModelConfig
 from .generation import Sampling
-from .loader import convert, load
+from .convert import convert
+from .loader import load
 from .model import Model, Stats
 from .tokenizer import Tokenizer
 

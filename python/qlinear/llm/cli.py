@@ -151,7 +151,7 @@ def _bench_mnn(args, model, row) -> dict:
     """The same prompt through MNN.llm (a fresh process: its peak RSS is its own), greedy."""
     if model.info.get("source") != "mnn":
         raise ValueError("--vs mnn needs an MNN export directory (llm.mnn, llm.mnn.weight, ...)")
-    from .mnn_engine import bench_in_subprocess
+    from .mnn.engine import bench_in_subprocess
 
     mnn = bench_in_subprocess(args.model, row["prompt_ids"], args.decode_tokens, threads=row["threads"])
     ours, theirs = row["tokens"], mnn.get("tokens", [])

@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence, Union
 
-import numpy as np
 import torch
 from torch import nn
 
