@@ -63,3 +63,13 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_sessionfinish(session, exitstatus):
     if _skipped_modules and _strict() and exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config):
+    # After the final counts line: the one place nobody scrolls past.
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if _skipped_modules and reporter is not None:
+        names = ", ".join(sorted(n.rsplit("/", 1)[-1] for n in _skipped_modules))
+        verdict = "the run FAILS" if _strict() else "see above"
+        reporter.write_line(f"{len(_skipped_modules)} test module(s) skipped entirely ({names}): {verdict}",
+                            red=_strict(), yellow=not _strict())

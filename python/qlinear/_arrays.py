@@ -40,3 +40,14 @@ def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
     wide = np.asarray(bits, dtype=np.uint16).astype(np.uint32)
     wide <<= 16
     return wide.view(np.float32)
+
+
+def optional_positive_int(value, name: str) -> "int | None":
+    """``value`` as an int, or None; TypeError / ValueError naming ``name`` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return int(value)

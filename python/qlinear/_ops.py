@@ -11,7 +11,7 @@ from typing import Optional
 import numpy as np
 
 from . import _core
-from ._arrays import is_torch_tensor
+from ._arrays import is_torch_tensor, optional_positive_int
 from ._packed import PackedWeight
 from ._scheme import DEFAULT_ACT_BLOCK, ActBlock, act_block_size as _act_block_size
 
@@ -148,11 +148,7 @@ def quantize_activation(x, act_block: Optional[int] = None):
         x = x.detach().float().numpy()
     if not isinstance(x, np.ndarray):
         raise TypeError(f"x must be a numpy array or a torch CPU tensor, got {type(x).__name__}")
-    if act_block is not None:
-        if isinstance(act_block, bool) or not isinstance(act_block, (int, np.integer)):
-            raise TypeError(f"act_block must be None or an int, got {act_block!r}")
-        if act_block <= 0:
-            raise ValueError(f"act_block must be positive, got {act_block}")
+    act_block = optional_positive_int(act_block, "act_block")
     k = x.shape[-1] if x.ndim else 0
     block = max(k, 1) if act_block is None else min(int(act_block), max(k, 1))
     xq, scale, _ = _core.quantize_activation(x, block)

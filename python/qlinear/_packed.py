@@ -7,7 +7,7 @@ from typing import Optional
 import numpy as np
 
 from . import _core
-from ._arrays import weight_to_numpy
+from ._arrays import optional_positive_int, weight_to_numpy
 from ._scheme import GROUP_SIZES, group_of
 
 
@@ -138,11 +138,7 @@ def _check_params(bits, group_size, symmetric):
         raise TypeError(f"bits must be an int (4 or 8), got {type(bits).__name__}")
     if bits not in (4, 8):
         raise ValueError(f"bits must be 4 or 8, got {bits}")
-    if group_size is not None:
-        if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)):
-            raise TypeError(f"group_size must be an int or None, got {type(group_size).__name__}")
-        if group_size <= 0:
-            raise ValueError(f"group_size must be positive, got {group_size}")
+    group_size = optional_positive_int(group_size, "group_size")
     if not isinstance(symmetric, (bool, np.bool_)):
         raise TypeError(f"symmetric must be a bool, got {type(symmetric).__name__}")
-    return int(bits), None if group_size is None else int(group_size)
+    return int(bits), group_size

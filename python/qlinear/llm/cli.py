@@ -88,14 +88,19 @@ def _note_context_stop(model, max_new_tokens: int) -> None:
               f"{model.cache.capacity} positions; --max-context sets it)", file=sys.stderr)
 
 
+def _print_reply(model, pieces, max_new_tokens: int) -> None:
+    """Stream the pieces to stdout, then why generation stopped early (if so) and the figures."""
+    for piece in pieces:
+        print(piece, end="", flush=True)
+    print()
+    _note_context_stop(model, max_new_tokens)
+    _print_stats(model)
+
+
 def cmd_generate(args) -> None:
     model = _load(args)
     prompt = [{"role": "user", "content": args.prompt}] if args.chat_template else args.prompt
-    for piece in model.stream(prompt, args.max_new_tokens, **_sampling(args)):
-        print(piece, end="", flush=True)
-    print()
-    _note_context_stop(model, args.max_new_tokens)
-    _print_stats(model)
+    _print_reply(model, model.stream(prompt, args.max_new_tokens, **_sampling(args)), args.max_new_tokens)
 
 
 def cmd_chat(args) -> None:
@@ -113,11 +118,8 @@ def cmd_chat(args) -> None:
         if line.strip() == "/reset":
             model.reset()
             continue
-        for piece in model.chat(line, args.max_new_tokens, stream=True, **_sampling(args)):
-            print(piece, end="", flush=True)
-        print()
-        _note_context_stop(model, args.max_new_tokens)
-        _print_stats(model)
+        _print_reply(model, model.chat(line, args.max_new_tokens, stream=True, **_sampling(args)),
+                     args.max_new_tokens)
 
 
 def cmd_bench(args) -> None:

@@ -75,6 +75,13 @@ def _mtok_normalizer(r: _Reader):
 _SPLIT_BEHAVIOR = {0: "Isolated", 1: "Removed", 2: "MergedWithPrevious"}
 
 
+def _metaspace(r: _Reader) -> dict:
+    """A Metaspace pre-tokenizer or decoder: replacement string, prepend flag."""
+    rep = r.str()
+    return {"type": "Metaspace", "replacement": rep,
+            "prepend_scheme": "always" if r.u8() else "never", "split": True}
+
+
 def _mtok_pre_tokenizer(r: _Reader):
     t = r.u8("pre-tokenizer type")
     if t == 0:
@@ -85,9 +92,7 @@ def _mtok_pre_tokenizer(r: _Reader):
     if t == 2:
         return {"type": "Digits", "individual_digits": bool(r.u8())}
     if t == 3:
-        rep = r.str()
-        return {"type": "Metaspace", "replacement": rep,
-                "prepend_scheme": "always" if r.u8() else "never", "split": True}
+        return _metaspace(r)
     if t == 4:
         pattern = r.str()
         invert, behavior = r.take(2, "split flags")
@@ -109,9 +114,7 @@ def _mtok_decoder(r: _Reader):
     if t == 1:
         return {"type": "ByteFallback"}
     if t == 2:
-        rep = r.str()
-        return {"type": "Metaspace", "replacement": rep,
-                "prepend_scheme": "always" if r.u8() else "never", "split": True}
+        return _metaspace(r)
     if t == 3:
         prefix = r.str()
         return {"type": "WordPiece", "prefix": prefix, "cleanup": bool(r.u8())}
