@@ -46,11 +46,11 @@ def _checkpoint() -> Path:
 
 def _export() -> Path:
     pytest.importorskip("MNN")
-    from qlinear.llm import mnn_export
+    from qlinear.llm import mnn
     out = ROOT / f"qwen2.5-0.5b-v{VOCAB}-mnn-int4b64"
     if not (out / "llm.mnn").is_file():
         try:
-            mnn_export.export_with_llmexport(_checkpoint(), out, bits=4, block=64)
+            mnn.export_with_llmexport(_checkpoint(), out, bits=4, block=64)
         except ImportError as e:
             pytest.skip(str(e))
     return out
@@ -70,7 +70,7 @@ class QlinearEngine:
 
 class MnnEngine:
     def __init__(self, path, threads):
-        from qlinear.llm.mnn_engine import MnnLlm
+        from qlinear.llm.mnn.engine import MnnLlm
         self.llm = MnnLlm(path, threads=threads)
 
     def prefill(self, ids):

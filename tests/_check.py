@@ -3,6 +3,7 @@
 import numpy as np
 
 import qlinear
+from qlinear._ops import act_block_size
 from qlinear import reference as ref
 
 # A float32 epilogue adds one term per storage block, each with a few roundings: its error is
@@ -14,9 +15,9 @@ def assert_close_to_reference(y, x, pw, bias=None, act_block=None):
     codes, scale, offset = pw.unpack()
     qw = ref.QuantizedWeight(codes, scale, offset, pw.bits, pw.group_size, pw.symmetric)
     y_ref, mag = ref.matmul_int8(np.atleast_2d(x), qw, bias=bias, act_block=act_block,
-                                 segment=pw._h.block)  # the kernels' storage block
+                                 segment=act_block_size(pw, "group"))  # the kernels' storage block
     y = np.atleast_2d(np.asarray(y, dtype=np.float64))
-    blocks = -(-pw.shape[1] // pw._h.block)
+    blocks = -(-pw.shape[1] // act_block_size(pw, "group"))
     tol = 4 * (blocks + 2) * ULP32 * mag + 1e-30
     if np.asarray(x).dtype == np.float16 or np.asarray(y).dtype == np.float16:
         tol = tol + 2.0 ** -11 * np.abs(y_ref) + 2.0 ** -24
@@ -81,7 +82,7 @@ def assert_float_path_close(y, x, pw, bias=None, random_data=True):
     half = np.asarray(y).dtype == np.float16
     fp16_arith = np.asarray(x).dtype == np.float16 and fp16_arithmetic(pw)
     y = np.atleast_2d(np.asarray(y, dtype=np.float64))
-    block = pw._h.block
+    block = act_block_size(pw, "group")
     tol = (block + -(-pw.shape[1] // block) + 8) * 2.0 ** -24 * mag + 1e-30
     if half:
         tol = tol + 2.0 ** -11 * np.abs(ref)

@@ -26,7 +26,7 @@ def _quantize_rows(x, block):
 def _linear(x, linear, act=False):
     w, b = _weight(linear)
     if act:
-        x = _quantize_rows(x, None if act == "row" else getattr(linear, "block_size", None))
+        x = _quantize_rows(x, None if act == "row" else getattr(linear, "group_size", None))
     y = x @ w.T
     return y if b is None else y + b
 

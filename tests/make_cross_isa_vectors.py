@@ -10,6 +10,7 @@ import os
 import numpy as np
 
 import qlinear
+from qlinear._ops import act_block_size
 from test_matmul import integer_weights
 
 CASES = [(4, False, 64), (4, True, 32), (8, False, 128), (8, True, None)]
@@ -23,7 +24,7 @@ def build():
         w = integer_weights(rng, n, k, group or k, bits, sym)
         x = rng.integers(-127, 128, size=(m, k)).astype(np.float32)
         pw = qlinear.pack_weight(w, bits=bits, group_size=group, symmetric=sym)
-        x[:, ::pw._h.block] = 127
+        x[:, ::act_block_size(pw, "group")] = 127
         arrays[f"w{i}"], arrays[f"x{i}"] = w, x
         arrays[f"packed{i}"] = pw.buffer.copy()
         arrays[f"y_row{i}"] = qlinear.matmul(x, pw, act_block=None)

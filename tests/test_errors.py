@@ -64,7 +64,7 @@ def test_matmul_bad_input(pw):
         (lambda: qlinear.matmul_float(np.ones((2, 64), np.int32), pw), TypeError, "float32 or float16"),
         (lambda: qlinear.matmul_float(x, "pw"), TypeError, "PackedWeight"),
         (lambda: qlinear.matmul(x, "pw", act="float"), TypeError, "PackedWeight"),
-        (lambda: qlinear.quantize_activation(x, block=0), ValueError, "positive"),
+        (lambda: qlinear.quantize_activation(x, act_block=0), ValueError, "positive"),
         (lambda: qlinear.quantize_activation("x"), TypeError, "numpy array"),
         (lambda: qlinear.set_num_threads(0), ValueError, ">= 1"),
         (lambda: qlinear.set_num_threads("2"), TypeError, "int"),

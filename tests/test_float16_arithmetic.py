@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import qlinear
+from qlinear._ops import act_block_size
 from qlinear import _core
 from _check import U16, float_path_magnitude, fp16_arithmetic, fp16_arithmetic_tolerance
 
@@ -30,7 +31,7 @@ def check(y, x, pw, bias=None, random_data=True):
     if bias is not None:
         ref, mag = ref + np.asarray(bias, np.float64), mag + np.abs(np.asarray(bias, np.float64))
     y = np.atleast_2d(np.asarray(y, dtype=np.float64))
-    block = pw._h.block
+    block = act_block_size(pw, "group")
     tol = (block + -(-pw.shape[1] // block) + 8) * 2.0 ** -24 * mag + U16 * np.abs(ref) + 2.0 ** -25
     tol = tol + fp16_arithmetic_tolerance(x64, pw, mag)
     err = np.abs(y - ref)

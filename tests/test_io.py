@@ -15,7 +15,7 @@ def saved(tmp_path, rng):
     w = rng.standard_normal((40, 200)).astype(np.float32)
     pw = qlinear.pack_weight(w, bits=4, group_size=64)
     path = tmp_path / "w.qlw"
-    pw.save(path)
+    qlinear.save_weight(path, pw)
     return pw, path
 
 

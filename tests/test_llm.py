@@ -53,8 +53,8 @@ def test_float_weights_match_transformers(checkpoints, hf_logits, arch):
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize("bits, act, act_block, min_cos", [
-    (8, "float", None, 0.999), (8, "int8", None, 0.999),
-    (4, "int8", None, 0.975), (4, "int8", 0, 0.975), (4, "float", None, 0.975),
+    (8, "float", "group", 0.999), (8, "int8", "group", 0.999),
+    (4, "int8", "group", 0.975), (4, "int8", None, 0.975), (4, "float", "group", 0.975),
 ])
 def test_quantized_logits_stay_close(checkpoints, hf_logits, arch, bits, act, act_block, min_cos):
     ids, ref = hf_logits[0], hf_logits[1][arch]

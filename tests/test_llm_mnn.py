@@ -22,7 +22,7 @@ import importlib.util  # noqa: E402
 if importlib.util.find_spec("llmexport") is None:
     pytest.skip("llmexport is not installed", allow_module_level=True)
 
-from qlinear.llm.mnn_export import (  # noqa: E402
+from qlinear.llm.mnn import (  # noqa: E402
     MnnExport, QuantizedLinear, export_with_llmexport, read_export)
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -88,7 +88,7 @@ def read(exports):
 
 @pytest.fixture(scope="session")
 def mnn(exports):
-    from qlinear.llm.mnn_engine import MnnLlm
+    from qlinear.llm.mnn.engine import MnnLlm
 
     cache = {}
 
@@ -138,13 +138,13 @@ def test_linears_match_checkpoint(read, hf_weights, name):
         n, k = w.shape
         assert q.codes.shape == (n, k) and q.codes.dtype == np.uint8
         assert q.bits == bits and q.codes.max() <= 2 ** bits - 1
-        blk = q.block_size or k
+        blk = q.group_size or k
         assert blk == (k if block == 0 else min(block, k)), name_
-        assert q.scale.shape == q.lo.shape == (n, k // blk)
+        assert q.scale.shape == q.offset.shape == (n, k // blk)
         wb = w.reshape(n, k // blk, blk).astype(np.float64)
         lo, hi = wb.min(-1), wb.max(-1)
         step = (hi - lo) / (2 ** bits - 1)
-        np.testing.assert_allclose(q.lo, lo, rtol=0, atol=1e-6 * np.abs(lo).max())
+        np.testing.assert_allclose(q.offset, lo, rtol=0, atol=1e-6 * np.abs(lo).max())
         np.testing.assert_allclose(q.scale, step, rtol=1e-6)
         codes = np.clip(np.rint((wb - lo[..., None]) / step[..., None]), 0, 2 ** bits - 1)
         assert np.mean(codes.reshape(n, k) == q.codes) > 0.999, name_
@@ -285,7 +285,7 @@ def test_reference_forward_matches_mnn_logits(read, mnn, name):
 def test_reference_forward_is_exact_vs_mnn_float_activations(read, exports, name):
     """With float activations (``"memory": "normal"``, weights dequantized at load) MNN.llm
     computes what the records read here say, to float rounding."""
-    from qlinear.llm.mnn_engine import MnnLlm
+    from qlinear.llm.mnn.engine import MnnLlm
 
     export = read(name)
     ids = _prompt_ids(export, 64)
@@ -308,7 +308,7 @@ def test_mnn_engine_greedy_and_bench(read, mnn):
 
 
 def test_mnn_bench_in_subprocess(exports, read):
-    from qlinear.llm.mnn_engine import bench_in_subprocess
+    from qlinear.llm.mnn.engine import bench_in_subprocess
 
     ids = _prompt_ids(read("int4-b64"), 8)
     res = bench_in_subprocess(exports["int4-b64"], ids, 4, threads=1)
@@ -317,7 +317,7 @@ def test_mnn_bench_in_subprocess(exports, read):
 
 # -- qlinear.llm on MNN exports ------------------------------------------------------------------
 @pytest.mark.parametrize("name", list(EXPORTS))
-@pytest.mark.parametrize("act_block", [None, 0])
+@pytest.mark.parametrize("act_block", ["group", None])
 def test_qlinear_runs_exports_like_mnn(exports, read, mnn, name, act_block):
     """qlinear.llm.load(export): the records repacked without re-rounding, W4A8 / W8A8 on our
     kernels; teacher-forced logits vs MNN.llm's over 256 positions (over fewer, a handful of
@@ -345,7 +345,7 @@ def test_qlinear_export_codes_are_moved_not_rounded(exports, read):
     codes, scale, offset = model.blocks[1].down.weight.unpack()
     np.testing.assert_array_equal(codes, rec.codes)
     np.testing.assert_array_equal(scale, rec.scale.astype(np.float16))
-    np.testing.assert_array_equal(offset, rec.lo.astype(np.float16))
+    np.testing.assert_array_equal(offset, rec.offset.astype(np.float16))
 
 
 def test_qlinear_chat_and_cli_bench_vs_mnn(exports, read):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import qlinear
+from qlinear._ops import act_block_size
 from qlinear import reference as ref
 from _check import assert_close_to_reference
 
@@ -19,7 +20,7 @@ def run(x, pw, act_block):
 
 
 def act_block_of(pw, act_block):
-    return pw._h.block if act_block == "group" else act_block
+    return act_block_size(pw, "group") if act_block == "group" else act_block
 
 
 @pytest.mark.parametrize("bits,symmetric,group_size", CONFIGS)
@@ -127,7 +128,7 @@ def test_integer_core_is_exact(isa, rng, bits, symmetric, group_size):
         w = integer_weights(rng, n, k, min(g, k), bits, symmetric)
         x = rng.integers(-127, 128, size=(m, k)).astype(np.float32)
         pw = qlinear.pack_weight(w, bits=bits, group_size=group_size, symmetric=symmetric)
-        x[:, ::pw._h.block] = 127  # absmax 127 in every activation block: activation scale 1
+        x[:, ::act_block_size(pw, "group")] = 127  # absmax 127 in every activation block: activation scale 1
         assert np.array_equal(pw.dequantize(), w)
         expected = x.astype(np.int64) @ w.astype(np.int64).T
         for ab in (None, "group"):

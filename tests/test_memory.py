@@ -42,8 +42,8 @@ def test_rss_flat_over_100k_calls(rng):
 def test_loading_costs_about_the_file_size(tmp_path, rng):
     path, small = tmp_path / "big.qlw", tmp_path / "small.qlw"
     w = rng.standard_normal((6144, 8192)).astype(np.float32)
-    qlinear.pack_weight(w, bits=4, group_size=64).save(path)
-    qlinear.pack_weight(w[:64], bits=4, group_size=64).save(small)
+    qlinear.save_weight(path, qlinear.pack_weight(w, bits=4, group_size=64))
+    qlinear.save_weight(small, qlinear.pack_weight(w[:64], bits=4, group_size=64))
     del w
     size = os.path.getsize(path)
     script = textwrap.dedent(f"""

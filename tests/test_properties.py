@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import qlinear
+from qlinear._ops import act_block_size
 from _check import assert_close_to_reference, float_path_magnitude, fp16_arithmetic, fp16_arithmetic_tolerance
 
 GROUPS = st.sampled_from([32, 64, 128, 256, None])
@@ -75,7 +76,7 @@ def check_problem(p):
             mag = float_path_magnitude(x64, pw)
             bad_rows = ~np.isfinite(x64).all(axis=1)
             ok = np.isfinite(ref) & (np.abs(ref) < (6e4 if dtype == np.float16 else 1e37)) & ~bad_rows[:, None]
-            tol = (pw._h.block + k // 32 + 16) * 2.0 ** -24 * mag
+            tol = (act_block_size(pw, "group") + k // 32 + 16) * 2.0 ** -24 * mag
             if dtype == np.float16:
                 tol = tol + 2.0 ** -10 * np.abs(ref) + 2.0 ** -24  # float16 subnormal spacing
                 if fp16_arithmetic(pw):
@@ -93,7 +94,7 @@ def check_problem(p):
     assert np.isnan(y[bad_rows]).all()
     good = ~bad_rows
     if good.any():
-        ab = pw._h.block if act == "group" else None
+        ab = act_block_size(pw, "group") if act == "group" else None
         with np.errstate(over="ignore"):
             if dtype == np.float16 and not np.isfinite(y[good]).all():
                 return  # the true result exceeds float16's range: inf is the right answer

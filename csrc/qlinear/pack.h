@@ -1,4 +1,4 @@
-// Weight quantization (DESIGN section 1) and packing into / out of the layouts of layout.h.
+// Weight quantization (docs/semantics.md, section 1) and packing into / out of the layouts of layout.h.
 // Quantizing and packing are separate steps, so a weight that is already quantized (a saved file
 // of another layout, an MNN export) is packed without a second rounding.
 #pragma once

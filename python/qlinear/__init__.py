@@ -4,48 +4,29 @@
     pw = qlinear.pack_weight(w, bits=4, group_size=64)      # w: float [N, K]
     y = qlinear.matmul_w4a8(x, pw)                          # x: [M, K] or [K], float32 / float16
 
-See ``qlinear.reference`` for the exact semantics every kernel follows.
+See docs/semantics.md (and ``qlinear.reference``, its executable form) for the exact semantics
+every kernel follows.
 """
 
-from typing import Optional
-
-import numpy as np
-
 from . import _core, reference
-from ._format import load_weight, load_weights, save_weights
-from ._ops import DEFAULT_ACT_BLOCK, matmul, matmul_float, matmul_w4a8, matmul_w8a8, quantize_activation
+from ._format import load_weight, load_weights, save_weight, save_weights
+from ._ops import (DEFAULT_ACT_BLOCK, kernel_info, matmul, matmul_float, matmul_w4a8, matmul_w8a8,
+                   quantize_activation)
 from ._packed import PackedWeight, pack_quantized, pack_weight
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "PackedWeight", "pack_weight", "pack_quantized", "load_weight", "load_weights", "save_weights",
-    "matmul", "matmul_w4a8", "matmul_w8a8", "matmul_float", "quantize_activation", "DEFAULT_ACT_BLOCK",
-    "cpu_info", "kernel_info", "set_num_threads", "get_num_threads", "set_isa", "reference",
+    "PackedWeight", "pack_weight", "pack_quantized", "load_weight", "load_weights", "save_weight",
+    "save_weights", "matmul", "matmul_w4a8", "matmul_w8a8", "matmul_float", "quantize_activation",
+    "DEFAULT_ACT_BLOCK", "cpu_info", "kernel_info", "set_num_threads", "get_num_threads", "set_isa",
+    "reference",
 ]
 
 
 def cpu_info() -> dict:
     """What this CPU offers and which ISA level the kernels run at."""
     return _core.cpu_info()
-
-
-def kernel_info(pw: PackedWeight, m: Optional[int] = None) -> dict:
-    """The kernels a call on ``pw`` runs now: ISA level, layout, activation quantizer, and
-
-    - without ``m``: the GEMV (one row) and the GEMM (many rows) of each activation type;
-    - with ``m``: the kernels that will run for ``m`` rows, per activation type ("int8", "float",
-      "float16"): a list of ``{"name", "mr", "nr", "rows"}``, the register tile (mr rows x nr
-      outputs) and the row range each computes (two entries where a kernel takes whole tiles
-      only, e.g. AMX's 16-row tiles, and another the rows left).
-    """
-    if type(pw) is not PackedWeight:
-        raise TypeError(f"expected a PackedWeight, got {type(pw).__name__}")
-    if m is not None and (isinstance(m, bool) or not isinstance(m, (int, np.integer))):
-        raise TypeError(f"m must be an int, got {type(m).__name__}")
-    if m is not None and m < 1:
-        raise ValueError(f"m must be >= 1, got {m}")
-    return _core.kernel_info(pw._h, None if m is None else int(m))
 
 
 def set_num_threads(n: int) -> None:

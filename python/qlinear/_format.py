@@ -33,6 +33,7 @@ from typing import Any, Mapping, NamedTuple, Optional, Union
 import numpy as np
 
 from . import _core
+from ._arrays import bf16_to_float32
 from ._packed import PackedWeight, pack_quantized
 
 MAGIC = b"QLINEAR\x00"
@@ -57,9 +58,7 @@ class BFloat16Array(NamedTuple):
         return self.bits.shape
 
     def to_float32(self) -> np.ndarray:
-        wide = self.bits.astype(np.uint32)
-        wide <<= 16  # in place: no temporary of the table's size
-        return wide.view(np.float32)
+        return bf16_to_float32(self.bits)
 
 
 Tensor = Union[PackedWeight, np.ndarray, BFloat16Array]
@@ -251,8 +250,15 @@ def _load_array(path, name: str, e: dict, data: np.ndarray):
     return BFloat16Array(arr) if dtype == "bfloat16" else arr
 
 
+def save_weight(path, pw: PackedWeight) -> None:
+    """Write one packed weight to a checked, versioned, mmap-able file (``load_weight`` reads it)."""
+    if type(pw) is not PackedWeight:
+        raise TypeError(f"expected a PackedWeight, got {type(pw).__name__}")
+    save_weights(path, {"weight": pw})
+
+
 def load_weight(path, mmap: bool = True, verify: bool = True) -> PackedWeight:
-    """Load a file written by ``PackedWeight.save``."""
+    """Load a file written by ``save_weight``."""
     weights, _ = load_weights(path, mmap_mode=mmap, verify=verify)
     if len(weights) != 1 or type(next(iter(weights.values()))) is not PackedWeight:
         raise ValueError(f"{os.fspath(path)} holds {len(weights)} tensors; use qlinear.load_weights")

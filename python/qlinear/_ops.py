@@ -1,52 +1,70 @@
-"""The matmul entry points: y = x @ W.T (+ bias) on packed weights."""
+"""The matmul entry points, y = x @ W.T (+ bias) on packed weights, and the one internal entry
+the rest of the package calls (``qlinear.torch``'s op, ``qlinear.llm``'s Linear).
+
+This is the only module that reaches into ``PackedWeight._h`` (the kernels' handle).
+"""
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional
 
 import numpy as np
 
 from . import _core
-from ._arrays import is_torch_tensor
+from ._arrays import is_torch_tensor, optional_positive_int
 from ._packed import PackedWeight
+from ._scheme import DEFAULT_ACT_BLOCK, ActBlock, act_block_size as _act_block_size
 
-#: Default activation granularity: one int8 scale per row *and* weight group (ggml's Q8_0 way).
-#: Measured on MiniLM's real activations and random ones, it is markedly more accurate than one
-#: scale per row at no measurable speed cost (see README, "Choosing act_block").
-DEFAULT_ACT_BLOCK = "group"
+__all__ = ["DEFAULT_ACT_BLOCK", "matmul", "matmul_w4a8", "matmul_w8a8", "matmul_float",
+           "quantize_activation", "kernel_info", "act_block_size", "matmul_array"]
 
-ActBlock = Union[None, int, str]
-
-_core_matmul = _core.matmul_int8
-_core_matmul_float = _core.matmul_float
+_ACTS = ("int8", "float")
 
 
-def _act_block(pw: PackedWeight, act_block: ActBlock) -> int:
-    if type(act_block) is str:
-        if act_block == "group":
-            return pw._h.block
-        raise ValueError(f"act_block must be None, 'group' or an int, got {act_block!r}")
-    if act_block is None:
-        return pw._h.k
-    if isinstance(act_block, bool) or not isinstance(act_block, (int, np.integer)):
-        raise TypeError(f"act_block must be None, 'group' or an int, got {type(act_block).__name__}")
-    return int(act_block)
+def act_block_size(pw: PackedWeight, act_block: ActBlock) -> int:
+    """k per activation scale for ``pw`` (None: per row = K; "group": the weight's storage
+    block; an int: itself), the value the kernels take."""
+    if act_block == "group" and type(act_block) is str:
+        return pw._h.block
+    return _act_block_size(pw._h.k, pw._h.group_size, act_block)
 
 
-def _int8_matmul(x, pw, bias, out, act_block, bits: int):
+def matmul_array(x: np.ndarray, pw: PackedWeight, bias, out, act: str, block: int) -> np.ndarray:
+    """The internal entry: numpy ``x``, ``act`` "int8" or "float", ``block`` from act_block_size
+    (ignored by the float path). No argument checks beyond the kernels' own."""
+    h = pw._h
+    if act == "int8":
+        return _core.matmul_int8(x, h, bias, out, block)
+    return _core.matmul_float(x, h, bias, out, h.k)
+
+
+def _check_weight(pw) -> None:
     if type(pw) is not PackedWeight:
         raise TypeError(f"weight must be a qlinear.PackedWeight, got {type(pw).__name__}")
-    if pw._h.bits != bits:
-        raise ValueError(f"matmul_w{bits}a8 needs a {bits}-bit weight, got a {pw._h.bits}-bit one")
-    blk = _act_block(pw, act_block)
+
+
+def _check_out(x, pw: PackedWeight, out) -> None:
+    shape = getattr(out, "shape", None)
+    xs = getattr(x, "shape", None)
+    if shape is None or xs is None or len(xs) not in (1, 2):
+        return  # the kernels name the problem
+    want = (pw._h.n,) if len(xs) == 1 else (xs[0], pw._h.n)
+    if tuple(shape) != want:
+        raise ValueError(f"out has the wrong shape {tuple(shape)}: expected {want}")
+
+
+def _matmul(x, pw: PackedWeight, bias, out, act: str, act_block: ActBlock):
+    block = act_block_size(pw, act_block) if act == "int8" else pw._h.k
+    if out is not None:
+        _check_out(x, pw, out)
     if type(x) is np.ndarray:  # the fast path: decode calls this thousands of times
-        return _core_matmul(x, pw._h, bias, out, blk)
+        return matmul_array(x, pw, bias, out, act, block)
     if is_torch_tensor(x):
-        return _torch_matmul(x, pw, bias, out, blk)
+        return _torch_matmul(x, pw, bias, out, act, block)
     raise TypeError(f"x must be a numpy array or a torch CPU tensor, got {type(x).__name__}")
 
 
-def _torch_matmul(x, pw, bias, out, blk, core=_core_matmul):
+def _torch_matmul(x, pw, bias, out, act, block):
     import torch
     if x.device.type != "cpu":
         raise ValueError(f"x must be a CPU tensor, got device {x.device}")
@@ -64,12 +82,23 @@ def _torch_matmul(x, pw, bias, out, blk, core=_core_matmul):
         if out.dtype != dtype:
             raise TypeError(f"out must have the dtype of x ({dtype}), got {out.dtype}")
         if dtype == torch.bfloat16:
-            out.copy_(torch.from_numpy(core(xn, pw._h, bias, None, blk)))
+            out.copy_(torch.from_numpy(matmul_array(xn, pw, bias, None, act, block)))
         else:
-            core(xn, pw._h, bias, out.numpy(), blk)
+            matmul_array(xn, pw, bias, out.numpy(), act, block)
         return out
-    y = torch.from_numpy(core(xn, pw._h, bias, None, blk))
+    y = torch.from_numpy(matmul_array(xn, pw, bias, None, act, block))
     return y.to(torch.bfloat16) if dtype == torch.bfloat16 else y
+
+
+def _a(bits: int) -> str:
+    return f"an {bits}" if bits == 8 else f"a {bits}"
+
+
+def _int8_matmul(x, pw, bias, out, act_block, bits: int):
+    _check_weight(pw)
+    if pw._h.bits != bits:
+        raise ValueError(f"matmul_w{bits}a8 needs {_a(bits)}-bit weight, got {_a(pw._h.bits)}-bit one")
+    return _matmul(x, pw, bias, out, "int8", act_block)
 
 
 def matmul_w4a8(x, pw: PackedWeight, bias=None, out=None, act_block: ActBlock = DEFAULT_ACT_BLOCK):
@@ -92,45 +121,53 @@ def matmul_float(x, pw: PackedWeight, bias=None, out=None):
     inside the kernel (w' = offset + scale * q), products accumulate in float32. No activation
     quantization: the accuracy of ``x @ pw.dequantize().T`` at the memory cost of the packed weight.
     """
-    if type(pw) is not PackedWeight:
-        raise TypeError(f"weight must be a qlinear.PackedWeight, got {type(pw).__name__}")
-    if type(x) is np.ndarray:
-        return _core_matmul_float(x, pw._h, bias, out, pw._h.k)
-    if is_torch_tensor(x):
-        return _torch_matmul(x, pw, bias, out, pw._h.k, _core_matmul_float)
-    raise TypeError(f"x must be a numpy array or a torch CPU tensor, got {type(x).__name__}")
+    _check_weight(pw)
+    return _matmul(x, pw, bias, out, "float", None)
 
 
 def matmul(x, pw: PackedWeight, bias=None, out=None, act: str = "int8",
            act_block: ActBlock = DEFAULT_ACT_BLOCK):
-    """One entry for every mode; ``act`` is explicit and never changed behind the caller's back.
+    """One entry for every mode (``act`` defaults to "int8"; nothing is switched behind the
+    caller's back: a weight or argument the mode cannot take raises).
 
     act="int8": dynamic int8 activations (W4A8 / W8A8 by the weight's bits).
     act="float": float activations, weights dequantized in the kernel (see matmul_float).
     """
-    if type(pw) is not PackedWeight:
-        raise TypeError(f"weight must be a qlinear.PackedWeight, got {type(pw).__name__}")
-    if act == "int8":
-        return _int8_matmul(x, pw, bias, out, act_block, pw.bits)
-    if act == "float":
-        return matmul_float(x, pw, bias, out)
-    raise ValueError(f"act must be 'int8' or 'float', got {act!r}")
+    _check_weight(pw)
+    if act not in _ACTS:
+        raise ValueError(f"act must be 'int8' or 'float', got {act!r}")
+    return _matmul(x, pw, bias, out, act, act_block)
 
 
-def quantize_activation(x, block: Optional[int] = None):
+def quantize_activation(x, act_block: Optional[int] = None):
     """Dynamic int8 quantization as the kernels do it: (xq int8 [M, K], scales float32 [M, B]).
 
-    ``block=None``: one scale per row (B = 1); else one per ``block`` consecutive k.
+    ``act_block=None``: one scale per row (B = 1); else one per ``act_block`` consecutive k.
     """
     if is_torch_tensor(x):
         x = x.detach().float().numpy()
     if not isinstance(x, np.ndarray):
         raise TypeError(f"x must be a numpy array or a torch CPU tensor, got {type(x).__name__}")
-    if block is not None:
-        if isinstance(block, bool) or not isinstance(block, (int, np.integer)):
-            raise TypeError(f"block must be None or an int, got {block!r}")
-        if block <= 0:
-            raise ValueError(f"block must be positive, got {block}")
+    act_block = optional_positive_int(act_block, "act_block")
     k = x.shape[-1] if x.ndim else 0
-    xq, scale, _ = _core.quantize_activation(x, max(k, 1) if block is None else min(int(block), max(k, 1)))
+    block = max(k, 1) if act_block is None else min(int(act_block), max(k, 1))
+    xq, scale, _ = _core.quantize_activation(x, block)
     return (xq[0], scale[0]) if x.ndim == 1 else (xq, scale)
+
+
+def kernel_info(pw: PackedWeight, m: Optional[int] = None) -> dict:
+    """The kernels a call on ``pw`` runs now: ISA level, layout, activation quantizer, and
+
+    - without ``m``: the GEMV (one row) and the GEMM (many rows) of each activation type;
+    - with ``m``: the kernels that will run for ``m`` rows, per activation type ("int8", "float",
+      "float16"): a list of ``{"name", "mr", "nr", "rows"}``, the register tile (mr rows x nr
+      outputs) and the row range each computes (two entries where a kernel takes whole tiles
+      only, e.g. AMX's 16-row tiles, and another the rows left).
+    """
+    if type(pw) is not PackedWeight:
+        raise TypeError(f"expected a PackedWeight, got {type(pw).__name__}")
+    if m is not None and (isinstance(m, bool) or not isinstance(m, (int, np.integer))):
+        raise TypeError(f"m must be an int, got {type(m).__name__}")
+    if m is not None and m < 1:
+        raise ValueError(f"m must be >= 1, got {m}")
+    return _core.kernel_info(pw._h, None if m is None else int(m))

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import numpy as np
 
 from . import _core
-from ._arrays import weight_to_numpy
+from ._arrays import optional_positive_int, weight_to_numpy
+from ._scheme import GROUP_SIZES, group_of
 
 
 class PackedWeight:
@@ -93,15 +93,11 @@ class PackedWeight:
         qw = QuantizedWeight(codes, scale, offset, self.bits, self.group_size, self.symmetric)
         return dequantize_weight(qw, np.dtype(dtype))
 
-    def save(self, path: "str | os.PathLike") -> None:
-        """Write a checked, versioned, mmap-able file (see ``qlinear.load_weight``)."""
-        from ._format import save_weights
-        save_weights(path, {"weight": self})
-
 
 def pack_weight(w, bits: int = 4, group_size: Optional[int] = 64,
                 symmetric: bool = False) -> PackedWeight:
-    """Quantize ``w`` ``[N, K]`` (numpy or torch; float32 / float16 / bfloat16) and pack it.
+    """Quantize ``w`` ``[N, K]`` (numpy or torch; float32 / float16 / bfloat16; a nested list
+    of floats is converted with ``np.asarray``) and pack it (``qlinear.save_weight`` writes it).
 
     ``group_size``: 32, 64, 128 or 256 consecutive k per scale, or None (or >= K) for one scale
     per output row. ``symmetric=False`` (the default, as mnn-llm) stores a float16 offset per
@@ -125,9 +121,16 @@ def pack_quantized(codes, scale, offset, bits: int, group_size: Optional[int],
     codes = np.ascontiguousarray(codes)
     if codes.ndim != 2:
         raise ValueError(f"codes must have shape [N, K], got shape {codes.shape}")
-    gs = codes.shape[1] if group_size is None else group_size
-    return PackedWeight(_core.pack_quantized(codes, np.asarray(scale), offset, bits, gs,
-                                             bool(symmetric), layout))
+    n, k = codes.shape
+    gs = k if group_size is None else group_size
+    scale = np.asarray(scale)
+    if gs >= k or gs in GROUP_SIZES:  # (other group sizes: the core names the problem)
+        want = (n, -(-k // group_of(k, gs)))
+        for name, a in (("scale", scale), ("offset", offset)):
+            if isinstance(a, np.ndarray) and a.shape != want:
+                raise ValueError(f"{name} has the wrong shape {a.shape}: expected {want} "
+                                 f"(one per row and group of {group_of(k, gs)} k)")
+    return PackedWeight(_core.pack_quantized(codes, scale, offset, bits, gs, bool(symmetric), layout))
 
 
 def _check_params(bits, group_size, symmetric):
@@ -135,11 +138,7 @@ def _check_params(bits, group_size, symmetric):
         raise TypeError(f"bits must be an int (4 or 8), got {type(bits).__name__}")
     if bits not in (4, 8):
         raise ValueError(f"bits must be 4 or 8, got {bits}")
-    if group_size is not None:
-        if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)):
-            raise TypeError(f"group_size must be an int or None, got {type(group_size).__name__}")
-        if group_size <= 0:
-            raise ValueError(f"group_size must be positive, got {group_size}")
+    group_size = optional_positive_int(group_size, "group_size")
     if not isinstance(symmetric, (bool, np.bool_)):
         raise TypeError(f"symmetric must be a bool, got {type(symmetric).__name__}")
-    return int(bits), None if group_size is None else int(group_size)
+    return int(bits), group_size

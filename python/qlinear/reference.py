@@ -1,30 +1,19 @@
-"""The numpy reference: the executable form of qlinear's semantics.
+"""The numpy reference: the executable form of qlinear's semantics (docs/semantics.md).
 
 Every kernel is tested against these functions. They are written for clarity, not speed, and
 round exactly as the kernels do (float32 arithmetic, float16 scales, round-half-to-even), so
 that integer codes and accumulators agree exactly and float outputs to float rounding.
 
 Weights ``w`` are ``[N, K]`` (``nn.Linear`` convention), activations ``x`` are ``[M, K]``,
-``y = x @ w.T``.
+``y = x @ w.T``. The scheme's constants (code ranges, zero points) come from ``qlinear._scheme``:
 
-Weight quantization, per group of ``g`` consecutive k of a row (the last group may be shorter;
-``g >= K`` means one group per row, "per-channel"), with float16 scales and offsets:
-
-* asymmetric: ``scale = f16((max - min) / qmax)``, ``offset = f16(min)``,
-  ``q = clip(rint((w - offset) / scale), 0, qmax)``, ``w' = offset + scale * q``
-  (``qmax`` = 15 for int4, 255 for int8); the stored code is ``q``.
-* symmetric: ``scale = f16(absmax / qpos)``, ``q = clip(rint(w / scale), qneg, qpos)``,
-  ``w' = scale * q`` (int4: -8..7, qpos 7; int8: -127..127); the stored code is
-  ``q + zero_point`` (8 or 128).
-* a zero scale (constant group, or a range below float16's smallest subnormal) stores ``q = 0``.
-
-Activation quantization (dynamic, every call), per row or per block of ``act_block`` k:
-``s = absmax / 127`` (float32), ``xq = clip(rint(x / s), -127, 127)``; ``s == 0`` gives
-``xq = 0``; a block holding NaN or Inf gets ``s = NaN`` and ``xq = 0`` (its outputs are NaN).
-
-Integer core and output: ``acc[m, n, j] = sum_{k in group j} xq[m, k] * (code[n, k] - zp)``
-(exact integers) and ``y[m, n] = sum_j s_x[m, j] * (scale[n, j] * acc[m, n, j] +
-offset[n, j] * sum_{k in j} xq[m, k]) + bias[n]``.
+* weights, per group of ``group_size`` k: asymmetric ``scale = f16((max - min) / qmax)``,
+  ``offset = f16(min)``, ``q = clip(rint((w - offset) / scale), 0, qmax)``; symmetric
+  ``scale = f16(absmax / qmax)``, ``q = clip(rint(w / scale), qmin, qmax)``, stored code
+  ``q + zero_point``; a zero scale stores ``q = 0``;
+* activations, per row or ``act_block`` k: ``s = absmax / 127``, ``xq = clip(rint(x / s), -127, 127)``;
+* ``y[m, n] = sum_j s_x[m, j] * (scale[n, j] * acc[m, n, j] + offset[n, j] * sum_{k in j} xq[m, k])
+  + bias[n]`` with ``acc`` the exact integer sums of ``xq * q`` per group.
 """
 
 from __future__ import annotations
@@ -32,6 +21,8 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 import numpy as np
+
+from ._scheme import ACT_QMAX, group_of, qrange, scale_divisor, zero_point
 
 __all__ = [
     "QuantizedWeight", "quantize_weight", "dequantize_weight", "quantize_activation",
@@ -48,27 +39,14 @@ class QuantizedWeight(NamedTuple):
     symmetric: bool
 
 
-def zero_point(bits: int, symmetric: bool) -> int:
-    return (8 if bits == 4 else 128) if symmetric else 0
-
-
-def qrange(bits: int, symmetric: bool) -> tuple[int, int]:
-    if symmetric:
-        return (-8, 7) if bits == 4 else (-127, 127)
-    return (0, 15) if bits == 4 else (0, 255)
-
-
-def _groups(k: int, group_size: Optional[int]) -> int:
-    return k if group_size is None or group_size >= k else int(group_size)
-
-
 def quantize_weight(w, bits: int = 4, group_size: Optional[int] = 64,
                     symmetric: bool = False) -> QuantizedWeight:
     w = np.asarray(w, dtype=np.float32)
     n, k = w.shape
-    g = _groups(k, group_size)
+    g = group_of(k, group_size)
     ngroups = -(-k // g)
     qmin, qmax = qrange(bits, symmetric)
+    div = np.float32(scale_divisor(bits, symmetric))
     codes = np.empty((n, k), np.uint8)
     scale = np.empty((n, ngroups), np.float16)
     offset = None if symmetric else np.empty((n, ngroups), np.float16)
@@ -77,13 +55,13 @@ def quantize_weight(w, bits: int = 4, group_size: Optional[int] = 64,
             wg = w[:, j * g:(j + 1) * g]
             if symmetric:
                 absmax = np.abs(wg).max(axis=1)
-                s16 = (absmax / np.float32(qmax)).astype(np.float16)
+                s16 = (absmax / div).astype(np.float16)
                 s = s16.astype(np.float32)[:, None]
                 q = np.where(s == 0, np.float32(0), np.clip(np.rint(wg / s), qmin, qmax))
                 codes[:, j * g:(j + 1) * g] = (q + zero_point(bits, True)).astype(np.uint8)
             else:
                 lo, hi = wg.min(axis=1), wg.max(axis=1)
-                s16 = ((hi - lo) / np.float32(qmax)).astype(np.float16)
+                s16 = ((hi - lo) / div).astype(np.float16)
                 o16 = lo.astype(np.float16)
                 s, o = s16.astype(np.float32)[:, None], o16.astype(np.float32)[:, None]
                 q = np.where(s == 0, np.float32(0), np.clip(np.rint((wg - o) / s), qmin, qmax))
@@ -108,11 +86,11 @@ def dequantize_weight(qw: QuantizedWeight, dtype=np.float32) -> np.ndarray:
     return w.astype(dtype)
 
 
-def quantize_activation(x, block: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
-    """Returns (xq int8 [M, K], s float32 [M, ceil(K / block)] or [M, 1] per row)."""
+def quantize_activation(x, act_block: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+    """Returns (xq int8 [M, K], s float32 [M, ceil(K / act_block)] or [M, 1] per row)."""
     x = np.asarray(x).astype(np.float32)
     m, k = x.shape
-    b = k if block is None or block >= k else int(block)
+    b = k if act_block is None or act_block >= k else int(act_block)
     nb = -(-k // b)
     xq = np.zeros((m, k), np.int8)
     s = np.empty((m, nb), np.float32)
@@ -120,11 +98,11 @@ def quantize_activation(x, block: Optional[int] = None) -> tuple[np.ndarray, np.
         for j in range(nb):
             xb = x[:, j * b:(j + 1) * b]
             finite = np.isfinite(xb).all(axis=1)
-            sj = np.abs(xb).max(axis=1) / np.float32(127)
+            sj = np.abs(xb).max(axis=1) / np.float32(ACT_QMAX)
             sj = np.where(finite, sj, np.float32(np.nan)).astype(np.float32)
             ok = sj > 0
             safe = np.where(ok, sj, np.float32(1))[:, None]
-            q = np.clip(np.rint(np.where(ok[:, None], xb, np.float32(0)) / safe), -127, 127)
+            q = np.clip(np.rint(np.where(ok[:, None], xb, np.float32(0)) / safe), -ACT_QMAX, ACT_QMAX)
             xq[:, j * b:(j + 1) * b] = q.astype(np.int8)
             s[:, j] = sj
     return xq, s

@@ -1,6 +1,6 @@
 // Scalar twins of every kernel: the fallback on CPUs without SIMD support and the oracle the
 // SIMD kernels are tested against. They read any layout through layout_access.h and follow
-// DESIGN section 1 literally.
+// docs/semantics.md literally.
 #include <cmath>
 
 #include "../fp16_path.h"
@@ -61,7 +61,7 @@ void for_each_output(const WeightGeometry& w, int64_t m0, int64_t m1, int64_t p0
 }
 
 // One kernel for int4 and int8 weights and any layout: the integer core per (row, block), then
-// the float epilogue of DESIGN section 1.
+// the float epilogue of docs/semantics.md, section 3.
 void int8_matmul(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
   const WeightGeometry& w = *a.w;
   const int zp = w.zero_point();

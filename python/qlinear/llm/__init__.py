@@ -7,14 +7,19 @@ organized as mnn-llm: tokenizer, embedding (in memory or on disk), decoder block
         print(piece, end="", flush=True)
     print(model.stats)
 
-``llm.convert(hf_dir, out_dir)`` writes a quantized model that ``load`` opens without
-re-quantizing; ``qlinear-llm`` is the command line (generate, chat, bench, convert).
-Needs the ``llm`` extra (tokenizers, jinja2, tqdm).
+``llm.convert(src, out_dir)`` writes a quantized model that ``load`` opens without
+re-quantizing; ``qlinear-llm`` is the command line (generate, chat, bench, convert,
+make-test-model). Needs the ``llm`` extra (tokenizers, jinja2, tqdm).
+
+Layout: one module per model source (``hf_source``, ``converted_source``, ``mnn_source``), each
+returning a ``source.Source``; ``assemble`` builds the Model from it; ``loader`` picks the source;
+``mnn/`` reads MNN's files and runs llmexport and MNN.llm.
 """
 
 from .config import ModelConfig
+from .convert import convert
 from .generation import Sampling
-from .loader import convert, load
+from .loader import load
 from .model import Model, Stats
 from .tokenizer import Tokenizer
 

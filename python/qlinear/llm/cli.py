@@ -3,8 +3,8 @@
     qlinear-llm generate MODEL_DIR "Once upon a time" -n 64
     qlinear-llm chat MODEL_DIR
     qlinear-llm bench MODEL_DIR --prompt-tokens 64 --decode-tokens 32 --threads 1
-    qlinear-llm convert HF_DIR OUT_DIR --bits 4 --group-size 64
-    qlinear-llm make-test-model OUT_DIR --arch qwen2 --shape tiny
+    qlinear-llm convert SRC OUT_DIR --bits 4 --group-size 64
+    qlinear-llm make-test-model OUT_DIR --arch qwen2 --shape tiny --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -15,17 +15,36 @@ import sys
 import time
 
 
+def _group_size(text: str):
+    """--group-size: a positive int (32, 64, 128, 256, or >= K) or 'channel' (one group per row)."""
+    if text == "channel":
+        return None
+    try:
+        g = int(text)
+    except ValueError:
+        g = 0
+    if g <= 0:
+        raise argparse.ArgumentTypeError(f"expected 32, 64, 128, 256 or 'channel' (per channel), got {text!r}")
+    return g
+
+
+def _add_quant_args(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--bits", default="4", choices=["4", "8", "none"], help=f"weight bits {what} (none: float32)")
+    p.add_argument("--group-size", type=_group_size, default=64, metavar="{32,64,128,256,channel}",
+                   help="k per weight scale, or 'channel' for one scale per output row (default 64)")
+
+
 def _add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model directory: Hugging Face checkpoint, converted model or MNN export")
-    p.add_argument("--bits", default="4", choices=["4", "8", "none"], help="weight bits when quantizing at load")
-    p.add_argument("--group-size", type=int, default=64, help="weight group size (0: per channel)")
+    _add_quant_args(p, "when quantizing a checkpoint at load")
     p.add_argument("--act", default="int8", choices=["int8", "float"], help="activations: int8 (W4A8/W8A8) or float")
     p.add_argument("--act-block", default="group", choices=["group", "row"], help="activation scale granularity")
     p.add_argument("--memory", default="low", choices=["low", "normal"])
     p.add_argument("--no-disk-embedding", action="store_true", help="hold the embedding table in memory")
     p.add_argument("--slim-vocab", action="store_true", help="lm head over the tokenizer's ids only")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--max-context", type=int, default=4096)
+    p.add_argument("--max-context", type=int, default=4096,
+                   help="KV cache positions: prompt + generated tokens (default 4096)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -41,11 +60,11 @@ def _load(args):
     from . import load
 
     bits = None if args.bits == "none" else int(args.bits)
-    return load(args.model, bits=bits, group_size=args.group_size or None,
+    return load(args.model, bits=bits, group_size=args.group_size,
                 act="float" if bits is None else args.act, memory=args.memory,
                 disk_embedding=not args.no_disk_embedding, threads=args.threads,
                 max_context=args.max_context, slim_vocab=args.slim_vocab,
-                act_block=0 if args.act_block == "row" else None, progress=sys.stderr.isatty())
+                act_block=None if args.act_block == "row" else "group", progress=sys.stderr.isatty())
 
 
 def _sampling(args) -> dict:
@@ -61,13 +80,27 @@ def _print_stats(model) -> None:
           f"load: {s.load_s:.2f} s  peak RSS: {s.peak_rss_mb:.0f} MB\n#########", file=sys.stderr)
 
 
+def _note_context_stop(model, max_new_tokens: int) -> None:
+    """Say so when generation stopped because the KV cache was full, not at -n or a stop token."""
+    s = model.stats
+    if s.finish_reason == "length" and s.decode_tokens < max_new_tokens:
+        print(f"(stopped after {s.decode_tokens} of {max_new_tokens} tokens: the context is full, "
+              f"{model.cache.capacity} positions; --max-context sets it)", file=sys.stderr)
+
+
+def _print_reply(model, pieces, max_new_tokens: int) -> None:
+    """Stream the pieces to stdout, then why generation stopped early (if so) and the figures."""
+    for piece in pieces:
+        print(piece, end="", flush=True)
+    print()
+    _note_context_stop(model, max_new_tokens)
+    _print_stats(model)
+
+
 def cmd_generate(args) -> None:
     model = _load(args)
     prompt = [{"role": "user", "content": args.prompt}] if args.chat_template else args.prompt
-    for piece in model.stream(prompt, args.max_new_tokens, **_sampling(args)):
-        print(piece, end="", flush=True)
-    print()
-    _print_stats(model)
+    _print_reply(model, model.stream(prompt, args.max_new_tokens, **_sampling(args)), args.max_new_tokens)
 
 
 def cmd_chat(args) -> None:
@@ -85,79 +118,27 @@ def cmd_chat(args) -> None:
         if line.strip() == "/reset":
             model.reset()
             continue
-        for piece in model.chat(line, args.max_new_tokens, stream=True, **_sampling(args)):
-            print(piece, end="", flush=True)
-        print()
-        _print_stats(model)
-
-
-def bench(model, prompt_tokens: int = 64, decode_tokens: int = 32, repeats: int = 1) -> dict:
-    """Prefill ``prompt_tokens`` (ids drawn from the tokenizer's vocabulary, deterministic) and
-    decode ``decode_tokens`` greedily; the best of ``repeats`` runs. Decode speed counts the
-    one-token forwards (the first token comes from the prefill)."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    hi = min(model.tokenizer.vocab_size, model.config.vocab_size)
-    ids = [int(t) for t in rng.integers(0, hi, prompt_tokens)]
-    best = None
-    for _ in range(repeats):
-        model.reset()
-        tokens = model.generate_ids(ids, decode_tokens + 1, stop_ids=())
-        s = model.stats
-        row = {"prompt_tokens": s.prompt_tokens, "prefill_tok_s": s.prefill_tok_s,
-               "decode_tokens": s.decode_steps, "decode_tok_s": s.decode_tok_s,
-               "prompt_ids": ids, "tokens": tokens}
-        if best is None or row["decode_tok_s"] > best["decode_tok_s"]:
-            best = row
-    best["peak_rss_mb"] = model.stats.peak_rss_mb
-    best["load_s"] = model.stats.load_s
-    return best
+        _print_reply(model, model.chat(line, args.max_new_tokens, stream=True, **_sampling(args)),
+                     args.max_new_tokens)
 
 
 def cmd_bench(args) -> None:
     from .. import get_num_threads
+
+    from .benchmark import bench, bench_text, bench_vs_mnn
 
     model = _load(args)
     model.tokenizer.stop_ids = set()  # decode exactly --decode-tokens tokens
     row = bench(model, args.prompt_tokens, args.decode_tokens, args.repeats)
     row.update(threads=get_num_threads(), **{k: model.info[k] for k in ("bits", "act", "group_size")})
     if args.vs == "mnn":
-        row["mnn"] = _bench_mnn(args, model, row)
+        row["mnn"] = bench_vs_mnn(args.model, model, row, args.decode_tokens)
     if not args.json:
-        print(_bench_text(row))
+        print(bench_text(row))
         return
     for r in (row, row.get("mnn") or {}):
         r.pop("prompt_ids", None)
     print(json.dumps(row, indent=2))
-
-
-def _bench_text(row: dict) -> str:
-    lines = [f"threads {row['threads']}  bits {row['bits']}  act {row['act']}",
-             f"prefill {row['prompt_tokens']} tokens: {row['prefill_tok_s']:.1f} tok/s",
-             f"decode {row['decode_tokens']} tokens: {row['decode_tok_s']:.1f} tok/s",
-             f"load {row['load_s']:.2f} s, peak RSS {row['peak_rss_mb']:.0f} MB"]
-    mnn = row.get("mnn")
-    if mnn:
-        lines += [f"MNN.llm prefill {mnn['prefill_tok_s']:.1f} tok/s, decode {mnn['decode_tok_s']:.1f} tok/s, "
-                  f"peak RSS {mnn.get('peak_rss_mb', float('nan')):.0f} MB",
-                  f"ratio qlinear/MNN: prefill {row['prefill_tok_s'] / mnn['prefill_tok_s']:.2f}x, "
-                  f"decode {row['decode_tok_s'] / mnn['decode_tok_s']:.2f}x",
-                  f"greedy tokens agree: the first {mnn['agree_tokens']} of {mnn['compared_tokens']}"]
-    return "\n".join(lines)
-
-
-def _bench_mnn(args, model, row) -> dict:
-    """The same prompt through MNN.llm (a fresh process: its peak RSS is its own), greedy."""
-    if model.info.get("source") != "mnn":
-        raise ValueError("--vs mnn needs an MNN export directory (llm.mnn, llm.mnn.weight, ...)")
-    from .mnn_engine import bench_in_subprocess
-
-    mnn = bench_in_subprocess(args.model, row["prompt_ids"], args.decode_tokens, threads=row["threads"])
-    ours, theirs = row["tokens"], mnn.get("tokens", [])
-    agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-    mnn["agree_tokens"], mnn["compared_tokens"] = agree, min(len(ours), len(theirs))
-    return mnn
 
 
 def cmd_convert(args) -> None:
@@ -165,9 +146,18 @@ def cmd_convert(args) -> None:
 
     bits = None if args.bits == "none" else int(args.bits)
     t0 = time.perf_counter()
-    out = convert(args.src, args.out, bits=bits, group_size=args.group_size or None,
-                  slim_vocab=args.slim_vocab, progress=sys.stderr.isatty())
+    out = convert(args.src, args.out_dir, bits=bits, group_size=args.group_size, symmetric=args.symmetric,
+                  slim_vocab=args.slim_vocab, progress=not args.no_progress, force=args.force)
     print(f"wrote {out} in {time.perf_counter() - t0:.1f} s")
+
+
+def cmd_make_test_model(args) -> None:
+    from .synthetic import make_checkpoint
+
+    extra = {} if args.vocab_size is None else {"vocab_size": args.vocab_size}
+    out = make_checkpoint(args.out_dir, args.arch, args.shape, args.seed, dtype=args.dtype,
+                          force=args.force, **extra)
+    print(out)
 
 
 def main(argv=None) -> None:
@@ -197,22 +187,28 @@ def main(argv=None) -> None:
     b.set_defaults(run=cmd_bench)
 
     v = sub.add_parser("convert", help="quantize a Hugging Face checkpoint into qlinear's model file")
-    v.add_argument("src")
-    v.add_argument("out")
-    v.add_argument("--bits", default="4", choices=["4", "8", "none"])
-    v.add_argument("--group-size", type=int, default=64)
-    v.add_argument("--slim-vocab", action="store_true")
+    v.add_argument("src", help="Hugging Face checkpoint directory")
+    v.add_argument("out_dir", help="directory to write (model.qlinear + tokenizer files)")
+    _add_quant_args(v, "of the converted model")
+    v.add_argument("--symmetric", action="store_true", help="symmetric weights (no offsets)")
+    v.add_argument("--slim-vocab", action="store_true", help="lm head over the tokenizer's ids only")
+    v.add_argument("--force", action="store_true", help="write into OUT_DIR even if it is not empty")
+    v.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     v.set_defaults(run=cmd_convert)
 
+    from .synthetic import DTYPES, SHAPES  # noqa: PLC0415  (no torch import: that happens in make_checkpoint)
+
     m = sub.add_parser("make-test-model", help="write a random-initialized checkpoint (needs torch, transformers)")
-    m.add_argument("out")
+    m.add_argument("out_dir", help="directory to write (config.json, model.safetensors, tokenizer files)")
     m.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"])
-    m.add_argument("--shape", default="tiny")
+    m.add_argument("--shape", default="tiny", choices=list(SHAPES),
+                   help="; ".join(f"{k}: hidden {v['hidden_size']}, {v['num_hidden_layers']} layers, "
+                                  f"vocab {v['vocab_size']}" for k, v in SHAPES.items()))
+    m.add_argument("--dtype", default="float32", choices=list(DTYPES), help="weights' dtype in the file")
+    m.add_argument("--vocab-size", type=int, default=None, help="override the shape's vocabulary size")
     m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--vocab-size", type=int, default=None)
-    m.set_defaults(run=lambda a: __import__("qlinear.llm.synthetic", fromlist=["main"]).main(
-        [a.out, "--arch", a.arch, "--shape", a.shape, "--seed", str(a.seed)]
-        + ([] if a.vocab_size is None else ["--vocab-size", str(a.vocab_size)])))
+    m.add_argument("--force", action="store_true", help="write into OUT_DIR even if it is not empty")
+    m.set_defaults(run=cmd_make_test_model)
 
     args = p.parse_args(argv)
     try:

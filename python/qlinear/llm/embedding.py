@@ -1,24 +1,48 @@
 """Token embedding: a table in memory, or left on disk and read a row at a time (mnn-llm's disk
-embedding: a 150k-token vocabulary is ~270 MB in bf16, but a forward needs a few rows)."""
+embedding: a 150k-token vocabulary is ~270 MB in bf16, but a forward needs a few rows). Every
+model source records where its table lies in a file (``EmbeddingFile``); ``open`` makes either."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
+from .._arrays import bf16_to_float32
 from .pread_file import PreadFile
 
 _DTYPES = {"bfloat16": np.uint16, "float16": np.float16, "float32": np.float32}
 
 
 def _rows_to_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
-    if dtype == "bfloat16":
-        wide = raw.astype(np.uint32)
-        wide <<= 16
-        return wide.view(np.float32)
-    return raw.astype(np.float32)
+    return bf16_to_float32(raw) if dtype == "bfloat16" else raw.astype(np.float32)
+
+
+@dataclass(frozen=True)
+class EmbeddingFile:
+    """Where a source's embedding table lies: ``[vocab_size, hidden_size]`` of ``dtype``
+    (bfloat16 / float16 / float32) at byte ``offset`` of ``path``."""
+
+    path: str
+    offset: int
+    vocab_size: int
+    hidden_size: int
+    dtype: str
+
+    def raw(self) -> np.ndarray:
+        """The stored table, memory-mapped read-only (bfloat16 as uint16 bits)."""
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"embedding dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+        return np.memmap(self.path, dtype=_DTYPES[self.dtype], mode="r", offset=self.offset,
+                         shape=(self.vocab_size, self.hidden_size))
+
+    def open(self, on_disk: bool):
+        """A DiskEmbedding reading rows from the file, or the whole table as a MemoryEmbedding."""
+        if on_disk:
+            return DiskEmbedding(self.path, self.offset, self.vocab_size, self.hidden_size, self.dtype)
+        return MemoryEmbedding(_rows_to_float32(np.asarray(self.raw()), self.dtype))
 
 
 class MemoryEmbedding:

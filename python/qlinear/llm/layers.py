@@ -11,7 +11,9 @@ from typing import Optional, Union
 import numpy as np
 
 from .. import _core
+from .._ops import act_block_size, matmul_array
 from .._packed import PackedWeight
+from .._scheme import DEFAULT_ACT_BLOCK, ActBlock
 from .config import ModelConfig
 
 
@@ -22,14 +24,14 @@ class Linear:
     __slots__ = ("weight", "bias", "act", "_block", "_wt")
 
     def __init__(self, weight: Union[PackedWeight, np.ndarray], bias: Optional[np.ndarray] = None,
-                 act: str = "int8", act_block: Optional[int] = None):
+                 act: str = "int8", act_block: ActBlock = DEFAULT_ACT_BLOCK):
         if act not in ("int8", "float"):
             raise ValueError(f"act must be 'int8' or 'float', got {act!r}")
         self.weight, self.act = weight, act
         self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
         if isinstance(weight, PackedWeight):
-            # act_block: None = one activation scale per row, else per block of k (default: group)
-            self._block = weight._h.block if act_block is None else act_block
+            # act_block as qlinear.matmul's: "group", None (per row) or k per scale
+            self._block = act_block_size(weight, act_block)
             self._wt = None
         else:
             self._block = 0
@@ -45,9 +47,7 @@ class Linear:
             if self.bias is not None:
                 y += self.bias
             return y
-        if self.act == "int8":
-            return _core.matmul_int8(x, self.weight._h, self.bias, None, self._block)
-        return _core.matmul_float(x, self.weight._h, self.bias, None, self.weight._h.k)
+        return matmul_array(x, self.weight, self.bias, None, self.act, self._block)
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

@@ -17,6 +17,8 @@ from typing import Iterator
 
 import numpy as np
 
+from .._arrays import bf16_to_float32
+
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
            "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
            "BOOL": np.bool_}
@@ -101,9 +103,7 @@ class SafetensorsFile:
 
 def to_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "BF16":
-        wide = raw.astype(np.uint32)
-        wide <<= 16  # in place: one array of the result's size, no temporary
-        return wide.view(np.float32)
+        return bf16_to_float32(raw)
     if dtype in ("F32", "F16", "F64"):
         return raw.astype(np.float32)
     raise ValueError(f"expected a float tensor, got {dtype}")

@@ -5,18 +5,20 @@ and a tokenizer (``tokenizer.json`` + ``tokenizer_config.json`` with a chat temp
 are random (transformers' own initialization, seeded); the tokenizer is a byte-level BPE trained
 with ``tokenizers`` on local text (Python's standard library sources by default).
 
-Needs ``torch`` and ``transformers`` (the ``llm-dev`` extra).
+Needs ``torch`` and ``transformers``. ``qlinear-llm make-test-model`` is the command line.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sysconfig
 from pathlib import Path
 from typing import Iterable, Optional
 
+from .convert import check_out_dir
+
 # Shapes worth having by name. "qwen2.5-0.5b" is Qwen2.5-0.5B's geometry (vocab included).
+DTYPES = ("float32", "bfloat16")
 SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, vocab_size=1024),
@@ -74,16 +76,25 @@ def train_tokenizer(out_dir, vocab_size: int = 1024, text: Optional[Iterable[str
 
 
 def make_checkpoint(out_dir, arch: str = "qwen2", shape: str = "tiny", seed: int = 0,
-                    tokenizer_vocab: Optional[int] = None, dtype: str = "float32", **overrides):
+                    tokenizer_vocab: Optional[int] = None, dtype: str = "float32", force: bool = False,
+                    **overrides) -> Path:
     """Write a random-initialized ``arch`` ("qwen2" or "llama") checkpoint of a named ``shape``
-    (see SHAPES; keyword overrides change single fields) with a locally trained tokenizer."""
+    (see SHAPES; keyword overrides change single fields, e.g. ``vocab_size``) in ``dtype``
+    (float32 or bfloat16) with a locally trained tokenizer. An existing non-empty ``out_dir``
+    is refused unless ``force``."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if arch not in ("qwen2", "llama"):
+        raise ValueError(f"unknown architecture {arch!r}; known: qwen2, llama")
+    out = Path(out_dir)
+    check_out_dir(out, force)
+
     import torch
     import transformers
 
-    if shape not in SHAPES:
-        raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
     fields = {**SHAPES[shape], **overrides}
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok_vocab = tokenizer_vocab or min(fields["vocab_size"], 4096)
     tok = train_tokenizer(out, vocab_size=tok_vocab)
@@ -94,33 +105,11 @@ def make_checkpoint(out_dir, arch: str = "qwen2", shape: str = "tiny", seed: int
     common.update(fields)
     if arch == "qwen2":
         config = transformers.Qwen2Config(**common)
-    elif arch == "llama":
-        config = transformers.LlamaConfig(**{**common, "rope_theta": 500000.0})
     else:
-        raise ValueError(f"unknown architecture {arch!r}; known: qwen2, llama")
+        config = transformers.LlamaConfig(**{**common, "rope_theta": 500000.0})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.eval()
     model.save_pretrained(out, safe_serialization=True)
     (out / "generation_config.json").unlink(missing_ok=True)
     return out
-
-
-def main(argv=None) -> None:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="qlinear-llm make-test-model",
-                                description="Write a random-initialized HF checkpoint with a locally trained tokenizer.")
-    p.add_argument("out_dir")
-    p.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"])
-    p.add_argument("--shape", default="tiny", choices=list(SHAPES))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--vocab-size", type=int, default=None, help="override the model's vocabulary size")
-    args = p.parse_args(argv)
-    extra = {} if args.vocab_size is None else {"vocab_size": args.vocab_size}
-    make_checkpoint(args.out_dir, args.arch, args.shape, args.seed, **extra)
-    print(os.fspath(args.out_dir))
-
-
-if __name__ == "__main__":
-    main()

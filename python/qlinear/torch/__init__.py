@@ -10,7 +10,7 @@ Inference only. The kernels run through the ``torch.library`` op ``qlinear::line
 fake implementation), so quantized models work under ``torch.compile`` and ``torch.jit.trace``.
 """
 
-from . import _ops  # noqa: F401  (registers torch.ops.qlinear.linear)
+from . import _linear_op  # noqa: F401  (registers torch.ops.qlinear.linear)
 from .module import QLinear
 from .quantize import (Calibration, LayerStats, QuantizeSummary, calibrate, fake_quantize_weight,
                        quantize_model)

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional
 
 import numpy as np
 import torch
 from torch import nn
 
 from .. import _core
-from .._ops import DEFAULT_ACT_BLOCK
+from .._ops import act_block_size
 from .._packed import PackedWeight, pack_quantized, pack_weight
-from . import _ops
-
-ActBlock = Union[None, int, str]
+from .._scheme import DEFAULT_ACT_BLOCK, ActBlock
+from ._linear_op import packed_weight
 
 
 class QLinear(nn.Module):
@@ -71,12 +70,7 @@ class QLinear(nn.Module):
 
     def _update_kernel_act_block(self) -> None:
         # Resolved once: forward reads a plain int (no Python work under torch.compile).
-        if self.act_block is None:
-            self._kblock = self.in_features
-        elif self.act_block == "group":
-            self._kblock = self.packed_weight._h.block
-        else:
-            self._kblock = int(self.act_block)
+        self._kblock = act_block_size(self.packed_weight, self.act_block)
 
     # -- the packed weight --------------------------------------------------------------------
     @property
@@ -86,7 +80,7 @@ class QLinear(nn.Module):
     @property
     def packed_weight(self) -> PackedWeight:
         """A PackedWeight over this module's bytes (no copy)."""
-        return _ops.packed_weight(self.packed, self.out_features, self.in_features, self.bits,
+        return packed_weight(self.packed, self.out_features, self.in_features, self.bits,
                                   self.group_size, self.symmetric, self.layout)
 
     def dequantized_weight(self) -> torch.Tensor:

@@ -12,12 +12,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence, Union
 
-import numpy as np
 import torch
 from torch import nn
 
-from .._ops import DEFAULT_ACT_BLOCK
 from .._packed import pack_quantized
+from .._scheme import ACT_QMAX, DEFAULT_ACT_BLOCK, act_block_size, group_of, qrange, scale_divisor, zero_point
 from .module import QLinear
 
 __all__ = ["calibrate", "Calibration", "LayerStats", "quantize_model", "QuantizeSummary",
@@ -141,26 +140,21 @@ def _grouped(w: torch.Tensor, g: int) -> torch.Tensor:
 
 def _qparams(lo, hi, bits, symmetric):
     """float16-rounded (scale, offset) for ranges [lo, hi] (offset None if symmetric)."""
+    div = scale_divisor(bits, symmetric)
     if symmetric:
-        qpos = 7 if bits == 4 else 127
         absmax = torch.maximum(lo.abs(), hi.abs())
-        return (absmax / qpos).half().float(), None
-    qmax = 15 if bits == 4 else 255
-    return ((hi - lo) / qmax).half().float(), lo.half().float()
+        return (absmax / div).half().float(), None
+    return ((hi - lo) / div).half().float(), lo.half().float()
 
 
 def _codes(wg, scale, offset, bits, symmetric):
-    """Stored codes for grouped weights ``[N, G, g]`` (round half to even, as the kernels)."""
+    """(stored codes, q) for grouped weights ``[N, G, g]`` (round half to even, as the kernels)."""
     safe = torch.where(scale == 0, torch.ones_like(scale), scale)
-    if symmetric:
-        qneg, qpos, zp = (-8, 7, 8) if bits == 4 else (-127, 127, 128)
-        q = torch.clamp(torch.round(wg / safe), qneg, qpos)
-        q = torch.where(scale == 0, torch.zeros_like(q), q)
-        return q + zp, q
-    qmax = 15 if bits == 4 else 255
-    q = torch.clamp(torch.round((wg - offset) / safe), 0, qmax)
+    qmin, qmax = qrange(bits, symmetric)
+    centred = wg if symmetric else wg - offset
+    q = torch.clamp(torch.round(centred / safe), qmin, qmax)
     q = torch.where(scale == 0, torch.zeros_like(q), q)
-    return q, q
+    return q + zero_point(bits, symmetric), q
 
 
 def _dequant(q, scale, offset):
@@ -172,8 +166,7 @@ def fake_quantize_weight(w: torch.Tensor, bits: int, group_size: Optional[int], 
     """The float32 weight the kernels would compute with (``shrink`` [N, G] narrows each
     group's range); ``group_size=None`` is per-channel."""
     n, k = w.shape
-    g = k if group_size is None or group_size >= k else group_size
-    wg = _grouped(w.float(), g)
+    wg = _grouped(w.float(), group_of(k, group_size))
     lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
     if shrink is not None:
         lo, hi = lo * shrink[..., None], hi * shrink[..., None]
@@ -182,14 +175,14 @@ def fake_quantize_weight(w: torch.Tensor, bits: int, group_size: Optional[int], 
     return _dequant(q, scale, offset).reshape(n, -1)[:, :k]
 
 
-def _fake_quantize_act(x: torch.Tensor, block: int) -> torch.Tensor:
-    """Dynamic int8 absmax activations, one scale per row and ``block`` k (float simulation)."""
+def _fake_quantize_act(x: torch.Tensor, act_block: int) -> torch.Tensor:
+    """Dynamic int8 absmax activations, one scale per row and ``act_block`` k (float simulation)."""
     m, k = x.shape
-    pad = (-k) % block
-    xp = torch.nn.functional.pad(x, (0, pad)).reshape(m, -1, block)
-    s = xp.abs().amax(-1, keepdim=True) / 127
+    pad = (-k) % act_block
+    xp = torch.nn.functional.pad(x, (0, pad)).reshape(m, -1, act_block)
+    s = xp.abs().amax(-1, keepdim=True) / ACT_QMAX
     safe = torch.where(s == 0, torch.ones_like(s), s)
-    return (torch.clamp(torch.round(xp / safe), -127, 127) * s).reshape(m, -1)[:, :k]
+    return (torch.clamp(torch.round(xp / safe), -ACT_QMAX, ACT_QMAX) * s).reshape(m, -1)[:, :k]
 
 
 # --------------------------------------------------------------------------- the recipe
@@ -279,14 +272,6 @@ def _act_sim(x, act, block):
     return _fake_quantize_act(x, block) if act == "int8" else x
 
 
-def _block(k, group_size, act_block):
-    if act_block is None:
-        return k
-    if act_block == "group":
-        return k if group_size is None else min(group_size, k)
-    return int(act_block)
-
-
 def _smooth_scale(stats_absmax, weights, alpha):
     wmax = torch.stack([w.abs().amax(0) for w in weights]).amax(0).clamp_min(1e-8)
     xmax = stats_absmax.clamp_min(1e-8)
@@ -302,7 +287,7 @@ def _search_alpha(plans, samples, absmax, alpha, bits, group_size, symmetric, ac
         return float(alpha), _smooth_scale(absmax, [p.weight for p in plans], float(alpha))
     x = samples[:SEARCH_ROWS]
     k = x.shape[1]
-    block = _block(k, group_size, act_block)
+    block = act_block_size(k, group_size, act_block)
     refs = [x @ p.weight.T for p in plans]
     norms = [r.norm().clamp_min(1e-30) for r in refs]
     best = (math.inf, None, None)
@@ -322,7 +307,7 @@ def _clip_search(w, x, bits, group_size, symmetric):
     """Per group: the range shrink factor minimising ||X_g (W_g - W'_g)^T||^2 over the calibration
     rows ``x`` (the group's own columns; groups are independent)."""
     n, k = w.shape
-    g = k if group_size is None or group_size >= k else group_size
+    g = group_of(k, group_size)
     wg = _grouped(w, g)                                   # [N, G, g]
     pad = wg.shape[1] * g - k
     xg = torch.nn.functional.pad(x, (0, pad)).reshape(x.shape[0], -1, g)  # [S, G, g]
@@ -343,8 +328,7 @@ def _clip_search(w, x, bits, group_size, symmetric):
 
 def _pack(w, bits, group_size, symmetric, shrink):
     n, k = w.shape
-    g = k if group_size is None or group_size >= k else group_size
-    wg = _grouped(w, g)
+    wg = _grouped(w, group_of(k, group_size))
     lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
     if shrink is not None:
         lo, hi = lo * shrink[..., None], hi * shrink[..., None]
@@ -458,12 +442,12 @@ def _quantize_model(model, bits, group_size, symmetric, act, act_block, skip, sm
             if p.samples is None:
                 continue
             x = p.samples
-            blk = _block(x.shape[1], group_size, act_block)
+            blk = act_block_size(x.shape[1], group_size, act_block)
             xq = _act_sim(x, act, blk)
             if clip_search:
                 p.shrink = _clip_search(p.weight, x, bits, group_size, symmetric)
             p.err4 = _rel_err(x, p.weight, fake_quantize_weight(p.weight, bits, group_size, symmetric, p.shrink), xq)
-            xq8 = _act_sim(x, act, _block(x.shape[1], int8_group_size, act_block))
+            xq8 = _act_sim(x, act, act_block_size(x.shape[1], int8_group_size, act_block))
             p.err8 = _rel_err(x, p.weight, fake_quantize_weight(p.weight, 8, int8_group_size, symmetric), xq8)
 
     for n, p in plans.items():
@@ -489,8 +473,7 @@ def _quantize_model(model, bits, group_size, symmetric, act, act_block, skip, sm
 
 
 def _bits_per_weight(k, bits, group_size, symmetric):
-    g = k if group_size is None or group_size >= k else group_size
-    ngroups = -(-k // g)
+    ngroups = -(-k // group_of(k, group_size))
     return bits + ngroups * (16 if symmetric else 32) / k
 
 

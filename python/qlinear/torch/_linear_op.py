@@ -14,21 +14,23 @@ import numpy as np
 import torch
 
 from .. import _core
+from .._ops import matmul_array
 from .._packed import PackedWeight
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _handle(packed: torch.Tensor, n: int, k: int, bits: int, group_size: int, symmetric: bool,
-            layout: str) -> "_core.PackedWeightHandle":
-    """The kernels' handle on ``packed``'s bytes, cached on the tensor itself.
+def packed_weight(packed: torch.Tensor, n: int, k: int, bits: int, group_size: int, symmetric: bool,
+                  layout: str) -> PackedWeight:
+    """A PackedWeight over ``packed``'s bytes (no copy; valid while ``packed`` lives), cached on
+    the tensor itself.
 
-    The handle views the tensor's memory without holding a reference to the tensor (a reference
+    It views the tensor's memory without holding a reference to the tensor (a reference
     would make a cycle the garbage collector cannot break): it lives exactly as long as the
     tensor, as an attribute of it, and is rebuilt when the tensor's storage moves.
     """
     key = (packed.data_ptr(), packed.numel(), n, k, bits, group_size, symmetric, layout)
-    cached = getattr(packed, "_qlinear_handle", None)
+    cached = getattr(packed, "_qlinear_weight", None)
     if cached is not None and cached[0] == key:
         return cached[1]
     if packed.dtype != torch.uint8 or packed.dim() != 1 or not packed.is_contiguous():
@@ -37,15 +39,9 @@ def _handle(packed: torch.Tensor, n: int, k: int, bits: int, group_size: int, sy
         raise ValueError(f"packed weight must be on the CPU, got {packed.device}")
     raw = (ctypes.c_uint8 * packed.numel()).from_address(packed.data_ptr())
     view = np.ctypeslib.as_array(raw)
-    handle = _core.PackedWeightHandle(view, n, k, bits, group_size, symmetric, layout)
-    packed._qlinear_handle = (key, handle)
-    return handle
-
-
-def packed_weight(packed: torch.Tensor, n: int, k: int, bits: int, group_size: int, symmetric: bool,
-                  layout: str) -> PackedWeight:
-    """A PackedWeight over ``packed``'s bytes (no copy; valid while ``packed`` lives)."""
-    return PackedWeight(_handle(packed, n, k, bits, group_size, symmetric, layout))
+    pw = PackedWeight(_core.PackedWeightHandle(view, n, k, bits, group_size, symmetric, layout))
+    packed._qlinear_weight = (key, pw)
+    return pw
 
 
 @torch.library.custom_op("qlinear::linear", mutates_args=(), device_types="cpu")
@@ -54,10 +50,11 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor], 
            act_block: int) -> torch.Tensor:
     """x [..., K] (float32 / float16 / bfloat16) -> [..., N] in x's dtype.
 
-    act: "int8" (dynamic int8 activations, one scale per ``act_block`` k; ``act_block = K`` is one
-    per row) or "float" (weights dequantized in the kernel, float32 accumulation).
+    act: "int8" (dynamic int8 activations, one scale per ``act_block`` k, as resolved by
+    ``qlinear._ops.act_block_size``: K is one per row) or "float" (weights dequantized in the
+    kernel, float32 accumulation).
     """
-    h = _handle(packed, n, k, bits, group_size, symmetric, layout)
+    pw = packed_weight(packed, n, k, bits, group_size, symmetric, layout)
     dtype = x.dtype
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
@@ -67,13 +64,9 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor], 
         x2 = x2.contiguous()
     b = None if bias is None else bias.detach().float().contiguous().numpy()
     xn = x2.detach().numpy()
-    if act == "int8":
-        y = _core.matmul_int8(xn, h, b, None, act_block)
-    elif act == "float":
-        y = _core.matmul_float(xn, h, b, None, k)
-    else:
+    if act not in ("int8", "float"):
         raise ValueError(f"act must be 'int8' or 'float', got {act!r}")
-    y = torch.from_numpy(y)
+    y = torch.from_numpy(matmul_array(xn, pw, b, None, act, act_block))
     if dtype == torch.bfloat16:
         y = y.to(torch.bfloat16)
     return y.reshape(*lead, n)

@@ -134,7 +134,7 @@ class MnnLlm:
 
 _CHILD = r"""
 import json, sys
-from qlinear.llm.mnn_engine import MnnLlm
+from qlinear.llm.mnn.engine import MnnLlm
 args = json.loads(sys.argv[1])
 eng = MnnLlm(args["export_dir"], threads=args["threads"])
 res = eng.bench(args["prompt_ids"], args["n_decode"])
@@ -160,4 +160,4 @@ def bench_in_subprocess(export_dir, prompt_ids: Sequence[int], n_decode: int, th
     return json.loads(proc.stdout.rsplit(marker, 1)[1].strip().splitlines()[0])
 
 
-from .model import peak_rss_mb  # noqa: E402,F401  (re-exported)
+from ..model import peak_rss_mb  # noqa: E402,F401  (re-exported)

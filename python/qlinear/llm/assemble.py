@@ -1,0 +1,70 @@
+"""Assembling a Model from a Source (whatever the source): layers built from our named tensors,
+the embedding opened on disk or in memory, the options applied."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _core
+from .._packed import PackedWeight
+from .embedding import DiskEmbedding
+from .layers import Attention, Block, Linear, Rope
+from .model import Model
+from .options import Options
+from .source import Source
+
+
+def build_model(source: Source, opts: Options, max_context: int) -> Model:
+    """A Model from ``source``; of ``opts``: act, act_block, memory, disk_embedding."""
+    if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:
+        raise ValueError(f"max_context must be a positive int, got {max_context!r}")
+    cfg, tensors = source.config, source.tensors
+    max_context = min(max_context, cfg.max_position_embeddings)
+    quantized = any(isinstance(w, PackedWeight) for w in tensors.values())
+    act = opts.act if quantized else "float"
+
+    def need(name):
+        if name not in tensors:
+            raise ValueError(f"model has no tensor {name!r}")
+        return tensors[name]
+
+    def linear(name, shape):
+        w = need(name)
+        if tuple(w.shape) != shape:
+            raise ValueError(f"tensor {name!r} has shape {tuple(w.shape)}, expected {shape}")
+        if isinstance(w, PackedWeight) and opts.memory == "normal" and act == "float":
+            w = w.dequantize()
+        bias = tensors.get(name + ".bias")
+        if bias is not None:
+            bias = np.asarray(bias, np.float32)
+            if bias.shape != (shape[0],):
+                raise ValueError(f"tensor {name + '.bias'!r} has shape {bias.shape}, expected ({shape[0]},)")
+        if not isinstance(w, PackedWeight):
+            return Linear(np.asarray(w, np.float32), bias, act="float")
+        return Linear(w, bias, act=act, act_block=opts.act_block)
+
+    def vector(name, n):
+        v = np.array(need(name), dtype=np.float32)
+        if v.shape != (n,):
+            raise ValueError(f"tensor {name!r} has shape {v.shape}, expected ({n},)")
+        return v
+
+    H, I = cfg.hidden_size, cfg.intermediate_size
+    rope = Rope(cfg, max_context, source.rope_inv_freq)
+    blocks = []
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        attn = Attention(cfg, i, linear(p + "qkv", (cfg.q_size + 2 * cfg.kv_size, H)),
+                         linear(p + "o", (H, cfg.q_size)), rope)
+        blocks.append(Block(cfg, attn, linear(p + "gate_up", (2 * I, H)), linear(p + "down", (H, I)),
+                            vector(p + "input_norm", H), vector(p + "post_norm", H)))
+    rows = tensors.get("lm_rows")
+    rows = None if rows is None else np.asarray(rows, np.int64)
+    lm_head = linear("lm_head", (cfg.vocab_size if rows is None else len(rows), H))
+    norm = vector("norm", H)
+    embedding = source.embedding.open(on_disk=opts.disk_embedding)
+    info = {"source": source.kind, "path": str(source.path), **source.info,
+            "bits": source.quantization.get("bits"), "group_size": source.quantization.get("group_size"),
+            "act": act, "memory": opts.memory, "disk_embedding": isinstance(embedding, DiskEmbedding),
+            "threads": _core.get_num_threads()}
+    return Model(cfg, source.tokenizer, embedding, blocks, norm, lm_head, rows, max_context, info)

@@ -1,0 +1,62 @@
+"""``qlinear-llm bench``: prefill and decode speed of a loaded model, and MNN.llm on the same
+export side by side."""
+
+from __future__ import annotations
+
+def bench(model, prompt_tokens: int = 64, decode_tokens: int = 32, repeats: int = 1) -> dict:
+    """Prefill ``prompt_tokens`` (ids drawn from the tokenizer's vocabulary, deterministic) and
+    decode ``decode_tokens`` greedily; the best of ``repeats`` runs. Decode speed counts the
+    one-token forwards (the first token comes from the prefill)."""
+    import numpy as np
+
+    capacity = model.cache.capacity
+    if prompt_tokens < 1 or decode_tokens < 0:
+        raise ValueError(f"need a prompt of >= 1 token and >= 0 decode tokens, got {prompt_tokens}, {decode_tokens}")
+    if prompt_tokens + decode_tokens > capacity:
+        raise ValueError(f"a {prompt_tokens}-token prompt and {decode_tokens} decoded tokens need "
+                         f"{prompt_tokens + decode_tokens} positions; the context holds {capacity} "
+                         "(--max-context sets it)")
+    rng = np.random.default_rng(0)
+    hi = min(model.tokenizer.vocab_size, model.config.vocab_size)
+    ids = [int(t) for t in rng.integers(0, hi, prompt_tokens)]
+    best = None
+    for _ in range(repeats):
+        model.reset()
+        tokens = model.generate_ids(ids, decode_tokens + 1, stop_ids=())
+        s = model.stats
+        row = {"prompt_tokens": s.prompt_tokens, "prefill_tok_s": s.prefill_tok_s,
+               "decode_tokens": s.decode_steps, "decode_tok_s": s.decode_tok_s,
+               "prompt_ids": ids, "tokens": tokens}
+        if best is None or row["decode_tok_s"] > best["decode_tok_s"]:
+            best = row
+    best["peak_rss_mb"] = model.stats.peak_rss_mb
+    best["load_s"] = model.stats.load_s
+    return best
+
+
+def bench_text(row: dict) -> str:
+    lines = [f"threads {row['threads']}  bits {row['bits']}  act {row['act']}",
+             f"prefill {row['prompt_tokens']} tokens: {row['prefill_tok_s']:.1f} tok/s",
+             f"decode {row['decode_tokens']} tokens: {row['decode_tok_s']:.1f} tok/s",
+             f"load {row['load_s']:.2f} s, peak RSS {row['peak_rss_mb']:.0f} MB"]
+    mnn = row.get("mnn")
+    if mnn:
+        lines += [f"MNN.llm prefill {mnn['prefill_tok_s']:.1f} tok/s, decode {mnn['decode_tok_s']:.1f} tok/s, "
+                  f"peak RSS {mnn.get('peak_rss_mb', float('nan')):.0f} MB",
+                  f"ratio qlinear/MNN: prefill {row['prefill_tok_s'] / mnn['prefill_tok_s']:.2f}x, "
+                  f"decode {row['decode_tok_s'] / mnn['decode_tok_s']:.2f}x",
+                  f"greedy tokens agree: the first {mnn['agree_tokens']} of {mnn['compared_tokens']}"]
+    return "\n".join(lines)
+
+
+def bench_vs_mnn(export_dir, model, row: dict, decode_tokens: int) -> dict:
+    """The same prompt through MNN.llm (a fresh process: its peak RSS is its own), greedy."""
+    if model.info.get("source") != "mnn":
+        raise ValueError("--vs mnn needs an MNN export directory (llm.mnn, llm.mnn.weight, ...)")
+    from .mnn.engine import bench_in_subprocess
+
+    mnn = bench_in_subprocess(export_dir, row["prompt_ids"], decode_tokens, threads=row["threads"])
+    ours, theirs = row["tokens"], mnn.get("tokens", [])
+    agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    mnn["agree_tokens"], mnn["compared_tokens"] = agree, min(len(ours), len(theirs))
+    return mnn

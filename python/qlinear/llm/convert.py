@@ -1,0 +1,60 @@
+"""``llm.convert``: quantize a Hugging Face checkpoint once into qlinear's own model file, which
+``llm.load`` then maps without re-quantizing (``converted_source``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from .._format import BFloat16Array, save_weights
+from . import converted_source, hf_source
+from .options import Options
+from .progress import progress as progress_bar
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def check_out_dir(out: Path, force: bool) -> None:
+    """Refuse an output directory that exists and is not empty, unless ``force`` (then the files
+    written replace those of the same name; nothing else is removed)."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ValueError(f"{out} exists and is not empty (force=True / --force overwrites it)")
+
+
+def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 64, symmetric: bool = False,
+            slim_vocab: Union[bool, Sequence[int]] = False, progress: bool = True,
+            force: bool = False) -> Path:
+    """Quantize a Hugging Face checkpoint once and write OUT_DIR: ``model.qlinear`` (packed
+    weights, norms, biases and the embedding table in the checkpoint's dtype, one checked,
+    mmap-able file; its metadata holds the model config), plus the tokenizer files. An existing
+    non-empty OUT_DIR is refused unless ``force``."""
+    src, out = Path(src), Path(out_dir)
+    if converted_source.is_converted(src):
+        raise ValueError(f"{src} is already converted")
+    if out.resolve() == src.resolve():
+        raise ValueError(f"{out}: the output directory must differ from the checkpoint's")
+    opts = Options(bits, group_size, symmetric, act="float" if bits is None else "int8",
+                   slim_vocab=slim_vocab).check()
+    check_out_dir(out, force)
+    source = hf_source.read(src, opts, progress, bar_leave=True)
+    tensors = source.tensors
+    raw = source.embedding.raw()
+    tensors[converted_source.EMBEDDING] = BFloat16Array(raw) if source.embedding.dtype == "bfloat16" else np.asarray(raw)
+    if "lm_rows" in tensors:
+        tensors["lm_rows"] = np.asarray(tensors["lm_rows"], np.int32)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"format": converted_source.FORMAT_NAME, "version": converted_source.FORMAT_VERSION,
+            "config": source.config.to_dict(),
+            "quantization": {"bits": bits, "group_size": group_size, "symmetric": symmetric}}
+    bar = progress_bar(1, f"writing {out / converted_source.MODEL_FILE}", progress, unit="file", leave=True)
+    save_weights(out / converted_source.MODEL_FILE, tensors, meta)
+    bar.update(1)
+    bar.close()
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            (out / name).write_bytes((src / name).read_bytes())
+    return out

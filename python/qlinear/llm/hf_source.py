@@ -1,0 +1,104 @@
+"""Source: a Hugging Face checkpoint directory (``config.json``, ``*.safetensors``,
+``tokenizer.json``), its linear layers quantized as they are read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .._packed import pack_weight
+from .config import ModelConfig
+from .embedding import EmbeddingFile
+from .heap import trim_heap
+from .options import Options
+from .progress import progress
+from .safetensors_file import Checkpoint, to_float32
+from .source import Source, slim_rows, stop_ids
+from .tokenizer import Tokenizer
+
+KIND = "huggingface"
+EMBEDDING = "model.embed_tokens.weight"
+_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+
+
+def is_checkpoint(d: Path) -> bool:
+    return (d / "config.json").is_file()
+
+
+def read_config(d: Path) -> ModelConfig:
+    try:
+        hf = json.loads((d / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{d / 'config.json'}: cannot read ({e})") from None
+    return ModelConfig.from_hf(hf, str(d / "config.json"))
+
+
+def read(d: Path, opts: Options, progress_bar: bool = True, bar_leave: bool = False) -> Source:
+    """The checkpoint's tensors, quantized per ``opts`` (bits, group_size, symmetric, slim_vocab)."""
+    cfg = read_config(d)
+    tokenizer = Tokenizer.from_dir(d, extra_stop_ids=stop_ids(cfg.eos_token_id))
+    ckpt = Checkpoint(d)
+    st = ckpt.file(EMBEDDING)
+    offset, dtype, shape = st.location(EMBEDDING)
+    if dtype not in _DTYPES or tuple(shape) != (cfg.vocab_size, cfg.hidden_size):
+        raise ValueError(f"{d}: embedding is {dtype} {shape}, expected float [{cfg.vocab_size}, {cfg.hidden_size}]")
+    embedding = EmbeddingFile(st.path, offset, cfg.vocab_size, cfg.hidden_size, _DTYPES[dtype])
+    rows = slim_rows(opts.slim_vocab, cfg, tokenizer)
+    tensors = _tensors(ckpt, cfg, opts, rows, progress_bar, bar_leave)
+    return Source(KIND, d, cfg, tokenizer, embedding, tensors,
+                  {"bits": opts.bits, "group_size": opts.group_size, "symmetric": opts.symmetric})
+
+
+def _tensors(ckpt: Checkpoint, cfg: ModelConfig, opts: Options, rows: Optional[np.ndarray],
+             progress_bar: bool, bar_leave: bool) -> dict:
+    """Our named tensors from a HF checkpoint: fused projections, quantized per ``opts``."""
+    def f32(name):
+        return ckpt.float32(name)
+
+    def maybe(name):
+        return f32(name) if name in ckpt else None
+
+    def quantize(w):
+        if opts.bits is None:
+            return w
+        return pack_weight(w, bits=opts.bits, group_size=opts.group_size, symmetric=opts.symmetric)
+
+    out = {}
+    bar = progress(cfg.num_layers + 1, "quantizing" if opts.bits else "loading", progress_bar, leave=bar_leave)
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        a, m = p + "self_attn.", p + "mlp."
+        out[f"layers.{i}.input_norm"] = f32(p + "input_layernorm.weight")
+        out[f"layers.{i}.post_norm"] = f32(p + "post_attention_layernorm.weight")
+        out[f"layers.{i}.qkv"] = quantize(np.concatenate([f32(a + n + "_proj.weight") for n in "qkv"]))
+        biases = [maybe(a + n + "_proj.bias") for n in "qkv"]
+        if any(b is not None for b in biases):
+            if any(b is None for b in biases):
+                raise ValueError(f"{ckpt.directory}: layer {i} has biases on some of q/k/v only")
+            out[f"layers.{i}.qkv.bias"] = np.concatenate(biases)
+        out[f"layers.{i}.o"] = quantize(f32(a + "o_proj.weight"))
+        out[f"layers.{i}.gate_up"] = quantize(np.concatenate([f32(m + "gate_proj.weight"), f32(m + "up_proj.weight")]))
+        out[f"layers.{i}.down"] = quantize(f32(m + "down_proj.weight"))
+        for src, dst in ((a + "o_proj.bias", "o"), (m + "down_proj.bias", "down")):
+            if src in ckpt:
+                out[f"layers.{i}.{dst}.bias"] = f32(src)
+        if (m + "gate_proj.bias") in ckpt:
+            out[f"layers.{i}.gate_up.bias"] = np.concatenate([f32(m + "gate_proj.bias"), f32(m + "up_proj.bias")])
+        trim_heap()
+        bar.update(1)
+    out["norm"] = f32("model.norm.weight")
+    head = EMBEDDING if cfg.tie_word_embeddings or "lm_head.weight" not in ckpt else "lm_head.weight"
+    if rows is None:
+        w = f32(head)
+    else:  # only the kept rows are widened
+        raw, dtype = ckpt.raw(head)
+        w = to_float32(raw[rows], dtype)
+    out["lm_head"] = quantize(w)
+    if rows is not None:
+        out["lm_rows"] = rows
+    bar.update(1)
+    bar.close()
+    return out

@@ -1,0 +1,65 @@
+"""What every model source (a Hugging Face checkpoint, a converted qlinear model, an MNN export)
+returns, and the helpers they share. ``assemble.build_model`` turns a Source into a Model.
+
+Tensor names (ours, whatever the source): ``layers.{i}.qkv`` (q/k/v fused along N),
+``layers.{i}.o``, ``layers.{i}.gate_up`` (gate/up fused), ``layers.{i}.down`` (each a
+PackedWeight or a float32 [N, K] array, with an optional ``.bias``), ``layers.{i}.input_norm``,
+``layers.{i}.post_norm``, ``norm``, ``lm_head`` and, with vocabulary slimming, ``lm_rows``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from .._packed import PackedWeight, pack_quantized
+from .config import ModelConfig
+from .embedding import EmbeddingFile
+from .tokenizer import Tokenizer
+
+
+@dataclass
+class Source:
+    kind: str                       # "huggingface", "qlinear-llm", "mnn": model.info["source"]
+    path: Path
+    config: ModelConfig
+    tokenizer: Tokenizer
+    embedding: EmbeddingFile        # the table's place in a file (read on disk or loaded)
+    tensors: dict                   # our names -> PackedWeight / float32 arrays (see above)
+    quantization: dict              # {"bits", "group_size", "symmetric"} of the weights as held
+    info: dict = field(default_factory=dict)   # source-specific additions to model.info
+    rope_inv_freq: Optional[np.ndarray] = None  # when the source stores RoPE's frequencies
+
+
+def stop_ids(x) -> list[int]:
+    """A config's ``eos_token_id`` (an int, a list or None) as a list."""
+    if x is None:
+        return []
+    return [int(i) for i in (x if isinstance(x, (list, tuple)) else [x])]
+
+
+def slim_rows(slim: Union[bool, Sequence[int], None], cfg: ModelConfig,
+              tokenizer: Tokenizer) -> Optional[np.ndarray]:
+    """Vocabulary slimming: the lm head rows to keep (None: all). True keeps the ids the
+    tokenizer can produce, when the model's vocabulary is larger."""
+    if slim is False or slim is None:
+        return None
+    if slim is True:
+        n = tokenizer.vocab_size
+        return np.arange(n, dtype=np.int32) if n < cfg.vocab_size else None
+    rows = np.unique(np.asarray(list(slim), dtype=np.int64))
+    if rows.size == 0 or rows[0] < 0 or rows[-1] >= cfg.vocab_size:
+        raise ValueError(f"slim_vocab ids must lie in [0, {cfg.vocab_size})")
+    return rows.astype(np.int32)
+
+
+def select_rows(w, rows: np.ndarray):
+    """Rows of a weight (packed: codes moved, not re-rounded)."""
+    if not isinstance(w, PackedWeight):
+        return np.asarray(w, np.float32)[rows]
+    codes, scale, offset = w.unpack()
+    return pack_quantized(codes[rows], scale[rows], None if offset is None else offset[rows],
+                          w.bits, None if w.per_channel else w.group_size, w.symmetric)
