@@ -168,8 +168,9 @@ def test_decode_sweep(benchmark, shape, engine, threads):
         benchmark.pedantic(run, rounds=5, warmup_rounds=1)
     finally:
         qlinear.set_isa(previous)
-    benchmark.extra_info.update(shape=shape, engine=engine, threads=threads, weight_bytes=nbytes,
-                                gb_s=nbytes / benchmark.stats.stats.min / 1e9)
+    if benchmark.stats:  # None under --benchmark-disable
+        benchmark.extra_info.update(shape=shape, engine=engine, threads=threads, weight_bytes=nbytes,
+                                    gb_s=nbytes / benchmark.stats.stats.min / 1e9)
 
 
 def main() -> None:

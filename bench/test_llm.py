@@ -1,5 +1,5 @@
-"""Whole-model speed of qlinear.llm, side by side with MNN.llm: prefill (64-token prompt) and
-decode tok/s on a random Qwen2.5-0.5B-shaped model (hidden 896, 24 layers, 14 heads, 2 KV heads,
+"""Whole-model speed of qlinear.llm, side by side with MNN.llm: prefill (64- and 1024-token prompts)
+and decode tok/s (at those contexts) on a random Qwen2.5-0.5B-shaped model (hidden 896, 24 layers, 14 heads, 2 KV heads,
 intermediate 4864), int4 group / block 64, W4A8, at 1 and 2 threads.
 
 Engines:
@@ -13,6 +13,7 @@ Models are built once (needs torch + transformers) into QLINEAR_BENCH_MODELS (de
 design notes; QLINEAR_BENCH_VOCAB=151936 gives Qwen2.5's own.
 
     pytest bench/test_llm.py --benchmark-only --benchmark-group-by=param:phase
+    python bench/test_llm.py [--rounds 8] [--threads 1 2] [--prompt-tokens 64 1024]   # interleaved
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ pytest.importorskip("tokenizers")
 import qlinear  # noqa: E402
 from qlinear import llm  # noqa: E402
 
-PROMPT_TOKENS, DECODE_TOKENS = 64, 32
+PROMPTS, DECODE_TOKENS = (64, 1024), 32
 VOCAB = int(os.environ.get("QLINEAR_BENCH_VOCAB", "4096"))
 ROOT = Path(os.environ.get("QLINEAR_BENCH_MODELS", Path.home() / ".cache" / "qlinear-bench"))
 
@@ -58,7 +59,7 @@ def _export() -> Path:
 
 class QlinearEngine:
     def __init__(self, path):
-        self.model = llm.load(path, max_context=PROMPT_TOKENS + DECODE_TOKENS + 8, progress=False)
+        self.model = llm.load(path, max_context=max(PROMPTS) + DECODE_TOKENS + 8, progress=False)
 
     def prefill(self, ids):
         self.model.reset()
@@ -100,8 +101,8 @@ def engine(name: str, threads: int):
     return _engines[key]
 
 
-def prompt() -> list[int]:
-    return [int(t) for t in np.random.default_rng(0).integers(0, min(VOCAB, 4096), PROMPT_TOKENS)]
+def prompt(tokens: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(0).integers(0, min(VOCAB, 4096), tokens)]
 
 
 ENGINES = ["qlinear", "qlinear-on-mnn", "mnn"]
@@ -109,56 +110,61 @@ ENGINES = ["qlinear", "qlinear-on-mnn", "mnn"]
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("name", ENGINES)
+@pytest.mark.parametrize("prompt_tokens", PROMPTS)
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
-def test_llm(benchmark, phase, name, threads):
+def test_llm(benchmark, phase, prompt_tokens, name, threads):
     eng = engine(name, threads)
-    ids = prompt()
+    ids = prompt(prompt_tokens)
+    rounds = 5 if prompt_tokens <= 64 else 3
     if phase == "prefill":
-        benchmark.pedantic(lambda: eng.prefill(ids), rounds=5, warmup_rounds=1)
-        tokens = PROMPT_TOKENS
+        benchmark.pedantic(lambda: eng.prefill(ids), rounds=rounds, warmup_rounds=1)
+        tokens = prompt_tokens
     else:
         def run(first):
             token = first
             for _ in range(DECODE_TOKENS):
                 token = eng.step(token)
 
-        benchmark.pedantic(run, setup=lambda: ((eng.prefill(ids),), {}), rounds=5, warmup_rounds=1)
+        benchmark.pedantic(run, setup=lambda: ((eng.prefill(ids),), {}), rounds=rounds, warmup_rounds=1)
         tokens = DECODE_TOKENS
-    benchmark.extra_info.update(engine=name, phase=phase, threads=threads, tokens=tokens,
-                                tok_s=tokens / benchmark.stats.stats.min)
+    if benchmark.stats:  # None under --benchmark-disable
+        benchmark.extra_info.update(engine=name, phase=phase, prompt_tokens=prompt_tokens, threads=threads,
+                                    tokens=tokens, tok_s=tokens / benchmark.stats.stats.min)
 
 
-def main(rounds: int = 8, threads_list=(1, 2)) -> None:
-    """Interleaved rounds: per thread count, every engine's prefill then its decode in turn, round
-    after round, so that the load of a shared machine falls on all alike. Prints medians (and
-    best) in tok/s and the ratios to MNN.llm."""
+def main(rounds: int = 8, threads_list=(1, 2), prompts=PROMPTS) -> None:
+    """Interleaved rounds: per thread count and prompt length, every engine's prefill then its
+    decode in turn, round after round, so that the load of a shared machine falls on all alike.
+    Prints medians (and best) in tok/s and the ratios to MNN.llm."""
     import time
 
-    ids = prompt()
-    print(f"Qwen2.5-0.5B-shaped, vocab {VOCAB}, int4 group / block 64, W4A8; {PROMPT_TOKENS}-token prompt, "
-          f"{DECODE_TOKENS} decoded tokens; medians (best) of {rounds} interleaved rounds")
-    print("| phase | threads | " + " | ".join(ENGINES) + " | qlinear-on-mnn / mnn |")
-    print("|---|---|" + "---|" * (len(ENGINES) + 1))
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    print(f"{cpu}, {qlinear.cpu_info()['active_isa']}; Qwen2.5-0.5B-shaped, vocab {VOCAB}, int4 group / block 64, "
+          f"W4A8; {DECODE_TOKENS} decoded tokens after the prompt; medians (best) of {rounds} interleaved rounds")
+    print("| phase | prompt | threads | " + " | ".join(ENGINES) + " | qlinear / mnn | qlinear-on-mnn / mnn |")
+    print("|---|---|---|" + "---|" * (len(ENGINES) + 2))
     for threads in threads_list:
         engines = {name: engine(name, threads) for name in ENGINES}
-        times = {(name, phase): [] for name in ENGINES for phase in ("prefill", "decode")}
-        for r in range(rounds + 1):  # round 0 warms up
-            for name, eng in engines.items():
-                qlinear.set_num_threads(threads)
-                t0 = time.perf_counter()
-                token = eng.prefill(ids)
-                t1 = time.perf_counter()
-                for _ in range(DECODE_TOKENS):
-                    token = eng.step(token)
-                t2 = time.perf_counter()
-                if r:
-                    times[(name, "prefill")].append(PROMPT_TOKENS / (t1 - t0))
-                    times[(name, "decode")].append(DECODE_TOKENS / (t2 - t1))
-        for phase in ("prefill", "decode"):
-            med = {n: float(np.median(times[(n, phase)])) for n in ENGINES}
-            cells = [f"{med[n]:.1f} ({max(times[(n, phase)]):.1f})" for n in ENGINES]
-            print(f"| {phase} | {threads} | " + " | ".join(cells) +
-                  f" | {med['qlinear-on-mnn'] / med['mnn']:.2f}x |")
+        for n in prompts:
+            ids = prompt(n)
+            times = {(name, phase): [] for name in ENGINES for phase in ("prefill", "decode")}
+            for r in range(rounds + 1):  # round 0 warms up
+                for name, eng in engines.items():
+                    qlinear.set_num_threads(threads)
+                    t0 = time.perf_counter()
+                    token = eng.prefill(ids)
+                    t1 = time.perf_counter()
+                    for _ in range(DECODE_TOKENS):
+                        token = eng.step(token)
+                    t2 = time.perf_counter()
+                    if r:
+                        times[(name, "prefill")].append(n / (t1 - t0))
+                        times[(name, "decode")].append(DECODE_TOKENS / (t2 - t1))
+            for phase in ("prefill", "decode"):
+                med = {e: float(np.median(times[(e, phase)])) for e in ENGINES}
+                cells = [f"{med[e]:.1f} ({max(times[(e, phase)]):.1f})" for e in ENGINES]
+                print(f"| {phase} | {n} | {threads} | " + " | ".join(cells) +
+                      f" | {med['qlinear'] / med['mnn']:.2f}x | {med['qlinear-on-mnn'] / med['mnn']:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":
@@ -167,5 +173,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="qlinear.llm and MNN.llm side by side, interleaved rounds")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--prompt-tokens", type=int, nargs="+", default=list(PROMPTS))
     a = ap.parse_args()
-    main(a.rounds, tuple(a.threads))
+    main(a.rounds, tuple(a.threads), tuple(a.prompt_tokens))
