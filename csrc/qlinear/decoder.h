@@ -18,6 +18,11 @@ struct AttentionShape {
   int64_t heads, kv_heads, head_dim, capacity;  // capacity: positions the cache holds
 };
 
+constexpr int64_t kAttendBatch = 16;   // decode: query heads of one KV head attended together
+constexpr int64_t kPrefillRows = 16;   // prefill: query rows per task (and per pass over the keys)
+constexpr int64_t kKeyBlock = 64;      // prefill: keys per block of the online softmax
+constexpr int64_t kMaxHeadDim = 512;
+
 // One token at position `pos`: rotate q and k (rotate-half RoPE with the tables' row `pos`),
 // store k and v into the caches ([kv_heads, capacity, head_dim] each) at `pos`, and attend over
 // positions 0..pos (grouped-query: head h reads KV head h / (heads / kv_heads)); heads are split
@@ -25,5 +30,15 @@ struct AttentionShape {
 // qkv: [heads + 2 * kv_heads, head_dim]; out: [heads, head_dim].
 void attend_one(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
                 const AttentionShape& s, float scale, float* k_cache, float* v_cache, float* out);
+
+
+// A prompt of `rows` tokens at positions start.. (prefill): RoPE on the queries and keys, the
+// keys and values stored into the caches at start.., and causal attention of every row over the
+// positions up to its own (keys in blocks of 64 with an online softmax: no [rows, positions]
+// score matrix is held). Tasks of (head, 16 query rows) run on the thread pool.
+// qkv: [rows, (heads + 2 * kv_heads) * head_dim]; cos / sin: the full RoPE tables
+// [>= start + rows, head_dim / 2]; out: [rows, heads * head_dim].
+void attend_prefill(const float* qkv, int64_t rows, const float* cos, const float* sin, int64_t start,
+                    const AttentionShape& s, float scale, float* k_cache, float* v_cache, float* out);
 
 }  // namespace qlinear::decoder

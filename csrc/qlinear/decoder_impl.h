@@ -79,37 +79,196 @@ void store_kv(const float* qkv, const float* cos_row, const float* sin_row, int6
   }
 }
 
-// Query heads [h0, h1) over positions 0..pos; scratch: pos + 1 floats.
+// Query heads [h0, h1) over positions 0..pos. The heads that share a KV head are taken together
+// (up to kAttendBatch at a time): every key and value row is read from memory once for all of
+// them, which is what keeps a long context's attention at the cache's streaming speed. Each
+// output's arithmetic is that of one head alone (the same dot products, sums and order).
+// scratch: attend_scratch_floats(pos, d) floats.
 void attend_heads(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
                   const AttentionShape& sh, float scale, const float* k_cache, const float* v_cache,
                   int64_t h0, int64_t h1, float* out, float* scratch) {
-  const int64_t d = sh.head_dim, group = sh.heads / sh.kv_heads;
-  float q[512];
-  for (int64_t h = h0; h < h1; ++h) {
-    const int64_t g = h / group;
+  const int64_t d = sh.head_dim, group = sh.heads / sh.kv_heads, n = pos + 1;
+  constexpr int64_t kRows = 64;  // value rows per pass over the heads (16 KiB at d = 64: L1)
+  float* q = scratch;                   // [kAttendBatch, d]
+  float* p = scratch + kAttendBatch * d;  // [kAttendBatch, n]
+  bool bad[kAttendBatch];
+  for (int64_t hb = h0; hb < h1;) {
+    const int64_t g = hb / group;
+    const int64_t he = std::min({h1, (g + 1) * group, hb + kAttendBatch}), nq = he - hb;
     const float* kc = k_cache + g * sh.capacity * d;
     const float* vc = v_cache + g * sh.capacity * d;
-    rope(qkv + h * d, cos_row, sin_row, d, q);
-    for (int64_t i = 0; i < d; ++i) q[i] *= scale;
-    float top = -std::numeric_limits<float>::infinity();
-    bool nan = false;
-    for (int64_t t = 0; t <= pos; ++t) {
-      scratch[t] = dot(q, kc + t * d, d);
-      nan |= std::isnan(scratch[t]);
-      top = std::max(top, scratch[t]);
+    for (int64_t j = 0; j < nq; ++j) {
+      float* qj = q + j * d;
+      rope(qkv + (hb + j) * d, cos_row, sin_row, d, qj);
+      for (int64_t i = 0; i < d; ++i) qj[i] *= scale;
     }
-    float* o = out + h * d;
-    if (nan || std::isinf(top)) {  // NaN / Inf in q or k: the result is NaN, as in float math
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < nq; ++j) p[j * n + t] = dot(q + j * d, kc + t * d, d);
+    for (int64_t j = 0; j < nq; ++j) {
+      float* pj = p + j * n;
+      float top = -std::numeric_limits<float>::infinity();
+      bool nan = false;
+      for (int64_t t = 0; t < n; ++t) {
+        nan |= std::isnan(pj[t]);
+        top = std::max(top, pj[t]);
+      }
+      float* o = out + (hb + j) * d;
+      bad[j] = nan || std::isinf(top);
+      if (bad[j]) {  // NaN / Inf in q or k: the result is NaN, as in float math
+        std::fill(o, o + d, std::numeric_limits<float>::quiet_NaN());
+        continue;
+      }
+      float total = 0.f;
+      for (int64_t t = 0; t < n; ++t) pj[t] = exp_poly(pj[t] - top);
+      for (int64_t t = 0; t < n; ++t) total += pj[t];
+      for (int64_t t = 0; t < n; ++t) pj[t] = pj[t] / total;
+      std::fill(o, o + d, 0.f);
+    }
+    for (int64_t t0 = 0; t0 < n; t0 += kRows) {
+      const int64_t t1 = std::min(n, t0 + kRows);
+      for (int64_t j = 0; j < nq; ++j) {
+        if (bad[j]) continue;
+        const float* pj = p + j * n;
+        float* o = out + (hb + j) * d;
+        for (int64_t t = t0; t < t1; ++t) {
+          const float pt = pj[t];
+          const float* vt = vc + t * d;
+          for (int64_t i = 0; i < d; ++i) o[i] += pt * vt[i];
+        }
+      }
+    }
+    hb = he;
+  }
+}
+
+// -- prefill: causal attention of many query rows, keys in blocks with an online softmax --------
+
+// s[r][t] = q[r] . k[t] for `rows` query rows and the `nk` <= kKeyBlock keys of a block, through
+// the block transposed (kt [d][kKeyBlock]): products accumulated along the keys, the vector
+// lanes over keys, no horizontal sums.
+template <int64_t D>
+void block_scores(const float* q, int64_t rows, const float* k, int64_t nk, int64_t d_rt, float* kt, float* s) {
+  const int64_t d = D ? D : d_rt;
+  for (int64_t t = 0; t < nk; ++t)
+    for (int64_t i = 0; i < d; ++i) kt[i * kKeyBlock + t] = k[t * d + i];
+  for (int64_t t = nk; t < kKeyBlock; ++t)
+    for (int64_t i = 0; i < d; ++i) kt[i * kKeyBlock + t] = 0.f;
+  for (int64_t r = 0; r < rows; ++r) {
+    float acc[kKeyBlock];
+    for (int64_t t = 0; t < kKeyBlock; ++t) acc[t] = 0.f;
+    const float* qr = q + r * d;
+    for (int64_t i = 0; i < d; ++i) {
+      const float x = qr[i];
+      const float* kr = kt + i * kKeyBlock;
+      for (int64_t t = 0; t < kKeyBlock; ++t) acc[t] += x * kr[t];
+    }
+    for (int64_t t = 0; t < kKeyBlock; ++t) s[r * kKeyBlock + t] = acc[t];
+  }
+}
+
+// acc[r] = acc[r] * alpha[r] + sum_t p[r][t] v[t] over the block's first nk[r] keys.
+template <int64_t D>
+void block_values(const float* p, const int64_t* nk, const float* alpha, int64_t rows, const float* v,
+                  int64_t d_rt, float* acc) {
+  const int64_t d = D ? D : d_rt;
+  for (int64_t r = 0; r < rows; ++r) {
+    float o[D ? D : 512];
+    float* ar = acc + r * d;
+    for (int64_t i = 0; i < d; ++i) o[i] = ar[i] * alpha[r];
+    const float* pr = p + r * kKeyBlock;
+    for (int64_t t = 0; t < nk[r]; ++t) {
+      const float pt = pr[t];
+      const float* vt = v + t * d;
+      for (int64_t i = 0; i < d; ++i) o[i] += pt * vt[i];
+    }
+    for (int64_t i = 0; i < d; ++i) ar[i] = o[i];
+  }
+}
+
+template <int64_t D>
+void attend_rows_d(const float* q, int64_t ldq, int64_t start, const AttentionShape& sh,
+                   const float* k_cache, const float* v_cache, int64_t h, int64_t r0, int64_t r1,
+                   float* out, int64_t ldo, float* scratch) {
+  const int64_t d = sh.head_dim, rows = r1 - r0, g = h / (sh.heads / sh.kv_heads);
+  const float* kc = k_cache + g * sh.capacity * d;
+  const float* vc = v_cache + g * sh.capacity * d;
+  float* qs = scratch;                        // [rows, d]
+  float* kt = qs + kPrefillRows * d;          // [d, kKeyBlock]
+  float* s = kt + d * kKeyBlock;              // [rows, kKeyBlock]
+  float* acc = s + kPrefillRows * kKeyBlock;  // [rows, d]
+  float m[kPrefillRows], l[kPrefillRows], alpha[kPrefillRows];
+  int64_t nk[kPrefillRows];
+  bool bad[kPrefillRows];
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(qs + r * d, q + (r0 + r) * ldq + h * d, sizeof(float) * d);
+    m[r] = -std::numeric_limits<float>::infinity();
+    l[r] = 0.f;
+    bad[r] = false;
+  }
+  std::fill(acc, acc + rows * d, 0.f);
+  const int64_t last = start + r1;  // keys [0, last) are seen by some row of the block
+  for (int64_t t0 = 0; t0 < last; t0 += kKeyBlock) {
+    const int64_t kb = std::min(kKeyBlock, last - t0);
+    block_scores<D>(qs, rows, kc + t0 * d, kb, d, kt, s);
+    for (int64_t r = 0; r < rows; ++r) {
+      // row r (position start + r0 + r) sees keys up to its own position
+      nk[r] = std::max<int64_t>(0, std::min(kb, start + r0 + r + 1 - t0));
+      float* sr = s + r * kKeyBlock;
+      float top = m[r];
+      for (int64_t t = 0; t < nk[r]; ++t) {
+        bad[r] |= !std::isfinite(sr[t]);
+        top = std::max(top, sr[t]);
+      }
+      if (bad[r] || nk[r] == 0) {
+        nk[r] = 0;
+        alpha[r] = 1.f;
+        continue;
+      }
+      alpha[r] = exp_poly(m[r] - top);  // 0 on the first block (m = -inf, clamped)
+      for (int64_t t = 0; t < nk[r]; ++t) sr[t] = exp_poly(sr[t] - top);
+      float sum = 0.f;
+      for (int64_t t = 0; t < nk[r]; ++t) sum += sr[t];
+      l[r] = l[r] * alpha[r] + sum;
+      m[r] = top;
+    }
+    block_values<D>(s, nk, alpha, rows, vc + t0 * d, d, acc);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float* o = out + (r0 + r) * ldo + h * d;
+    if (bad[r]) {
       std::fill(o, o + d, std::numeric_limits<float>::quiet_NaN());
       continue;
     }
-    float total = 0.f;
-    for (int64_t t = 0; t <= pos; ++t) scratch[t] = exp_poly(scratch[t] - top);
-    for (int64_t t = 0; t <= pos; ++t) total += scratch[t];
-    std::fill(o, o + d, 0.f);
-    for (int64_t t = 0; t <= pos; ++t) {
-      const float p = scratch[t] / total;
-      for (int64_t i = 0; i < d; ++i) o[i] += p * vc[t * d + i];
+    const float inv = 1.f / l[r];
+    for (int64_t i = 0; i < d; ++i) o[i] = acc[r * d + i] * inv;
+  }
+}
+
+// Query rows [r0, r1) (r1 - r0 <= kPrefillRows) of head h; q: RoPE'd and scaled queries
+// [rows, ldq] (head h at column h * d), row r at position start + r; out [rows, ldo].
+// scratch: prefill_scratch_floats(d) floats.
+void attend_rows(const float* q, int64_t ldq, int64_t start, const AttentionShape& sh,
+                 const float* k_cache, const float* v_cache, int64_t h, int64_t r0, int64_t r1,
+                 float* out, int64_t ldo, float* scratch) {
+  if (sh.head_dim == 64)
+    attend_rows_d<64>(q, ldq, start, sh, k_cache, v_cache, h, r0, r1, out, ldo, scratch);
+  else if (sh.head_dim == 128)
+    attend_rows_d<128>(q, ldq, start, sh, k_cache, v_cache, h, r0, r1, out, ldo, scratch);
+  else
+    attend_rows_d<0>(q, ldq, start, sh, k_cache, v_cache, h, r0, r1, out, ldo, scratch);
+}
+
+// RoPE on query row r's heads (position start + r) times `scale`, into q [rows, heads * d].
+void rope_queries(const float* qkv, int64_t ldqkv, const float* cos, const float* sin, int64_t start,
+                  const AttentionShape& sh, float scale, int64_t r0, int64_t r1, float* q) {
+  const int64_t d = sh.head_dim, half = d / 2;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* c = cos + (start + r) * half;
+    const float* s = sin + (start + r) * half;
+    for (int64_t h = 0; h < sh.heads; ++h) {
+      float* qh = q + r * sh.heads * d + h * d;
+      rope(qkv + r * ldqkv + h * d, c, s, d, qh);
+      for (int64_t i = 0; i < d; ++i) qh[i] *= scale;
     }
   }
 }
