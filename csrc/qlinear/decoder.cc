@@ -45,7 +45,7 @@ void attend_one(const float* qkv, const float* cos_row, const float* sin_row, in
   // Heads split over the pool once a long context makes them worth a job (~100 us of work).
   const auto heads = [&](int64_t h0, int64_t h1) {
     thread_local std::vector<float> scratch;
-    scratch.resize(static_cast<size_t>(kAttendBatch * (sh.head_dim + pos + 1)));
+    scratch.resize(static_cast<size_t>(kAttendBatch * (sh.head_dim + attend_scores_stride(pos))));
     QLINEAR_DECODER_CALL(attend_heads, qkv, cos_row, sin_row, pos, sh, scale, k_cache, v_cache, h0, h1,
                          out, scratch.data());
   };

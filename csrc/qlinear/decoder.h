@@ -23,6 +23,10 @@ constexpr int64_t kPrefillRows = 16;   // prefill: query rows per task (and per 
 constexpr int64_t kKeyBlock = 64;      // prefill: keys per block of the online softmax
 constexpr int64_t kMaxHeadDim = 512;
 
+// Decode: the scores of each head at positions 0..pos, rows of the scratch apart by a stride
+// that is not a multiple of 4 KiB (rows 4 KiB apart would share L1 sets and alias).
+inline int64_t attend_scores_stride(int64_t pos) { return (pos + 1 + 15) / 16 * 16 + 16; }
+
 // One token at position `pos`: rotate q and k (rotate-half RoPE with the tables' row `pos`),
 // store k and v into the caches ([kv_heads, capacity, head_dim] each) at `pos`, and attend over
 // positions 0..pos (grouped-query: head h reads KV head h / (heads / kv_heads)); heads are split
