@@ -504,7 +504,10 @@ PYBIND11_MODULE(_core, m) {
                py::gil_scoped_release release;
                s.run_matmuls(logits.data());
              }, "The step's matmuls alone (for timing the rest of the step).")
-        .def_property_readonly("num_layers", [](const DecodeStep& s) { return s.model().layers.size(); });
+        .def_property_readonly("num_layers", [](const DecodeStep& s) { return s.model().layers.size(); })
+        .def_property_readonly("last_timing", [](const DecodeStep& s) {
+              return py::make_tuple(s.last_seconds(), s.last_matmul_seconds());
+            }, "(seconds of the last step, seconds of its matmuls), clocked inside the step");
     m.def("decode_step", [f32, linear](const py::list& layers, const py::array& final_norm, const py::tuple& lm_head,
                                        const py::array& k_cache, const py::array& v_cache, const py::array& cos,
                                        const py::array& sin, int64_t heads, double eps, double scale) {

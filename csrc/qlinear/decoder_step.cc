@@ -1,5 +1,6 @@
 #include "decoder_step.h"
 
+#include <chrono>
 #include <utility>
 
 #include "matmul.h"
@@ -17,15 +18,25 @@ DecodeStep::DecodeStep(StepModel m) : m_(std::move(m)) {
   act_.resize(m_.intermediate);
 }
 
+namespace {
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
 void DecodeStep::linear(const StepLinear& l, const float* x, float* y) {
+  const double t0 = now();
   const MatmulRequest req{l.w, l.packed, x, DType::f32, 1, l.w->k, l.act_int8 ? l.act_block : l.w->k,
                           l.bias, y, l.w->n};
   if (l.act_int8) matmul_int8(req);
   else matmul_float(req);
+  matmul_ += now() - t0;
 }
 
 void DecodeStep::run(const float* h_in, int64_t pos, float* logits) {
   std::lock_guard<std::mutex> lock(mutex_);
+  const double t0 = now();
+  matmul_ = 0;
   const int64_t n = m_.hidden, half = m_.attn.head_dim / 2;
   float* h = h_.data();
   std::copy(h_in, h_in + n, h);
@@ -45,6 +56,8 @@ void DecodeStep::run(const float* h_in, int64_t pos, float* logits) {
   }
   rms_norm(h, m_.final_norm, m_.eps, 1, n, x_.data());
   linear(m_.lm_head, x_.data(), logits);
+  last_total_ = now() - t0;
+  last_matmul_ = matmul_;
 }
 
 void DecodeStep::run_matmuls(float* logits) {

@@ -60,12 +60,17 @@ class DecodeStep {
 
   const StepModel& model() const { return m_; }
 
+  // Seconds the last run() took in all, and in its matmuls (clocked around each call).
+  double last_seconds() const { return last_total_; }
+  double last_matmul_seconds() const { return last_matmul_; }
+
  private:
   void linear(const StepLinear& l, const float* x, float* y);
 
   StepModel m_;
   std::mutex mutex_;  // one step at a time per object (the buffers below)
   std::vector<float> h_, x_, qkv_, att_, proj_, gu_, act_;
+  double last_total_ = 0, last_matmul_ = 0, matmul_ = 0;
 };
 
 }  // namespace qlinear::decoder
