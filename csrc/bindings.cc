@@ -444,8 +444,8 @@ PYBIND11_MODULE(_core, m) {
                   bool writeable = false) {
       if (!py::isinstance<py::array>(obj)) throw py::type_error(what + " must be a numpy array");
       py::array a = py::reinterpret_borrow<py::array>(obj);
-      if (a.dtype().num() != kNpyFloat || !(a.flags() & py::array::c_style))
-        throw py::type_error(what + " must be a C-contiguous float32 array");
+      if (a.dtype().num() != kNpyFloat) throw py::type_error(what + " must be float32, got " + dtype_str(a));
+      if (!(a.flags() & py::array::c_style)) throw py::value_error(what + " must be C-contiguous");
       bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
       for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || a.shape(i) == shape[i];
       if (!ok) {
