@@ -282,15 +282,26 @@ void block_scores(const float* q, int64_t rows, const float* k, int64_t nk, int6
   for (int64_t t = nk; t < kKeyBlock; ++t)
     for (int64_t i = 0; i < d; ++i) kt[i * kKeyBlock + t] = 0.f;
   for (int64_t r = 0; r < rows; ++r) {
-    float acc[kKeyBlock];
-    for (int64_t t = 0; t < kKeyBlock; ++t) acc[t] = 0.f;
     const float* qr = q + r * d;
+    float* sr = s + r * kKeyBlock;
+#if defined(__AVX2__) || defined(__aarch64__)
+    constexpr int kNV = kKeyBlock / kVecF;  // the row's scores in registers
+    VecF acc[kNV];
+    for (int j = 0; j < kNV; ++j) acc[j] = vbroadcast(0.f);
+    for (int64_t i = 0; i < d; ++i) {
+      const VecF x = vbroadcast(qr[i]);
+      const float* kr = kt + i * kKeyBlock;
+      for (int j = 0; j < kNV; ++j) acc[j] = vmuladd(acc[j], x, vload(kr + j * kVecF));
+    }
+    for (int j = 0; j < kNV; ++j) vstore(sr + j * kVecF, acc[j]);
+#else
+    for (int64_t t = 0; t < kKeyBlock; ++t) sr[t] = 0.f;
     for (int64_t i = 0; i < d; ++i) {
       const float x = qr[i];
       const float* kr = kt + i * kKeyBlock;
-      for (int64_t t = 0; t < kKeyBlock; ++t) acc[t] += x * kr[t];
+      for (int64_t t = 0; t < kKeyBlock; ++t) sr[t] += x * kr[t];
     }
-    for (int64_t t = 0; t < kKeyBlock; ++t) s[r * kKeyBlock + t] = acc[t];
+#endif
   }
 }
 
@@ -300,16 +311,9 @@ void block_values(const float* p, const int64_t* nk, const float* alpha, int64_t
                   int64_t d_rt, float* acc) {
   const int64_t d = D ? D : d_rt;
   for (int64_t r = 0; r < rows; ++r) {
-    float o[D ? D : 512];
     float* ar = acc + r * d;
-    for (int64_t i = 0; i < d; ++i) o[i] = ar[i] * alpha[r];
-    const float* pr = p + r * kKeyBlock;
-    for (int64_t t = 0; t < nk[r]; ++t) {
-      const float pt = pr[t];
-      const float* vt = v + t * d;
-      for (int64_t i = 0; i < d; ++i) o[i] += pt * vt[i];
-    }
-    for (int64_t i = 0; i < d; ++i) ar[i] = o[i];
+    for (int64_t i = 0; i < d; ++i) ar[i] = ar[i] * alpha[r];
+    add_rows(p + r * kKeyBlock, v, nk[r], d, ar);
   }
 }
 
@@ -342,11 +346,9 @@ void attend_rows_d(const float* q, int64_t ldq, int64_t start, const AttentionSh
       // row r (position start + r0 + r) sees keys up to its own position
       nk[r] = std::max<int64_t>(0, std::min(kb, start + r0 + r + 1 - t0));
       float* sr = s + r * kKeyBlock;
-      float top = m[r];
-      for (int64_t t = 0; t < nk[r]; ++t) {
-        bad[r] |= !std::isfinite(sr[t]);
-        top = std::max(top, sr[t]);
-      }
+      bool nan = false;
+      const float top = std::max(m[r], max_of(sr, nk[r], &nan));
+      bad[r] = bad[r] || nan || std::isinf(top);
       if (bad[r] || nk[r] == 0) {
         nk[r] = 0;
         alpha[r] = 1.f;
