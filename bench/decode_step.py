@@ -30,6 +30,9 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--act", default="int8", choices=("int8", "float"))
+    ap.add_argument("--random-cache", action="store_true",
+                    help="fill the KV cache with random values instead of prefilling a prompt (long "
+                         "contexts: the attention's cost does not depend on the values)")
     args = ap.parse_args(argv)
 
     from qlinear import _core, cpu_info, llm
@@ -38,8 +41,13 @@ def main(argv=None) -> None:
                      max_context=args.positions + args.steps + 8, progress=False)
     rng = np.random.default_rng(0)
     hi = min(model.tokenizer.vocab_size, model.config.vocab_size)
-    prompt = [int(t) for t in rng.integers(0, hi, args.positions)]
-    model.prefill(prompt)
+    if args.random_cache:
+        n = args.positions
+        model.cache.k[:, :, :n] = rng.standard_normal(model.cache.k[:, :, :n].shape, np.float32)
+        model.cache.v[:, :, :n] = rng.standard_normal(model.cache.v[:, :, :n].shape, np.float32)
+        model.cache.length = n
+    else:
+        model.prefill([int(t) for t in rng.integers(0, hi, args.positions)])
     step = llm.layers.decode_step(model.blocks, model.norm, model.lm_head, model.cache)
     if step is None:
         raise SystemExit("this model keeps float weights: no compiled step")
