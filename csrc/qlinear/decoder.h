@@ -1,7 +1,9 @@
 // The small per-token operations of a decoder block, for the LLM runtime's decode step: with one
 // token, each is a few microseconds of work, and doing them as a dozen numpy calls per layer
-// cost as much as the layer's matmuls' memory traffic leaves room for. Plain C++ (the compiler
-// vectorizes the loops: decoder_impl.h, built for the baseline and for AVX2), float32.
+// cost as much as the layer's matmuls' memory traffic leaves room for; and the attention of a
+// prompt (prefill). decoder_impl.h, built for the baseline and for AVX2: loops the compiler
+// vectorizes, and AVX2 / NEON intrinsics for the attention's dot products and value sums, all
+// in one fixed order of float operations, so that every level gives the same bits. float32.
 #pragma once
 
 #include <cstdint>

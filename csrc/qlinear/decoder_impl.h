@@ -1,6 +1,7 @@
 // The decoder operations' code, compiled once per instruction set: decoder.cc includes it for
-// the baseline target, decoder_avx2.cc for AVX2 (same source, same order of float operations
-// and no contraction, so both give identical results; the wider one only runs faster).
+// the baseline target (NEON intrinsics on aarch64), decoder_avx2.cc for AVX2 (same source, same
+// order of float operations and no contraction, so all give identical results; the intrinsics
+// only compute the same sums faster). The AVX2 copy also serves the AVX-512 levels.
 // QLINEAR_DECODER_IMPL names the namespace of each copy.
 #include <algorithm>
 #include <cmath>
