@@ -152,7 +152,8 @@ def _prefill_reference(qkv, cos, sin, start, k_cache, v_cache, heads, scale):
 
     q = rope(qkv[:, :heads * d].reshape(t, heads, d).astype(np.float64))
     kc, vc = k_cache.astype(np.float64), v_cache.astype(np.float64)
-    kc[:, start:start + t] = rope(qkv[:, heads * d:(heads + kv) * d].reshape(t, kv, d).astype(np.float64)).transpose(1, 0, 2)
+    k_new = rope(qkv[:, heads * d:(heads + kv) * d].reshape(t, kv, d).astype(np.float64))
+    kc[:, start:start + t] = k_new.transpose(1, 0, 2)
     vc[:, start:start + t] = qkv[:, (heads + kv) * d:].reshape(t, kv, d).transpose(1, 0, 2)
     out = np.empty((t, heads, d))
     group, end = heads // kv, start + t
