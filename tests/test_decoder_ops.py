@@ -374,3 +374,28 @@ def test_decode_step_rejects_bad_input(rng):
     ro.flags.writeable = False
     with pytest.raises(ValueError):
         _core.decode_step(**{**m, "k_cache": ro})
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_decode_step_threads(rng, threads):
+    """A wide MLP (its SiLU split over the pool) and a context long enough to split the heads:
+    the bits of the ops called one by one on one thread."""
+    import qlinear
+    m = _step_model(rng, 4, "int8", True, heads=8, kv_heads=2, d=64, hidden=256, inter=4160, layers=1, cap=300)
+    k, v = m["k_cache"].copy(), m["v_cache"].copy()
+    rng_cache = rng.standard_normal(k.shape).astype(np.float32)
+    for a in (m["k_cache"], k):
+        a[:] = rng_cache
+    for a in (m["v_cache"], v):
+        a[:] = rng_cache[..., ::-1]
+    h = rng.standard_normal(256).astype(np.float32)
+    prev = qlinear.get_num_threads()
+    try:
+        qlinear.set_num_threads(1)
+        ref = _python_step(m, k, v, h, 290)
+        qlinear.set_num_threads(threads)
+        out = _core.decode_step(**m).step(h, 290)
+    finally:
+        qlinear.set_num_threads(prev)
+    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_array_equal(m["k_cache"], k)

@@ -14,6 +14,7 @@ namespace qlinear::decoder {
 namespace avx2 {
 void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int64_t n, float* y);
 void silu_mul(const float* gu, int64_t rows, int64_t n, float* out);
+void silu_mul_cols(const float* gu, int64_t n, int64_t c0, int64_t c1, float* out);
 void store_kv(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
               const AttentionShape& sh, float* k_cache, float* v_cache);
 void attend_heads(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
@@ -37,6 +38,13 @@ void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int6
 
 void silu_mul(const float* gu, int64_t rows, int64_t n, float* out) {
   QLINEAR_DECODER_CALL(silu_mul, gu, rows, n, out);
+}
+
+void silu_mul_row(const float* gu, int64_t n, float* out) {
+  constexpr int64_t kMinColumns = 2048;  // per thread: ~2 us of work, worth a pool job
+  const auto cols = [&](int64_t c0, int64_t c1) { QLINEAR_DECODER_CALL(silu_mul_cols, gu, n, c0, c1, out); };
+  if (n < 2 * kMinColumns || ThreadPool::global().num_threads() < 2) cols(0, n);
+  else ThreadPool::global().parallel_for(n, kMinColumns, cols);
 }
 
 void attend_one(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,

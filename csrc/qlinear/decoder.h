@@ -16,6 +16,9 @@ void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int6
 // out[i] = silu(gate[i]) * up[i] with gate = gu[:n], up = gu[n:2n] per row.
 void silu_mul(const float* gu, int64_t rows, int64_t n, float* out);
 
+// One row of silu_mul, its columns split over the thread pool when it is wide (a decode step).
+void silu_mul_row(const float* gu, int64_t n, float* out);
+
 struct AttentionShape {
   int64_t heads, kv_heads, head_dim, capacity;  // capacity: positions the cache holds
 };

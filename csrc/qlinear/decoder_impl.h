@@ -54,6 +54,11 @@ inline float exp_poly(float x) {
   return p * scale;
 }
 
+// silu_mul of one row over the columns [c0, c1) (gate = gu[:n], up = gu[n:2n]).
+void silu_mul_cols(const float* gu, int64_t n, int64_t c0, int64_t c1, float* out) {
+  for (int64_t i = c0; i < c1; ++i) out[i] = gu[i] / (1.f + exp_poly(-gu[i])) * gu[n + i];
+}
+
 void silu_mul(const float* gu, int64_t rows, int64_t n, float* out) {
   for (int64_t r = 0; r < rows; ++r, gu += 2 * n, out += n)
     for (int64_t i = 0; i < n; ++i) out[i] = gu[i] / (1.f + exp_poly(-gu[i])) * gu[n + i];

@@ -50,7 +50,7 @@ void DecodeStep::run(const float* h_in, int64_t pos, float* logits) {
     for (int64_t i = 0; i < n; ++i) h[i] = h[i] + proj_[i];
     rms_norm(h, L.post_norm, m_.eps, 1, n, x_.data());
     linear(L.gate_up, x_.data(), gu_.data());
-    silu_mul(gu_.data(), 1, m_.intermediate, act_.data());
+    silu_mul_row(gu_.data(), m_.intermediate, act_.data());
     linear(L.down, act_.data(), proj_.data());
     for (int64_t i = 0; i < n; ++i) h[i] = h[i] + proj_[i];
   }
