@@ -13,6 +13,7 @@
 
 #include "qlinear/cpu.h"
 #include "qlinear/decoder.h"
+#include "qlinear/decoder_step.h"
 #include "qlinear/kernels.h"
 #include "qlinear/layout.h"
 #include "qlinear/matmul.h"
@@ -526,4 +527,160 @@ PYBIND11_MODULE(_core, m) {
     if (!set_active_isa(isa)) throw py::value_error("ISA level '" + name + "' is not supported by this CPU");
   });
   m.def("family_layout", [] { return std::string(layout_info(family_layout()).name); });
+
+  // -- the decode step of qlinear.llm in one call, and the prefill's attention ---------------
+  // (internal API: every array checked here; the step keeps what it points into alive)
+  {
+    using decoder::DecodeStep;
+    using decoder::StepLinear;
+    auto f32 = [](const py::handle& obj, const std::string& what, std::vector<int64_t> shape,
+                  bool writeable = false) {
+      if (!py::isinstance<py::array>(obj)) throw py::type_error(what + " must be a numpy array");
+      py::array a = py::reinterpret_borrow<py::array>(obj);
+      if (a.dtype().num() != kNpyFloat) throw py::type_error(what + " must be float32, got " + dtype_str(a));
+      if (!(a.flags() & py::array::c_style)) throw py::value_error(what + " must be C-contiguous");
+      bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
+      for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || a.shape(i) == shape[i];
+      if (!ok) {
+        std::string want;
+        for (int64_t v : shape) want += (want.empty() ? "" : ", ") + (v < 0 ? std::string("*") : std::to_string(v));
+        throw py::value_error(what + " must have shape [" + want + "]");
+      }
+      if (writeable && !a.writeable()) throw py::value_error(what + " must be writeable");
+      return a;
+    };
+    // (handle, bias or None, act_int8, act_block) -> StepLinear with n x k checked
+    auto linear = [f32](const py::handle& spec, const std::string& what, int64_t n, int64_t k, py::list& refs) {
+      if (!py::isinstance<py::tuple>(spec) || py::len(spec) != 4)
+        throw py::type_error(what + " must be a tuple (PackedWeightHandle, bias or None, act_int8, act_block)");
+      py::tuple t = py::reinterpret_borrow<py::tuple>(spec);
+      if (!py::isinstance<PackedWeightHandle>(t[0])) throw py::type_error(what + ": weight must be a PackedWeightHandle");
+      const auto& w = t[0].cast<const PackedWeightHandle&>();
+      const WeightGeometry& g = w.geom();
+      if ((n >= 0 && g.n != n) || g.k != k)
+        throw py::value_error(what + ": weight has shape [" + std::to_string(g.n) + ", " + std::to_string(g.k) +
+                              "], expected [" + (n >= 0 ? std::to_string(n) : std::string("*")) + ", " +
+                              std::to_string(k) + "]");
+      StepLinear l;
+      l.w = &g;
+      l.packed = w.data();
+      if (!t[1].is_none()) l.bias = static_cast<const float*>(f32(t[1], what + " bias", {g.n}).data());
+      if (!py::isinstance<py::bool_>(t[2])) throw py::type_error(what + ": act_int8 must be a bool");
+      l.act_int8 = t[2].cast<bool>();
+      l.act_block = t[3].cast<int64_t>();
+      if (l.act_int8 && (l.act_block <= 0 || (l.act_block < g.k && l.act_block % g.block != 0)))
+        throw py::value_error(what + ": act_block must be >= K or a positive multiple of the weight's block " +
+                              std::to_string(g.block));
+      refs.append(t);
+      return l;
+    };
+    py::class_<DecodeStep>(m, "DecodeStep", py::dynamic_attr())
+        .def("step", [](DecodeStep& s, const py::array& h_in, int64_t pos) {
+               const decoder::StepModel& md = s.model();
+               if (!py::isinstance<py::array>(h_in) || h_in.dtype().num() != kNpyFloat ||
+                   !(h_in.flags() & py::array::c_style) || h_in.size() != md.hidden)
+                 throw py::value_error("h must be a C-contiguous float32 array of " + std::to_string(md.hidden) + " values");
+               if (pos < 0 || pos >= md.attn.capacity || pos >= md.rope_rows)
+                 throw py::value_error("position " + std::to_string(pos) + " is outside the cache (" +
+                                       std::to_string(md.attn.capacity) + ") or the RoPE tables (" +
+                                       std::to_string(md.rope_rows) + ")");
+               py::array_t<float> logits({int64_t{1}, md.lm_head.w->n});
+               const float* h = static_cast<const float*>(h_in.data());
+               float* out = logits.mutable_data();
+               py::gil_scoped_release release;
+               s.run(h, pos, out);
+               return logits;
+             }, py::arg("h"), py::arg("pos"),
+             "One token: h = its embedding [hidden] at position pos; returns the logits [1, vocab].")
+        .def("run_matmuls", [](DecodeStep& s) {
+               std::vector<float> logits(static_cast<size_t>(s.model().lm_head.w->n));
+               py::gil_scoped_release release;
+               s.run_matmuls(logits.data());
+             }, "The step's matmuls alone (for timing the rest of the step).")
+        .def_property_readonly("num_layers", [](const DecodeStep& s) { return s.model().layers.size(); })
+        .def_property_readonly("last_timing", [](const DecodeStep& s) {
+              return py::make_tuple(s.last_seconds(), s.last_matmul_seconds());
+            }, "(seconds of the last step, seconds of its matmuls), clocked inside the step");
+    m.def("decode_step", [f32, linear](const py::list& layers, const py::array& final_norm, const py::tuple& lm_head,
+                                       const py::array& k_cache, const py::array& v_cache, const py::array& cos,
+                                       const py::array& sin, int64_t heads, double eps, double scale) {
+            py::list refs;
+            py::array kc = f32(k_cache, "k_cache", {-1, -1, -1, -1}, true);
+            const int64_t nl = kc.shape(0), kv = kc.shape(1), cap = kc.shape(2), d = kc.shape(3);
+            py::array vc = f32(v_cache, "v_cache", {nl, kv, cap, d}, true);
+            if (nl < 1 || static_cast<int64_t>(py::len(layers)) != nl)
+              throw py::value_error("the caches hold " + std::to_string(nl) + " layers, " +
+                                    std::to_string(py::len(layers)) + " were given");
+            if (kv < 1 || heads < 1 || heads % kv || d < 2 || d % 2 || d > decoder::kMaxHeadDim || cap < 1)
+              throw py::value_error("bad head counts or head_dim");
+            py::array fn = f32(final_norm, "final_norm", {-1});
+            const int64_t hidden = fn.shape(0);
+            py::array cs = f32(cos, "cos", {-1, d / 2}), sn = f32(sin, "sin", {cs.shape(0), d / 2});
+            decoder::StepModel md;
+            md.hidden = hidden;
+            md.attn = decoder::AttentionShape{heads, kv, d, cap};
+            md.eps = static_cast<float>(eps);
+            md.scale = static_cast<float>(scale);
+            md.cos = static_cast<const float*>(cs.data());
+            md.sin = static_cast<const float*>(sn.data());
+            md.rope_rows = cs.shape(0);
+            md.final_norm = static_cast<const float*>(fn.data());
+            md.lm_head = linear(lm_head, "lm_head", -1, hidden, refs);
+            for (size_t i = 0; i < py::len(layers); ++i) {
+              const std::string p = "layer " + std::to_string(i) + " ";
+              if (!py::isinstance<py::tuple>(layers[i]) || py::len(layers[i]) != 6)
+                throw py::type_error(p + "must be a tuple (qkv, o, gate_up, down, input_norm, post_norm)");
+              py::tuple t = layers[i].cast<py::tuple>();
+              decoder::StepLayer L;
+              L.qkv = linear(t[0], p + "qkv", (heads + 2 * kv) * d, hidden, refs);
+              L.o = linear(t[1], p + "o", hidden, heads * d, refs);
+              L.gate_up = linear(t[2], p + "gate_up", -1, hidden, refs);
+              const int64_t inter = L.gate_up.w->n / 2;
+              if (L.gate_up.w->n % 2 || (i > 0 && inter != md.intermediate))
+                throw py::value_error(p + "gate_up has " + std::to_string(L.gate_up.w->n) + " rows: not 2 x intermediate");
+              md.intermediate = inter;
+              L.down = linear(t[3], p + "down", hidden, inter, refs);
+              L.input_norm = static_cast<const float*>(f32(t[4], p + "input_norm", {hidden}).data());
+              L.post_norm = static_cast<const float*>(f32(t[5], p + "post_norm", {hidden}).data());
+              refs.append(t);
+              L.k_cache = static_cast<float*>(kc.mutable_data()) + i * kv * cap * d;
+              L.v_cache = static_cast<float*>(vc.mutable_data()) + i * kv * cap * d;
+              md.layers.push_back(L);
+            }
+            for (py::handle a : {py::handle(kc), py::handle(vc), py::handle(cs), py::handle(sn), py::handle(fn)})
+              refs.append(a);
+            py::object obj = py::cast(std::make_unique<DecodeStep>(std::move(md)));
+            obj.attr("_refs") = refs;
+            return obj;
+          }, py::arg("layers"), py::arg("final_norm"), py::arg("lm_head"), py::arg("k_cache"), py::arg("v_cache"),
+          py::arg("cos"), py::arg("sin"), py::arg("heads"), py::arg("eps"), py::arg("scale"),
+          "A DecodeStep over packed weights: layers = [(qkv, o, gate_up, down, input_norm, post_norm)], "
+          "each linear (PackedWeightHandle, bias or None, act_int8, act_block); caches [layers, kv_heads, "
+          "capacity, head_dim].");
+    m.def("attend_prefill", [f32](const py::array& qkv_in, const py::array& cos_in, const py::array& sin_in,
+                                  int64_t start, const py::array& k_in, const py::array& v_in, int64_t heads,
+                                  double scale) {
+            py::array k = f32(k_in, "k_cache", {-1, -1, -1}, true);
+            const int64_t kv = k.shape(0), cap = k.shape(1), d = k.shape(2);
+            py::array v = f32(v_in, "v_cache", {kv, cap, d}, true);
+            if (kv < 1 || heads < 1 || heads % kv || d < 2 || d % 2 || d > decoder::kMaxHeadDim)
+              throw py::value_error("attend_prefill: bad head counts or head_dim");
+            py::array qkv = f32(qkv_in, "qkv", {-1, (heads + 2 * kv) * d});
+            const int64_t rows = qkv.shape(0);
+            py::array cs = f32(cos_in, "cos", {-1, d / 2}), sn = f32(sin_in, "sin", {cs.shape(0), d / 2});
+            if (rows < 1 || start < 0 || start + rows > cap || start + rows > cs.shape(0))
+              throw py::value_error("attend_prefill: positions " + std::to_string(start) + ".." +
+                                    std::to_string(start + rows - 1) + " are outside the cache or the RoPE tables");
+            py::array_t<float> out({rows, heads * d});
+            const decoder::AttentionShape sh{heads, kv, d, cap};
+            const float *qp = static_cast<const float*>(qkv.data()), *cp = static_cast<const float*>(cs.data()),
+                        *sp = static_cast<const float*>(sn.data());
+            float *kp = static_cast<float*>(k.mutable_data()), *vp = static_cast<float*>(v.mutable_data()),
+                  *op = out.mutable_data();
+            py::gil_scoped_release release;
+            decoder::attend_prefill(qp, rows, cp, sp, start, sh, static_cast<float>(scale), kp, vp, op);
+            return out;
+          }, py::arg("qkv"), py::arg("cos"), py::arg("sin"), py::arg("start"), py::arg("k_cache"),
+          py::arg("v_cache"), py::arg("heads"), py::arg("scale"));
+  }
 }

@@ -131,3 +131,271 @@ def test_levels_and_threads_agree_exactly(rng, threads):
             assert np.array_equal(_core.attend_one(qkv, cos, sin, pos, k, v, heads, 0.125), results["scalar"][2])
         finally:
             qlinear.set_num_threads(prev_threads)
+
+
+# -- prefill attention -------------------------------------------------------------------------
+
+def _rope_tables(cap, d):
+    ang = np.arange(cap)[:, None] * (1.0 / 10000 ** (np.arange(0, d, 2) / d))[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def _prefill_reference(qkv, cos, sin, start, k_cache, v_cache, heads, scale):
+    """numpy (float64): RoPE, the caches updated at start.., causal attention of every row."""
+    kv, cap, d = k_cache.shape
+    t, half = qkv.shape[0], d // 2
+    pos = np.arange(start, start + t)
+
+    def rope(x):
+        c, s = cos[pos][:, None, :], sin[pos][:, None, :]
+        return np.concatenate([x[..., :half] * c - x[..., half:] * s, x[..., half:] * c + x[..., :half] * s], -1)
+
+    q = rope(qkv[:, :heads * d].reshape(t, heads, d).astype(np.float64))
+    kc, vc = k_cache.astype(np.float64), v_cache.astype(np.float64)
+    k_new = rope(qkv[:, heads * d:(heads + kv) * d].reshape(t, kv, d).astype(np.float64))
+    kc[:, start:start + t] = k_new.transpose(1, 0, 2)
+    vc[:, start:start + t] = qkv[:, (heads + kv) * d:].reshape(t, kv, d).transpose(1, 0, 2)
+    out = np.empty((t, heads, d))
+    group, end = heads // kv, start + t
+    for h in range(heads):
+        s = q[:, h] @ kc[h // group, :end].T * scale
+        s[np.arange(end)[None, :] > pos[:, None]] = -np.inf
+        p = np.exp(s - s.max(1, keepdims=True))
+        out[:, h] = (p / p.sum(1, keepdims=True)) @ vc[h // group, :end]
+    return out.reshape(t, heads * d), kc, vc
+
+
+@pytest.mark.parametrize("heads, kv_heads, d, rows, start", [
+    (4, 2, 64, 1, 0), (14, 2, 64, 37, 5), (6, 3, 32, 100, 0), (8, 1, 128, 70, 33), (2, 2, 10, 17, 3),
+    (4, 1, 64, 600, 0), (4, 2, 64, 257, 130), (3, 3, 24, 65, 63)])
+def test_attend_prefill(rng, heads, kv_heads, d, rows, start):
+    cap = start + rows + 3
+    k = rng.standard_normal((kv_heads, cap, d)).astype(np.float32)
+    v = rng.standard_normal((kv_heads, cap, d)).astype(np.float32)
+    qkv = (rng.standard_normal((rows, (heads + 2 * kv_heads) * d)) * 2).astype(np.float32)
+    cos, sin = _rope_tables(cap, d)
+    ref, k_ref, v_ref = _prefill_reference(qkv, cos, sin, start, k, v, heads, 1 / np.sqrt(d))
+    out = _core.attend_prefill(qkv, cos, sin, start, k, v, heads, 1 / np.sqrt(d))
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(k, k_ref, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(v, v_ref)
+
+
+def test_attend_prefill_row_equals_decode(rng):
+    """A prompt's last row attends as a decode step at that position would."""
+    heads, kv, d, rows, cap = 14, 2, 64, 90, 96
+    qkv = rng.standard_normal((rows, (heads + 2 * kv) * d)).astype(np.float32)
+    cos, sin = _rope_tables(cap, d)
+    k, v = np.zeros((kv, cap, d), np.float32), np.zeros((kv, cap, d), np.float32)
+    out = _core.attend_prefill(qkv, cos, sin, 0, k, v, heads, 0.125)
+    k2, v2 = np.zeros_like(k), np.zeros_like(v)
+    _core.attend_prefill(qkv[:-1], cos, sin, 0, k2, v2, heads, 0.125)
+    last = _core.attend_one(qkv[-1:], cos, sin, rows - 1, k2, v2, heads, 0.125)
+    np.testing.assert_allclose(out[-1:], last, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(k, k2)
+
+
+def test_attend_prefill_rejects_bad_input(rng):
+    k = np.zeros((2, 8, 16), np.float32)
+    cos = np.ones((8, 8), np.float32)
+    qkv = np.zeros((3, 8 * 16), np.float32)
+    for kw in (dict(start=6), dict(start=-1), dict(heads=3), dict(qkv=qkv[:, :-1]), dict(v_cache=k[:1]),
+               dict(k_cache=np.zeros((2, 8, 15), np.float32)), dict(cos=cos[:, :3]), dict(cos=cos[:4]),
+               dict(qkv=qkv[:0]), dict(qkv=np.zeros((3, 8, 16), np.float32)), dict(qkv=qkv[:, ::2])):
+        args = dict(qkv=qkv, cos=cos, sin=cos, start=1, k_cache=k, v_cache=k.copy(), heads=4, scale=0.25)
+        args.update(kw)
+        with pytest.raises(ValueError):
+            _core.attend_prefill(**args)
+    for kw in (dict(k_cache=k.astype(np.float64)), dict(sin=[[1.0]]), dict(qkv=qkv.astype(np.float16))):
+        args = dict(qkv=qkv, cos=cos, sin=cos, start=1, k_cache=k, v_cache=k.copy(), heads=4, scale=0.25)
+        args.update(kw)
+        with pytest.raises(TypeError):
+            _core.attend_prefill(**args)
+    ro = k.copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError):
+        _core.attend_prefill(qkv, cos, cos, 1, ro, k.copy(), 4, 0.25)
+    bad = qkv.copy()
+    bad[1, 0] = np.nan  # row 1's query: row 1 is NaN, row 0 is not
+    out = _core.attend_prefill(bad, cos, cos, 0, k.copy(), k.copy(), 4, 0.25)
+    assert np.isnan(out[1, :16]).all() and not np.isnan(out[0]).any()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_prefill_levels_and_threads_agree_exactly(rng, threads):
+    import qlinear
+    heads, kv, d, rows, start = 14, 2, 64, 150, 20
+    cap = start + rows
+    qkv = rng.standard_normal((rows, (heads + 2 * kv) * d)).astype(np.float32)
+    cos, sin = _rope_tables(cap, d)
+    base = rng.standard_normal((2, kv, cap, d)).astype(np.float32)
+    previous, prev_threads = qlinear.cpu_info()["active_isa"], qlinear.get_num_threads()
+    results = {}
+    try:
+        for t in sorted({1, threads}):
+            qlinear.set_num_threads(t)
+            for level in qlinear.cpu_info()["available_isas"]:
+                qlinear.set_isa(level)
+                k, v = base[0].copy(), base[1].copy()
+                results[level, t] = (_core.attend_prefill(qkv, cos, sin, start, k, v, heads, 0.125), k, v)
+    finally:
+        qlinear.set_isa(previous)
+        qlinear.set_num_threads(prev_threads)
+    for key, outs in results.items():
+        for a, b in zip(outs, results["scalar", 1]):
+            assert np.array_equal(a, b), key
+
+
+# -- decode attention at long context -------------------------------------------------------------
+
+@pytest.mark.parametrize("heads, kv_heads, d", [(14, 2, 64), (32, 1, 64), (4, 4, 128), (6, 2, 40)])
+def test_attend_one_long_context(rng, heads, kv_heads, d):
+    """4k positions (heads split over the pool), groups wider than one pass over the keys, head
+    sizes that are not a multiple of the vector width."""
+    pos, cap = 4000, 4096
+    k = rng.standard_normal((kv_heads, cap, d)).astype(np.float32)
+    v = rng.standard_normal((kv_heads, cap, d)).astype(np.float32)
+    qkv = (rng.standard_normal((1, (heads + 2 * kv_heads) * d)) * 2).astype(np.float32)
+    cos, sin = _rope_tables(cap, d)
+    k_before, v_before = k.copy(), v.copy()
+    out = _core.attend_one(qkv, cos, sin, pos, k, v, heads, 1 / np.sqrt(d))
+    ref, _, _ = _prefill_reference(qkv, cos, sin, pos, k_before[:, :pos + 1], v_before[:, :pos + 1], heads,
+                                   1 / np.sqrt(d))
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+# -- the whole decode step ------------------------------------------------------------------------
+
+def _step_model(rng, bits, act, bias, heads=4, kv_heads=2, d=32, hidden=128, inter=160, layers=2,
+                vocab=96, cap=24):
+    """Random packed weights and norms of a small decoder, and the specs _core.decode_step takes."""
+    def linear(n, k, with_bias):
+        h = _core.quantize_and_pack((rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32), bits, 32, False)
+        b = (rng.standard_normal(n) * 0.1).astype(np.float32) if with_bias else None
+        return (h, b, act == "int8", 32 if act == "int8" else k)
+    norm = lambda: (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)  # noqa: E731
+    specs = [(linear((heads + 2 * kv_heads) * d, hidden, bias), linear(hidden, heads * d, False),
+              linear(2 * inter, hidden, False), linear(hidden, inter, False), norm(), norm())
+             for _ in range(layers)]
+    cos, sin = _rope_tables(cap, d)
+    k = np.zeros((layers, kv_heads, cap, d), np.float32)
+    return dict(layers=specs, final_norm=norm(), lm_head=linear(vocab, hidden, False), k_cache=k,
+                v_cache=k.copy(), cos=cos, sin=sin, heads=heads, eps=1e-6, scale=1 / np.sqrt(d))
+
+
+def _python_step(m, k, v, h, pos):
+    """The decode step op by op through _core (as qlinear.llm's per-layer Python path runs it)."""
+    def lin(spec, x):
+        w, b, int8, block = spec
+        return (_core.matmul_int8 if int8 else _core.matmul_float)(x, w, b, None, block if int8 else w.k)
+    h = h.reshape(1, -1)
+    for i, (qkv, o, gate_up, down, n1, n2) in enumerate(m["layers"]):
+        a = _core.attend_one(lin(qkv, _core.rms_norm(h, n1, m["eps"])), m["cos"], m["sin"], pos, k[i], v[i],
+                             m["heads"], m["scale"])
+        h = h + lin(o, a)
+        h = h + lin(down, _core.silu_mul(lin(gate_up, _core.rms_norm(h, n2, m["eps"]))))
+    return lin(m["lm_head"], _core.rms_norm(h, m["final_norm"], m["eps"]))
+
+
+@pytest.mark.parametrize("bits, act, bias, heads, kv_heads", [
+    (4, "int8", True, 4, 2), (4, "int8", False, 4, 4), (8, "int8", True, 6, 2), (4, "float", True, 4, 1),
+    (8, "float", False, 4, 2)])
+def test_decode_step_equals_ops(rng, bits, act, bias, heads, kv_heads):
+    """The compiled step gives the bits of the same operations called one by one, at several
+    positions, and fills the caches the same way."""
+    m = _step_model(rng, bits, act, bias, heads=heads, kv_heads=kv_heads)
+    step = _core.decode_step(**m)
+    k, v = m["k_cache"].copy(), m["v_cache"].copy()
+    for pos in range(12):
+        h = rng.standard_normal(128).astype(np.float32)
+        logits = step.step(h, pos)
+        assert logits.shape == (1, 96) and logits.dtype == np.float32
+        np.testing.assert_array_equal(logits, _python_step(m, k, v, h, pos))
+    np.testing.assert_array_equal(m["k_cache"], k)
+    np.testing.assert_array_equal(m["v_cache"], v)
+    total, in_matmuls = step.last_timing
+    assert 0 < in_matmuls <= total
+    step.run_matmuls()
+
+
+def test_decode_step_keeps_its_arrays_alive(rng):
+    import gc
+    m = _step_model(rng, 4, "int8", True)
+    step = _core.decode_step(**m)
+    h = rng.standard_normal(128).astype(np.float32)
+    first = step.step(h, 3)
+    k = m["k_cache"]
+    del m
+    gc.collect()
+    np.testing.assert_array_equal(step.step(h, 3), first)
+    assert k[:, :, 3].any()
+
+
+def test_decode_step_rejects_bad_input(rng):
+    m = _step_model(rng, 4, "int8", True)
+    step = _core.decode_step(**m)
+    h = np.zeros(128, np.float32)
+    for args in ((h, 24), (h, -1), (h[:-1], 0), (h.astype(np.float64), 0), (np.zeros(256, np.float32)[::2], 0)):
+        with pytest.raises(ValueError):
+            step.step(*args)
+    lay = m["layers"][0]
+    qkv_w, qkv_b = lay[0][0], lay[0][1]
+    swaps = {  # a bad part -> the error it raises
+        "k_cache": (m["k_cache"][:1], ValueError),
+        "v_cache": (m["v_cache"][:, :1], ValueError),
+        "final_norm": (m["final_norm"][:-1], ValueError),
+        "heads": (3, ValueError),
+        "cos": (m["cos"][:, :3], ValueError),
+        "lm_head": ((m["lm_head"][0], None, True, 7), ValueError),
+    }
+    layer_swaps = [
+        (0, (qkv_w, qkv_b[:-1], True, 32), ValueError),
+        (0, (qkv_w, qkv_b.astype(np.float64), True, 32), TypeError),
+        (0, (lay[1][0], None, True, 32), ValueError),             # o's weight as qkv: wrong shape
+        (0, (qkv_w, qkv_b, 1, 32), TypeError),                     # act_int8 not a bool
+        (0, (np.zeros((3, 3), np.float32), None, True, 32), TypeError),
+        (0, (qkv_w, qkv_b), TypeError),
+        (4, m["final_norm"][:-1], ValueError),
+        (5, [1.0] * 128, TypeError),
+    ]
+    for name, (bad, err) in swaps.items():
+        with pytest.raises(err):
+            _core.decode_step(**{**m, name: bad})
+    for index, bad, err in layer_swaps:
+        layers = list(m["layers"])
+        layers[1] = tuple(bad if i == index else x for i, x in enumerate(layers[1]))
+        with pytest.raises(err):
+            _core.decode_step(**{**m, "layers": layers})
+    with pytest.raises(ValueError):
+        _core.decode_step(**{**m, "layers": m["layers"][:1]})
+    with pytest.raises(TypeError):
+        _core.decode_step(**{**m, "layers": [m["layers"][0], None]})
+    ro = m["k_cache"].copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError):
+        _core.decode_step(**{**m, "k_cache": ro})
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_decode_step_threads(rng, threads):
+    """A wide MLP (its SiLU split over the pool) and a context long enough to split the heads:
+    the bits of the ops called one by one on one thread."""
+    import qlinear
+    m = _step_model(rng, 4, "int8", True, heads=8, kv_heads=2, d=64, hidden=256, inter=4160, layers=1, cap=300)
+    k, v = m["k_cache"].copy(), m["v_cache"].copy()
+    rng_cache = rng.standard_normal(k.shape).astype(np.float32)
+    for a in (m["k_cache"], k):
+        a[:] = rng_cache
+    for a in (m["v_cache"], v):
+        a[:] = rng_cache[..., ::-1]
+    h = rng.standard_normal(256).astype(np.float32)
+    prev = qlinear.get_num_threads()
+    try:
+        qlinear.set_num_threads(1)
+        ref = _python_step(m, k, v, h, 290)
+        qlinear.set_num_threads(threads)
+        out = _core.decode_step(**m).step(h, 290)
+    finally:
+        qlinear.set_num_threads(prev)
+    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_array_equal(m["k_cache"], k)

@@ -83,6 +83,35 @@ def test_decode_with_cache_equals_full_forward(checkpoints):
     assert list(full[len(prompt) - 1:-1].argmax(1)) == gen
 
 
+@pytest.mark.parametrize("arch, bits, act, act_block", [
+    ("qwen2", 4, "int8", None), ("qwen2", 8, "float", None), ("llama", 4, "float", None),
+    ("llama", 8, "int8", 0)])
+def test_compiled_decode_equals_python_path(checkpoints, arch, bits, act, act_block):
+    """The decode step as one compiled call gives the logits and cache of the per-layer Python
+    path, bit for bit, position after position (qwen2: q/k/v biases; GQA in both)."""
+    model = llm.load(checkpoints[arch], bits=bits, group_size=64, act=act, act_block=act_block, progress=False)
+    ids = [int(t) for t in np.random.default_rng(3).integers(0, 1000, 30)]
+    runs = []
+    for compiled in (True, False):
+        model.compiled_decode = compiled
+        model.reset()
+        model.prefill(ids[:20])
+        logits = [model._forward([t], 20 + i) for i, t in enumerate(ids[20:])]
+        runs.append((logits, model.cache.k[:, :, :30].copy(), model.cache.v[:, :, :30].copy()))
+    assert model._step is not None
+    for a, b in zip(runs[0][0], runs[1][0]):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
+    np.testing.assert_array_equal(runs[0][2], runs[1][2])
+
+
+def test_float_weights_decode_in_python(checkpoints):
+    model = llm.load(checkpoints["qwen2"], bits=None, act="float", progress=False)
+    model.tokenizer.stop_ids = set()
+    gen = model.generate_ids(model.tokenizer.encode("x = 1"), 4)
+    assert model._step is None and len(gen) == 4
+
+
 def test_convert_then_load_gives_the_same_model(checkpoints, tmp_path, hf_logits):
     ids = hf_logits[0][:24]
     direct = llm.load(checkpoints["qwen2"], bits=4, group_size=64, progress=False)

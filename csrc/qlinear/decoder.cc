@@ -14,11 +14,17 @@ namespace qlinear::decoder {
 namespace avx2 {
 void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int64_t n, float* y);
 void silu_mul(const float* gu, int64_t rows, int64_t n, float* out);
+void silu_mul_cols(const float* gu, int64_t n, int64_t c0, int64_t c1, float* out);
 void store_kv(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
               const AttentionShape& sh, float* k_cache, float* v_cache);
 void attend_heads(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
                   const AttentionShape& sh, float scale, const float* k_cache, const float* v_cache,
                   int64_t h0, int64_t h1, float* out, float* scratch);
+void attend_rows(const float* q, int64_t ldq, int64_t start, const AttentionShape& sh,
+                 const float* k_cache, const float* v_cache, int64_t h, int64_t r0, int64_t r1,
+                 float* out, int64_t ldo, float* scratch);
+void rope_queries(const float* qkv, int64_t ldqkv, const float* cos, const float* sin, int64_t start,
+                  const AttentionShape& sh, float scale, int64_t r0, int64_t r1, float* q);
 }  // namespace avx2
 #define QLINEAR_DECODER_CALL(fn, ...) \
   (active_kernels().isa != Isa::scalar ? avx2::fn(__VA_ARGS__) : generic::fn(__VA_ARGS__))
@@ -34,19 +40,49 @@ void silu_mul(const float* gu, int64_t rows, int64_t n, float* out) {
   QLINEAR_DECODER_CALL(silu_mul, gu, rows, n, out);
 }
 
+void silu_mul_row(const float* gu, int64_t n, float* out) {
+  constexpr int64_t kMinColumns = 2048;  // per thread: ~2 us of work, worth a pool job
+  const auto cols = [&](int64_t c0, int64_t c1) { QLINEAR_DECODER_CALL(silu_mul_cols, gu, n, c0, c1, out); };
+  if (n < 2 * kMinColumns || ThreadPool::global().num_threads() < 2) cols(0, n);
+  else ThreadPool::global().parallel_for(n, kMinColumns, cols);
+}
+
 void attend_one(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
                 const AttentionShape& sh, float scale, float* k_cache, float* v_cache, float* out) {
   QLINEAR_DECODER_CALL(store_kv, qkv, cos_row, sin_row, pos, sh, k_cache, v_cache);
   // Heads split over the pool once a long context makes them worth a job (~100 us of work).
   const auto heads = [&](int64_t h0, int64_t h1) {
     thread_local std::vector<float> scratch;
-    scratch.resize(static_cast<size_t>(pos + 1));
+    scratch.resize(static_cast<size_t>(kAttendBatch * (sh.head_dim + attend_scores_stride(pos))));
     QLINEAR_DECODER_CALL(attend_heads, qkv, cos_row, sin_row, pos, sh, scale, k_cache, v_cache, h0, h1,
                          out, scratch.data());
   };
   constexpr int64_t kMinParallelWork = 1 << 17;  // multiply-adds
   if (sh.heads * (pos + 1) * sh.head_dim * 2 < kMinParallelWork) heads(0, sh.heads);
   else ThreadPool::global().parallel_for(sh.heads, 1, heads);
+}
+
+void attend_prefill(const float* qkv, int64_t rows, const float* cos, const float* sin, int64_t start,
+                    const AttentionShape& sh, float scale, float* k_cache, float* v_cache, float* out) {
+  const int64_t d = sh.head_dim, half = d / 2, ldqkv = (sh.heads + 2 * sh.kv_heads) * d;
+  for (int64_t r = 0; r < rows; ++r)
+    QLINEAR_DECODER_CALL(store_kv, qkv + r * ldqkv, cos + (start + r) * half, sin + (start + r) * half,
+                         start + r, sh, k_cache, v_cache);
+  std::vector<float> q(static_cast<size_t>(rows * sh.heads * d));
+  ThreadPool& pool = ThreadPool::global();
+  pool.parallel_for(rows, 16, [&](int64_t r0, int64_t r1) {
+    QLINEAR_DECODER_CALL(rope_queries, qkv, ldqkv, cos, sin, start, sh, scale, r0, r1, q.data());
+  });
+  // Tasks of (head, block of query rows), the longest (last rows: most keys) handed out first.
+  const int64_t blocks = (rows + kPrefillRows - 1) / kPrefillRows;
+  auto task = [&](int64_t t) {
+    const int64_t b = blocks - 1 - t / sh.heads, h = t % sh.heads;
+    thread_local std::vector<float> scratch;
+    scratch.resize(static_cast<size_t>(2 * kPrefillRows * d + d * kKeyBlock + kPrefillRows * kKeyBlock));
+    QLINEAR_DECODER_CALL(attend_rows, q.data(), sh.heads * d, start, sh, k_cache, v_cache, h, b * kPrefillRows,
+                         std::min(rows, (b + 1) * kPrefillRows), out, sh.heads * d, scratch.data());
+  };
+  pool.run(blocks * sh.heads, TaskRef(task));
 }
 
 }  // namespace qlinear::decoder

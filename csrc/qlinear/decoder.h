@@ -1,7 +1,9 @@
 // The small per-token operations of a decoder block, for the LLM runtime's decode step: with one
 // token, each is a few microseconds of work, and doing them as a dozen numpy calls per layer
-// cost as much as the layer's matmuls' memory traffic leaves room for. Plain C++ (the compiler
-// vectorizes the loops: decoder_impl.h, built for the baseline and for AVX2), float32.
+// cost as much as the layer's matmuls' memory traffic leaves room for; and the attention of a
+// prompt (prefill). decoder_impl.h, built for the baseline and for AVX2: loops the compiler
+// vectorizes, and AVX2 / NEON intrinsics for the attention's dot products and value sums, all
+// in one fixed order of float operations, so that every level gives the same bits. float32.
 #pragma once
 
 #include <cstdint>
@@ -14,9 +16,21 @@ void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int6
 // out[i] = silu(gate[i]) * up[i] with gate = gu[:n], up = gu[n:2n] per row.
 void silu_mul(const float* gu, int64_t rows, int64_t n, float* out);
 
+// One row of silu_mul, its columns split over the thread pool when it is wide (a decode step).
+void silu_mul_row(const float* gu, int64_t n, float* out);
+
 struct AttentionShape {
   int64_t heads, kv_heads, head_dim, capacity;  // capacity: positions the cache holds
 };
+
+constexpr int64_t kAttendBatch = 16;   // decode: query heads of one KV head attended together
+constexpr int64_t kPrefillRows = 16;   // prefill: query rows per task (and per pass over the keys)
+constexpr int64_t kKeyBlock = 64;      // prefill: keys per block of the online softmax
+constexpr int64_t kMaxHeadDim = 512;
+
+// Decode: the scores of each head at positions 0..pos, rows of the scratch apart by a stride
+// that is not a multiple of 4 KiB (rows 4 KiB apart would share L1 sets and alias).
+inline int64_t attend_scores_stride(int64_t pos) { return (pos + 1 + 15) / 16 * 16 + 16; }
 
 // One token at position `pos`: rotate q and k (rotate-half RoPE with the tables' row `pos`),
 // store k and v into the caches ([kv_heads, capacity, head_dim] each) at `pos`, and attend over
@@ -25,5 +39,15 @@ struct AttentionShape {
 // qkv: [heads + 2 * kv_heads, head_dim]; out: [heads, head_dim].
 void attend_one(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
                 const AttentionShape& s, float scale, float* k_cache, float* v_cache, float* out);
+
+
+// A prompt of `rows` tokens at positions start.. (prefill): RoPE on the queries and keys, the
+// keys and values stored into the caches at start.., and causal attention of every row over the
+// positions up to its own (keys in blocks of 64 with an online softmax: no [rows, positions]
+// score matrix is held). Tasks of (head, 16 query rows) run on the thread pool.
+// qkv: [rows, (heads + 2 * kv_heads) * head_dim]; cos / sin: the full RoPE tables
+// [>= start + rows, head_dim / 2]; out: [rows, heads * head_dim].
+void attend_prefill(const float* qkv, int64_t rows, const float* cos, const float* sin, int64_t start,
+                    const AttentionShape& s, float scale, float* k_cache, float* v_cache, float* out);
 
 }  // namespace qlinear::decoder

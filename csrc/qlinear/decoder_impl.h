@@ -1,6 +1,7 @@
 // The decoder operations' code, compiled once per instruction set: decoder.cc includes it for
-// the baseline target, decoder_avx2.cc for AVX2 (same source, same order of float operations
-// and no contraction, so both give identical results; the wider one only runs faster).
+// the baseline target (NEON intrinsics on aarch64), decoder_avx2.cc for AVX2 (same source, same
+// order of float operations and no contraction, so all give identical results; the intrinsics
+// only compute the same sums faster). The AVX2 copy also serves the AVX-512 levels.
 // QLINEAR_DECODER_IMPL names the namespace of each copy.
 #include <algorithm>
 #include <cmath>
@@ -9,12 +10,24 @@
 
 #include "decoder.h"
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
 namespace qlinear::decoder::QLINEAR_DECODER_IMPL {
 
 void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int64_t n, float* y) {
   for (int64_t r = 0; r < rows; ++r, x += n, y += n) {
-    double ss = 0.0;
-    for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+    // sum of squares in double, 8 lanes (a fixed order the compiler may vectorize: one running
+    // sum is a chain of n dependent additions)
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      for (int j = 0; j < 8; ++j) lane[j] += double(x[i + j]) * x[i + j];
+    double ss = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    for (; i < n; ++i) ss += double(x[i]) * x[i];
     const float inv = static_cast<float>(1.0 / std::sqrt(ss / double(n) + eps));
     for (int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * weight[i];
   }
@@ -41,20 +54,155 @@ inline float exp_poly(float x) {
   return p * scale;
 }
 
+// silu_mul of one row over the columns [c0, c1) (gate = gu[:n], up = gu[n:2n]).
+void silu_mul_cols(const float* gu, int64_t n, int64_t c0, int64_t c1, float* out) {
+  for (int64_t i = c0; i < c1; ++i) out[i] = gu[i] / (1.f + exp_poly(-gu[i])) * gu[n + i];
+}
+
 void silu_mul(const float* gu, int64_t rows, int64_t n, float* out) {
   for (int64_t r = 0; r < rows; ++r, gu += 2 * n, out += n)
     for (int64_t i = 0; i < n; ++i) out[i] = gu[i] / (1.f + exp_poly(-gu[i])) * gu[n + i];
 }
 
-// Dot product in 8 independent lanes (a fixed order, so the compiler may vectorize it without
-// reassociating a single running sum), then the lanes added up.
+// Dot product in 8 lanes (lane j: the products i = j mod 8, in order of i), the lanes added as
+// ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) (the order of the vector reduction in dot8), then
+// the products past the last multiple of 8, in order.
 inline float dot(const float* a, const float* b, int64_t n) {
   float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
     for (int j = 0; j < 8; ++j) lane[j] += a[i + j] * b[i + j];
-  float total = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+  float total = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
   for (; i < n; ++i) total += a[i] * b[i];
+  return total;
+}
+
+// s[t] = dot(q, k + t * d, d) for 8 consecutive rows of k, d a multiple of 8: the same sums in
+// the same order as dot, the 8 rows' lanes reduced together (no horizontal sum per row).
+inline void dot8(const float* q, const float* k, int64_t d, float* s) {
+#if defined(__AVX2__)
+  __m256 acc[8];
+  for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < d; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+    for (int t = 0; t < 8; ++t) acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(qv, _mm256_loadu_ps(k + t * d + i)));
+  }
+  // hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7]
+  const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+  const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+  // h0 = [(0+1)+(2+3) of rows 0..3 | (4+5)+(6+7) of rows 0..3], h1 the same for rows 4..7
+  _mm256_storeu_ps(s, _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31)));
+#elif defined(__aarch64__)
+  float32x4_t lo[8], hi[8];
+  for (int t = 0; t < 8; ++t) lo[t] = hi[t] = vdupq_n_f32(0.f);
+  for (int64_t i = 0; i < d; i += 8) {
+    const float32x4_t ql = vld1q_f32(q + i), qh = vld1q_f32(q + i + 4);
+    for (int t = 0; t < 8; ++t) {
+      lo[t] = vaddq_f32(lo[t], vmulq_f32(ql, vld1q_f32(k + t * d + i)));
+      hi[t] = vaddq_f32(hi[t], vmulq_f32(qh, vld1q_f32(k + t * d + i + 4)));
+    }
+  }
+  // vpaddq(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3]
+  for (int t = 0; t < 8; t += 4) {
+    const float32x4_t l = vpaddq_f32(vpaddq_f32(lo[t], lo[t + 1]), vpaddq_f32(lo[t + 2], lo[t + 3]));
+    const float32x4_t h = vpaddq_f32(vpaddq_f32(hi[t], hi[t + 1]), vpaddq_f32(hi[t + 2], hi[t + 3]));
+    vst1q_f32(s + t, vaddq_f32(l, h));
+  }
+#else
+  for (int t = 0; t < 8; ++t) s[t] = dot(q, k + t * d, d);
+#endif
+}
+
+// o[i] += p[t] * v[t * d + i] for t = 0..rows-1 in order, i < d.
+#if defined(__AVX2__) || defined(__aarch64__)
+#if defined(__AVX2__)
+using VecF = __m256;
+constexpr int64_t kVecF = 8;
+inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, VecF v) { _mm256_storeu_ps(p, v); }
+inline VecF vmuladd(VecF acc, VecF a, VecF b) { return _mm256_add_ps(acc, _mm256_mul_ps(a, b)); }
+inline VecF vbroadcast(float x) { return _mm256_set1_ps(x); }
+#else
+using VecF = float32x4_t;
+constexpr int64_t kVecF = 4;
+inline VecF vload(const float* p) { return vld1q_f32(p); }
+inline void vstore(float* p, VecF v) { vst1q_f32(p, v); }
+inline VecF vmuladd(VecF acc, VecF a, VecF b) { return vaddq_f32(acc, vmulq_f32(a, b)); }
+inline VecF vbroadcast(float x) { return vdupq_n_f32(x); }
+#endif
+// NV vectors of o kept in registers over all the rows.
+template <int NV>
+inline void add_rows_v(const float* p, const float* v, int64_t rows, int64_t d, float* o) {
+  VecF acc[NV];
+  for (int j = 0; j < NV; ++j) acc[j] = vload(o + j * kVecF);
+  for (int64_t t = 0; t < rows; ++t) {
+    const VecF pt = vbroadcast(p[t]);
+    for (int j = 0; j < NV; ++j) acc[j] = vmuladd(acc[j], pt, vload(v + t * d + j * kVecF));
+  }
+  for (int j = 0; j < NV; ++j) vstore(o + j * kVecF, acc[j]);
+}
+#endif
+
+inline void add_rows(const float* p, const float* v, int64_t rows, int64_t d, float* o) {
+  int64_t i = 0;
+#if defined(__AVX2__) || defined(__aarch64__)
+  for (; i + 8 * kVecF <= d; i += 8 * kVecF) add_rows_v<8>(p, v + i, rows, d, o + i);
+  for (; i + 2 * kVecF <= d; i += 2 * kVecF) add_rows_v<2>(p, v + i, rows, d, o + i);
+  for (; i + kVecF <= d; i += kVecF) add_rows_v<1>(p, v + i, rows, d, o + i);
+#endif
+  if (i == d) return;
+  for (int64_t t = 0; t < rows; ++t) {
+    const float pt = p[t];
+    const float* vt = v + t * d;
+    for (int64_t j = i; j < d; ++j) o[j] += pt * vt[j];
+  }
+}
+
+// The largest of s[0..n) (-inf if n == 0); *nan tells whether one was NaN. (The maximum does
+// not depend on the order of the comparisons.)
+inline float max_of(const float* s, int64_t n, bool* nan) {
+  int64_t t = 0;
+  float top = -std::numeric_limits<float>::infinity();
+  bool any_nan = false;
+#if defined(__AVX2__)
+  __m256 m = _mm256_set1_ps(top), bad = _mm256_setzero_ps();
+  for (; t + 8 <= n; t += 8) {
+    const __m256 x = _mm256_loadu_ps(s + t);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    m = _mm256_max_ps(m, x);
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, m);
+  for (float x : lanes) top = std::max(top, x);
+  any_nan = _mm256_movemask_ps(bad) != 0;
+#elif defined(__aarch64__)
+  float32x4_t m = vdupq_n_f32(top);
+  uint32x4_t ok = vdupq_n_u32(~0u);
+  for (; t + 4 <= n; t += 4) {
+    const float32x4_t x = vld1q_f32(s + t);
+    ok = vandq_u32(ok, vceqq_f32(x, x));
+    m = vmaxq_f32(m, x);
+  }
+  top = std::max(top, vmaxvq_f32(m));
+  any_nan = vminvq_u32(ok) == 0;
+#endif
+  for (; t < n; ++t) {
+    any_nan |= std::isnan(s[t]);
+    top = std::max(top, s[t]);
+  }
+  *nan = any_nan;
+  return top;
+}
+
+// The sum of s[0..n) in 8 lanes (lane j: t = j mod 8, in order), reduced as dot's lanes, then
+// the rest in order: a fixed order, which the compiler may vectorize.
+inline float sum_of(const float* s, int64_t n) {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8)
+    for (int j = 0; j < 8; ++j) lane[j] += s[t + j];
+  float total = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  for (; t < n; ++t) total += s[t];
   return total;
 }
 
@@ -79,37 +227,190 @@ void store_kv(const float* qkv, const float* cos_row, const float* sin_row, int6
   }
 }
 
-// Query heads [h0, h1) over positions 0..pos; scratch: pos + 1 floats.
+// Query heads [h0, h1) over positions 0..pos. The heads that share a KV head are taken together
+// (up to kAttendBatch at a time): every key and value row is read from memory once for all of
+// them, which is what keeps a long context's attention at the cache's streaming speed. Each
+// output's arithmetic is that of one head alone (the same dot products, sums and order).
+// scratch: attend_scratch_floats(pos, d) floats.
 void attend_heads(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
                   const AttentionShape& sh, float scale, const float* k_cache, const float* v_cache,
                   int64_t h0, int64_t h1, float* out, float* scratch) {
-  const int64_t d = sh.head_dim, group = sh.heads / sh.kv_heads;
-  float q[512];
-  for (int64_t h = h0; h < h1; ++h) {
-    const int64_t g = h / group;
+  const int64_t d = sh.head_dim, group = sh.heads / sh.kv_heads, n = pos + 1;
+  constexpr int64_t kRows = 64;  // value rows per pass over the heads (16 KiB at d = 64: L1)
+  float* q = scratch;                   // [kAttendBatch, d]
+  float* p = scratch + kAttendBatch * d;  // [kAttendBatch, ldp]
+  const int64_t ldp = attend_scores_stride(pos);
+  bool bad[kAttendBatch];
+  for (int64_t hb = h0; hb < h1;) {
+    const int64_t g = hb / group;
+    const int64_t he = std::min({h1, (g + 1) * group, hb + kAttendBatch}), nq = he - hb;
     const float* kc = k_cache + g * sh.capacity * d;
     const float* vc = v_cache + g * sh.capacity * d;
-    rope(qkv + h * d, cos_row, sin_row, d, q);
-    for (int64_t i = 0; i < d; ++i) q[i] *= scale;
-    float top = -std::numeric_limits<float>::infinity();
-    bool nan = false;
-    for (int64_t t = 0; t <= pos; ++t) {
-      scratch[t] = dot(q, kc + t * d, d);
-      nan |= std::isnan(scratch[t]);
-      top = std::max(top, scratch[t]);
+    for (int64_t j = 0; j < nq; ++j) {
+      float* qj = q + j * d;
+      rope(qkv + (hb + j) * d, cos_row, sin_row, d, qj);
+      for (int64_t i = 0; i < d; ++i) qj[i] *= scale;
     }
-    float* o = out + h * d;
-    if (nan || std::isinf(top)) {  // NaN / Inf in q or k: the result is NaN, as in float math
+    int64_t t = 0;
+    if (d % 8 == 0)
+      for (; t + 8 <= n; t += 8)  // 8 keys (2 KiB at d = 64) in L1 for all the heads
+        for (int64_t j = 0; j < nq; ++j) dot8(q + j * d, kc + t * d, d, p + j * ldp + t);
+    for (; t < n; ++t)
+      for (int64_t j = 0; j < nq; ++j) p[j * ldp + t] = dot(q + j * d, kc + t * d, d);
+    for (int64_t j = 0; j < nq; ++j) {
+      float* pj = p + j * ldp;
+      bool nan = false;
+      const float top = max_of(pj, n, &nan);
+      float* o = out + (hb + j) * d;
+      bad[j] = nan || std::isinf(top);
+      if (bad[j]) {  // NaN / Inf in q or k: the result is NaN, as in float math
+        std::fill(o, o + d, std::numeric_limits<float>::quiet_NaN());
+        continue;
+      }
+      for (int64_t i = 0; i < n; ++i) pj[i] = exp_poly(pj[i] - top);
+      const float total = sum_of(pj, n);
+      for (int64_t i = 0; i < n; ++i) pj[i] = pj[i] / total;
+      std::fill(o, o + d, 0.f);
+    }
+    for (int64_t t0 = 0; t0 < n; t0 += kRows) {  // a block of value rows in L1 for all the heads
+      const int64_t t1 = std::min(n, t0 + kRows);
+      for (int64_t j = 0; j < nq; ++j)
+        if (!bad[j]) add_rows(p + j * ldp + t0, vc + t0 * d, t1 - t0, d, out + (hb + j) * d);
+    }
+    hb = he;
+  }
+}
+
+// -- prefill: causal attention of many query rows, keys in blocks with an online softmax --------
+
+// s[r][t] = q[r] . k[t] for `rows` query rows and the `nk` <= kKeyBlock keys of a block, through
+// the block transposed (kt [d][kKeyBlock]): products accumulated along the keys, the vector
+// lanes over keys, no horizontal sums.
+template <int64_t D>
+void block_scores(const float* q, int64_t rows, const float* k, int64_t nk, int64_t d_rt, float* kt, float* s) {
+  const int64_t d = D ? D : d_rt;
+  for (int64_t t = 0; t < nk; ++t)
+    for (int64_t i = 0; i < d; ++i) kt[i * kKeyBlock + t] = k[t * d + i];
+  for (int64_t t = nk; t < kKeyBlock; ++t)
+    for (int64_t i = 0; i < d; ++i) kt[i * kKeyBlock + t] = 0.f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* qr = q + r * d;
+    float* sr = s + r * kKeyBlock;
+#if defined(__AVX2__) || defined(__aarch64__)
+    constexpr int kNV = kKeyBlock / kVecF;  // the row's scores in registers
+    VecF acc[kNV];
+    for (int j = 0; j < kNV; ++j) acc[j] = vbroadcast(0.f);
+    for (int64_t i = 0; i < d; ++i) {
+      const VecF x = vbroadcast(qr[i]);
+      const float* kr = kt + i * kKeyBlock;
+      for (int j = 0; j < kNV; ++j) acc[j] = vmuladd(acc[j], x, vload(kr + j * kVecF));
+    }
+    for (int j = 0; j < kNV; ++j) vstore(sr + j * kVecF, acc[j]);
+#else
+    for (int64_t t = 0; t < kKeyBlock; ++t) sr[t] = 0.f;
+    for (int64_t i = 0; i < d; ++i) {
+      const float x = qr[i];
+      const float* kr = kt + i * kKeyBlock;
+      for (int64_t t = 0; t < kKeyBlock; ++t) sr[t] += x * kr[t];
+    }
+#endif
+  }
+}
+
+// acc[r] = acc[r] * alpha[r] + sum_t p[r][t] v[t] over the block's first nk[r] keys.
+template <int64_t D>
+void block_values(const float* p, const int64_t* nk, const float* alpha, int64_t rows, const float* v,
+                  int64_t d_rt, float* acc) {
+  const int64_t d = D ? D : d_rt;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* ar = acc + r * d;
+    for (int64_t i = 0; i < d; ++i) ar[i] = ar[i] * alpha[r];
+    add_rows(p + r * kKeyBlock, v, nk[r], d, ar);
+  }
+}
+
+template <int64_t D>
+void attend_rows_d(const float* q, int64_t ldq, int64_t start, const AttentionShape& sh,
+                   const float* k_cache, const float* v_cache, int64_t h, int64_t r0, int64_t r1,
+                   float* out, int64_t ldo, float* scratch) {
+  const int64_t d = sh.head_dim, rows = r1 - r0, g = h / (sh.heads / sh.kv_heads);
+  const float* kc = k_cache + g * sh.capacity * d;
+  const float* vc = v_cache + g * sh.capacity * d;
+  float* qs = scratch;                        // [rows, d]
+  float* kt = qs + kPrefillRows * d;          // [d, kKeyBlock]
+  float* s = kt + d * kKeyBlock;              // [rows, kKeyBlock]
+  float* acc = s + kPrefillRows * kKeyBlock;  // [rows, d]
+  float m[kPrefillRows], l[kPrefillRows], alpha[kPrefillRows];
+  int64_t nk[kPrefillRows];
+  bool bad[kPrefillRows];
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(qs + r * d, q + (r0 + r) * ldq + h * d, sizeof(float) * d);
+    m[r] = -std::numeric_limits<float>::infinity();
+    l[r] = 0.f;
+    bad[r] = false;
+  }
+  std::fill(acc, acc + rows * d, 0.f);
+  const int64_t last = start + r1;  // keys [0, last) are seen by some row of the block
+  for (int64_t t0 = 0; t0 < last; t0 += kKeyBlock) {
+    const int64_t kb = std::min(kKeyBlock, last - t0);
+    block_scores<D>(qs, rows, kc + t0 * d, kb, d, kt, s);
+    for (int64_t r = 0; r < rows; ++r) {
+      // row r (position start + r0 + r) sees keys up to its own position
+      nk[r] = std::max<int64_t>(0, std::min(kb, start + r0 + r + 1 - t0));
+      float* sr = s + r * kKeyBlock;
+      bool nan = false;
+      const float top = std::max(m[r], max_of(sr, nk[r], &nan));
+      bad[r] = bad[r] || nan || std::isinf(top);
+      if (bad[r] || nk[r] == 0) {
+        nk[r] = 0;
+        alpha[r] = 1.f;
+        continue;
+      }
+      alpha[r] = exp_poly(m[r] - top);  // 0 on the first block (m = -inf, clamped)
+      for (int64_t t = 0; t < nk[r]; ++t) sr[t] = exp_poly(sr[t] - top);
+      float sum = 0.f;
+      for (int64_t t = 0; t < nk[r]; ++t) sum += sr[t];
+      l[r] = l[r] * alpha[r] + sum;
+      m[r] = top;
+    }
+    block_values<D>(s, nk, alpha, rows, vc + t0 * d, d, acc);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float* o = out + (r0 + r) * ldo + h * d;
+    if (bad[r]) {
       std::fill(o, o + d, std::numeric_limits<float>::quiet_NaN());
       continue;
     }
-    float total = 0.f;
-    for (int64_t t = 0; t <= pos; ++t) scratch[t] = exp_poly(scratch[t] - top);
-    for (int64_t t = 0; t <= pos; ++t) total += scratch[t];
-    std::fill(o, o + d, 0.f);
-    for (int64_t t = 0; t <= pos; ++t) {
-      const float p = scratch[t] / total;
-      for (int64_t i = 0; i < d; ++i) o[i] += p * vc[t * d + i];
+    const float inv = 1.f / l[r];
+    for (int64_t i = 0; i < d; ++i) o[i] = acc[r * d + i] * inv;
+  }
+}
+
+// Query rows [r0, r1) (r1 - r0 <= kPrefillRows) of head h; q: RoPE'd and scaled queries
+// [rows, ldq] (head h at column h * d), row r at position start + r; out [rows, ldo].
+// scratch: prefill_scratch_floats(d) floats.
+void attend_rows(const float* q, int64_t ldq, int64_t start, const AttentionShape& sh,
+                 const float* k_cache, const float* v_cache, int64_t h, int64_t r0, int64_t r1,
+                 float* out, int64_t ldo, float* scratch) {
+  if (sh.head_dim == 64)
+    attend_rows_d<64>(q, ldq, start, sh, k_cache, v_cache, h, r0, r1, out, ldo, scratch);
+  else if (sh.head_dim == 128)
+    attend_rows_d<128>(q, ldq, start, sh, k_cache, v_cache, h, r0, r1, out, ldo, scratch);
+  else
+    attend_rows_d<0>(q, ldq, start, sh, k_cache, v_cache, h, r0, r1, out, ldo, scratch);
+}
+
+// RoPE on query row r's heads (position start + r) times `scale`, into q [rows, heads * d].
+void rope_queries(const float* qkv, int64_t ldqkv, const float* cos, const float* sin, int64_t start,
+                  const AttentionShape& sh, float scale, int64_t r0, int64_t r1, float* q) {
+  const int64_t d = sh.head_dim, half = d / 2;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* c = cos + (start + r) * half;
+    const float* s = sin + (start + r) * half;
+    for (int64_t h = 0; h < sh.heads; ++h) {
+      float* qh = q + r * sh.heads * d + h * d;
+      rope(qkv + r * ldqkv + h * d, c, s, d, qh);
+      for (int64_t i = 0; i < d; ++i) qh[i] *= scale;
     }
   }
 }

@@ -141,33 +141,13 @@ class Attention:
 
     def __call__(self, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
         cfg = self.cfg
-        n, hd, nkv = x.shape[0], cfg.head_dim, cfg.num_kv_heads
-        group = cfg.num_heads // nkv
         qkv = self.qkv(x)
-        if n == 1:  # decode: RoPE, cache update and attention in one call
+        if x.shape[0] == 1:  # decode: RoPE, cache update and attention in one call
             return self.o(_core.attend_one(qkv, self.rope.cos, self.rope.sin, start, cache.k[self.layer],
                                            cache.v[self.layer], cfg.num_heads, float(self.scale)))
-        q = self.rope(qkv[:, :cfg.q_size].reshape(n, cfg.num_heads, hd), start)
-        k = self.rope(qkv[:, cfg.q_size:cfg.q_size + cfg.kv_size].reshape(n, nkv, hd), start)
-        v = qkv[:, cfg.q_size + cfg.kv_size:].reshape(n, nkv, hd)
-        end = start + n
-        kc, vc = cache.k[self.layer], cache.v[self.layer]
-        kc[:, start:end] = k.transpose(1, 0, 2)
-        vc[:, start:end] = v.transpose(1, 0, 2)
-        # [kv_heads, group, tokens, head_dim] @ [kv_heads, 1, head_dim, positions]
-        qg = q.reshape(n, nkv, group, hd).transpose(1, 2, 0, 3)
-        # keys transposed into a contiguous copy: numpy's batched matmul over the strided view
-        # is ~3x slower than the copy and the product together
-        kt = np.ascontiguousarray(kc[:, :end].transpose(0, 2, 1))[:, None]
-        scores = (qg * self.scale) @ kt
-        if n > 1:  # causal: token i (at start + i) sees positions <= start + i
-            future = np.arange(end)[None, :] > np.arange(start, end)[:, None]
-            scores[:, :, future] = -np.inf
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
-        out = scores @ vc[:, None, :end]                       # [kv_heads, group, tokens, head_dim]
-        return self.o(np.ascontiguousarray(out.transpose(2, 0, 1, 3)).reshape(n, cfg.q_size))
+        # prefill: RoPE, cache update and causal attention (blocked, online softmax) in one call
+        return self.o(_core.attend_prefill(qkv, self.rope.cos, self.rope.sin, start, cache.k[self.layer],
+                                           cache.v[self.layer], cfg.num_heads, float(self.scale)))
 
 
 class Block:
@@ -180,3 +160,21 @@ class Block:
         eps = self.cfg.rms_norm_eps
         h = h + self.attention(rms_norm(h, self.input_norm, eps), cache, start)
         return h + self.down(silu_mul(self.gate_up(rms_norm(h, self.post_norm, eps))))
+
+
+def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache):
+    """The decode step of the whole model as one compiled call (``_core.DecodeStep``: norms,
+    projections, RoPE, attention over ``cache``, MLP and residuals of every block, then the final
+    norm and the lm head, without the GIL), or None when a layer's weights are kept in float."""
+    linears = [lm_head] + [m for b in blocks for m in (b.attention.qkv, b.attention.o, b.gate_up, b.down)]
+    if not blocks or any(not isinstance(m.weight, PackedWeight) for m in linears):
+        return None
+
+    def spec(m: Linear):
+        return (m.weight._h, m.bias, m.act == "int8", int(m._block))
+
+    cfg, rope = blocks[0].cfg, blocks[0].attention.rope
+    layers = [(spec(b.attention.qkv), spec(b.attention.o), spec(b.gate_up), spec(b.down),
+               b.input_norm, b.post_norm) for b in blocks]
+    return _core.decode_step(layers, norm, spec(lm_head), cache.k, cache.v, rope.cos, rope.sin,
+                             cfg.num_heads, cfg.rms_norm_eps, float(blocks[0].attention.scale))

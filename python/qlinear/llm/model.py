@@ -12,7 +12,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .generation import Sampler, Sampling
-from .layers import Block, KVCache, Linear, rms_norm
+from .layers import Block, KVCache, Linear, decode_step, rms_norm
 from .tokenizer import Messages, StreamDecoder, Tokenizer
 
 PREFILL_CHUNK = 512
@@ -75,9 +75,14 @@ class Model:
     info: dict = field(default_factory=dict)  # how it was loaded (bits, act, sources, ...)
     stats: Stats = field(default_factory=Stats)
 
+    # Decode steps run as one compiled call over all blocks (False: block by block in Python,
+    # the same operations and results).
+    compiled_decode = True
+
     def __post_init__(self):
         self.cache = KVCache(self.config, self.max_context)
         self.history: list[dict] = []
+        self._step, self._step_cache = None, None
 
     # -- forward ------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -90,6 +95,15 @@ class Model:
         (or of every position), in lm_head's vocabulary (slimmed or not)."""
         if start + len(ids) > self.cache.capacity:
             raise ValueError(f"context of {start + len(ids)} tokens exceeds max_context={self.cache.capacity}")
+        if len(ids) == 1 and self.compiled_decode:
+            if self._step_cache is not self.cache:
+                self._step = decode_step(self.blocks, self.norm, self.lm_head, self.cache)
+                self._step_cache = self.cache
+            if self._step is not None:
+                logits = self._step.step(np.ascontiguousarray(self.embedding(ids), np.float32), start)
+                self.cache.length = start + 1
+                self.cache.ids[start:] = list(ids)
+                return logits
         h = self.embedding(ids)
         for block in self.blocks:
             h = block(h, self.cache, start)

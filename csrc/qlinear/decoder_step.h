@@ -1,0 +1,76 @@
+// The decode step of a whole model in one call: for each layer, RMSNorm, the fused QKV
+// projection, RoPE and attention over the KV cache, the output projection and residual, RMSNorm,
+// the fused gate/up projection, SiLU * up, the down projection and residual; then the final norm
+// and the lm head. The caller (qlinear.llm) keeps the embedding lookup and sampling.
+//
+// A DecodeStep holds pointers only (to packed weights, norms, biases, RoPE tables and the KV
+// cache): whoever builds it keeps those alive, and it does exactly the operations of the
+// per-layer Python path, in its order (the same drivers, the same float operations), so both
+// give the same logits.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "decoder.h"
+#include "layout.h"
+
+namespace qlinear::decoder {
+
+struct StepLinear {
+  const WeightGeometry* w = nullptr;
+  const uint8_t* packed = nullptr;
+  const float* bias = nullptr;  // [n] or nullptr
+  bool act_int8 = true;         // matmul_int8 (act_block) or matmul_float
+  int64_t act_block = 0;
+};
+
+struct StepLayer {
+  StepLinear qkv, o, gate_up, down;
+  const float* input_norm = nullptr;   // [hidden]
+  const float* post_norm = nullptr;    // [hidden]
+  float* k_cache = nullptr;            // [kv_heads, capacity, head_dim]
+  float* v_cache = nullptr;
+};
+
+struct StepModel {
+  int64_t hidden = 0, intermediate = 0;
+  AttentionShape attn{};
+  float eps = 0.f, scale = 0.f;
+  const float* cos = nullptr;  // [rope_rows, head_dim / 2]
+  const float* sin = nullptr;
+  int64_t rope_rows = 0;
+  std::vector<StepLayer> layers;
+  const float* final_norm = nullptr;  // [hidden]
+  StepLinear lm_head;
+};
+
+class DecodeStep {
+ public:
+  explicit DecodeStep(StepModel m);
+
+  // One token at position `pos` (< capacity and < rope_rows): h = its embedding [hidden];
+  // writes the logits [lm_head n]. Fills the caches' row `pos` of every layer.
+  void run(const float* h, int64_t pos, float* logits);
+
+  // The step's matmuls alone, on its buffers as the last run left them (for measuring the time
+  // the step spends outside them).
+  void run_matmuls(float* logits);
+
+  const StepModel& model() const { return m_; }
+
+  // Seconds the last run() took in all, and in its matmuls (clocked around each call).
+  double last_seconds() const { return last_total_; }
+  double last_matmul_seconds() const { return last_matmul_; }
+
+ private:
+  void linear(const StepLinear& l, const float* x, float* y);
+
+  StepModel m_;
+  std::mutex mutex_;  // one step at a time per object (the buffers below)
+  std::vector<float> h_, x_, qkv_, att_, proj_, gu_, act_;
+  double last_total_ = 0, last_matmul_ = 0, matmul_ = 0;
+};
+
+}  // namespace qlinear::decoder
