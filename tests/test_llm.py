@@ -84,8 +84,8 @@ def test_decode_with_cache_equals_full_forward(checkpoints):
 
 
 @pytest.mark.parametrize("arch, bits, act, act_block", [
-    ("qwen2", 4, "int8", None), ("qwen2", 8, "float", None), ("llama", 4, "float", None),
-    ("llama", 8, "int8", 0)])
+    ("qwen2", 4, "int8", "group"), ("qwen2", 8, "float", "group"), ("llama", 4, "float", "group"),
+    ("llama", 8, "int8", None)])
 def test_compiled_decode_equals_python_path(checkpoints, arch, bits, act, act_block):
     """The decode step as one compiled call gives the logits and cache of the per-layer Python
     path, bit for bit, position after position (qwen2: q/k/v biases; GQA in both)."""

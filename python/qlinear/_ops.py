@@ -38,6 +38,12 @@ def matmul_array(x: np.ndarray, pw: PackedWeight, bias, out, act: str, block: in
     return _core.matmul_float(x, h, bias, out, h.k)
 
 
+def core_handle(pw: PackedWeight):
+    """The compiled core's handle of a packed weight, for callers that hand weights to C++
+    entries themselves (qlinear.llm's decode step)."""
+    return pw._h
+
+
 def _check_weight(pw) -> None:
     if type(pw) is not PackedWeight:
         raise TypeError(f"weight must be a qlinear.PackedWeight, got {type(pw).__name__}")

@@ -11,7 +11,7 @@ from typing import Optional, Union
 import numpy as np
 
 from .. import _core
-from .._ops import act_block_size, matmul_array
+from .._ops import act_block_size, core_handle, matmul_array
 from .._packed import PackedWeight
 from .._scheme import DEFAULT_ACT_BLOCK, ActBlock
 from .config import ModelConfig
@@ -171,7 +171,7 @@ def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache)
         return None
 
     def spec(m: Linear):
-        return (m.weight._h, m.bias, m.act == "int8", int(m._block))
+        return (core_handle(m.weight), m.bias, m.act == "int8", int(m._block))
 
     cfg, rope = blocks[0].cfg, blocks[0].attention.rope
     layers = [(spec(b.attention.qkv), spec(b.attention.o), spec(b.gate_up), spec(b.down),
