@@ -125,7 +125,15 @@ py::array py_matmul_with(py::array x_in, const PackedWeightHandle& w, py::object
       throw py::type_error("out must have the dtype of x (" + dtype_str(x.arr) + "), got " + dtype_str(out));
     bool shape_ok = out.ndim() == static_cast<py::ssize_t>(shape.size());
     for (size_t i = 0; shape_ok && i < shape.size(); ++i) shape_ok = out.shape(i) == shape[i];
-    if (!shape_ok) throw py::value_error("out has the wrong shape");
+    if (!shape_ok) {
+      const auto dims = [](const std::vector<py::ssize_t>& d) {
+        std::string t = "(";
+        for (size_t i = 0; i < d.size(); ++i) t += (i ? ", " : "") + std::to_string(d[i]);
+        return t + (d.size() == 1 ? ",)" : ")");
+      };
+      throw py::value_error("out has the wrong shape " + dims({out.shape(), out.shape() + out.ndim()}) +
+                            ": expected " + dims(shape));
+    }
     if (!(out.flags() & py::array::c_style) || !out.writeable())
       throw py::value_error("out must be C-contiguous and writeable");
   }

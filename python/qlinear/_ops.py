@@ -49,20 +49,8 @@ def _check_weight(pw) -> None:
         raise TypeError(f"weight must be a qlinear.PackedWeight, got {type(pw).__name__}")
 
 
-def _check_out(x, pw: PackedWeight, out) -> None:
-    shape = getattr(out, "shape", None)
-    xs = getattr(x, "shape", None)
-    if shape is None or xs is None or len(xs) not in (1, 2):
-        return  # the kernels name the problem
-    want = (pw._h.n,) if len(xs) == 1 else (xs[0], pw._h.n)
-    if tuple(shape) != want:
-        raise ValueError(f"out has the wrong shape {tuple(shape)}: expected {want}")
-
-
 def _matmul(x, pw: PackedWeight, bias, out, act: str, act_block: ActBlock):
     block = act_block_size(pw, act_block) if act == "int8" else pw._h.k
-    if out is not None:
-        _check_out(x, pw, out)
     if type(x) is np.ndarray:  # the fast path: decode calls this thousands of times
         return matmul_array(x, pw, bias, out, act, block)
     if is_torch_tensor(x):
