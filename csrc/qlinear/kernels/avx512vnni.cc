@@ -17,12 +17,20 @@ const KernelTable& avx512vnni_kernels() {
   static const KernelTable table = [] {
     KernelTable t = avx2_kernels();  // activation quantization and the float path
     t.isa = Isa::avx512vnni;
-    t.int8 = {
-        ukernel<Dot>("gemv_w4a8_nr8_kr4_1x16_avx512vnni", gemv<Zmm, Dot, 4>, 4, 1, 2, 1, 1),
-        ukernel<Dot>("gemm_w4a8_nr8_kr4_4x16_avx512vnni", gemm_rows<Zmm, Dot, 4, 4>, 4, 4, 2, 2),
-        ukernel<Dot>("gemv_w8a8_nr8_kr4_1x16_avx512vnni", gemv<Zmm, Dot, 8>, 8, 1, 2, 1, 1),
-        ukernel<Dot>("gemm_w8a8_nr8_kr4_4x16_avx512vnni", gemm_rows<Zmm, Dot, 8, 4>, 8, 4, 2, 2),
-    };
+    t.int8.clear();
+    // GEMV (decode): the AVX2 level's GEMVs come first. Measured on a Zen 5 CPU in one run, they
+    // stream a Qwen2.5-0.5B model's weights at 98% of a plain streaming read against 65% for the
+    // zmm GEMV (decode 130 against 90 tokens/s); the zmm GEMVs stay listed after them, never
+    // chosen by the driver, for the per-kernel tests and A/B runs on such CPUs.
+    for (const Int8Ukernel& k : avx2_kernels().int8)
+      if (k.m_max == 1) t.int8.push_back(k);
+    for (const Int8Ukernel& k : {
+             ukernel<Dot>("gemv_w4a8_nr8_kr4_1x16_avx512vnni", gemv<Zmm, Dot, 4>, 4, 1, 2, 1, 1),
+             ukernel<Dot>("gemm_w4a8_nr8_kr4_4x16_avx512vnni", gemm_rows<Zmm, Dot, 4, 4>, 4, 4, 2, 2),
+             ukernel<Dot>("gemv_w8a8_nr8_kr4_1x16_avx512vnni", gemv<Zmm, Dot, 8>, 8, 1, 2, 1, 1),
+             ukernel<Dot>("gemm_w8a8_nr8_kr4_4x16_avx512vnni", gemm_rows<Zmm, Dot, 8, 4>, 8, 4, 2, 2),
+         })
+      t.int8.push_back(k);
     return t;
   }();
   return table;
