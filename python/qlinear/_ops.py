@@ -24,7 +24,7 @@ _ACTS = ("int8", "float")
 def act_block_size(pw: PackedWeight, act_block: ActBlock) -> int:
     """k per activation scale for ``pw`` (None: per row = K; "group": the weight's storage
     block; an int: itself), the value the kernels take."""
-    if act_block == "group" and type(act_block) is str:
+    if type(act_block) is str and act_block == "group":
         return pw._h.block
     return _act_block_size(pw._h.k, pw._h.group_size, act_block)
 

@@ -63,7 +63,7 @@ class QLinear(nn.Module):
         self.bits, self.group_size, self.symmetric, self.layout = int(bits), int(group_size), bool(symmetric), str(layout)
 
     def _check_act_block(self):
-        if self.act_block is None or self.act_block == "group":
+        if self.act_block is None or (isinstance(self.act_block, str) and self.act_block == "group"):
             return
         if isinstance(self.act_block, bool) or not isinstance(self.act_block, int) or self.act_block <= 0:
             raise ValueError(f"act_block must be None, 'group' or a positive int, got {self.act_block!r}")
