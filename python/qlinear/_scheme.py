@@ -67,6 +67,6 @@ def act_block_size(k: int, group_size: Optional[int], act_block: ActBlock) -> in
         if act_block == "group":
             return storage_block(k, group_size)
         raise ValueError(f"act_block must be None, 'group' or an int, got {act_block!r}")
-    if isinstance(act_block, bool) or not hasattr(act_block, "__index__"):
+    if isinstance(act_block, bool) or not hasattr(act_block, "__index__") or getattr(act_block, "ndim", 0) != 0:
         raise TypeError(f"act_block must be None, 'group' or an int, got {type(act_block).__name__}")
     return int(act_block)
