@@ -35,7 +35,7 @@ def _add_quant_args(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def _add_load_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="model directory: Hugging Face checkpoint, converted model or MNN export")
+    p.add_argument("model", help="model: GGUF file, or directory: Hugging Face checkpoint, converted model or MNN export")
     _add_quant_args(p, "when quantizing a checkpoint at load")
     p.add_argument("--act", default="int8", choices=["int8", "float"], help="activations: int8 (W4A8/W8A8) or float")
     p.add_argument("--act-block", default="group", choices=["group", "row"], help="activation scale granularity")
