@@ -316,6 +316,18 @@ def test_cli_generates_from_a_gguf_file(files):
     assert "decode speed" in r.stdout + r.stderr
 
 
+@pytest.mark.parametrize("embd", [T.F16, T.Q8_0])
+def test_convert_keeps_the_files_codes(checkpoints, tmp_path, embd):
+    path = write_gguf(checkpoints["llama"], tmp_path / "m.gguf", T.Q4_K, embd=embd)
+    direct = llm.load(path, progress=False)
+    conv = llm.load(llm.convert(path, tmp_path / "conv", progress=False), progress=False)
+    for a, b in zip(direct.blocks[1].attention.qkv.weight.unpack(), conv.blocks[1].attention.qkv.weight.unpack()):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(conv.logits(IDS[:8]), direct.logits(IDS[:8]), rtol=1e-4, atol=1e-4)
+    assert conv.tokenizer.encode(TEXTS[1]) == direct.tokenizer.encode(TEXTS[1])
+    assert conv.tokenizer.stop_ids == direct.tokenizer.stop_ids
+
+
 # -- hostile files -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -186,8 +186,8 @@ def main(argv=None) -> None:
     b.add_argument("--json", action="store_true")
     b.set_defaults(run=cmd_bench)
 
-    v = sub.add_parser("convert", help="quantize a Hugging Face checkpoint into qlinear's model file")
-    v.add_argument("src", help="Hugging Face checkpoint directory")
+    v = sub.add_parser("convert", help="quantize a Hugging Face checkpoint (or GGUF file) into qlinear's model file")
+    v.add_argument("src", help="Hugging Face checkpoint directory or GGUF file")
     v.add_argument("out_dir", help="directory to write (model.qlinear + tokenizer files)")
     _add_quant_args(v, "of the converted model")
     v.add_argument("--symmetric", action="store_true", help="symmetric weights (no offsets)")

@@ -16,6 +16,7 @@ float32 table with ``disk_embedding=False``).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
@@ -30,6 +31,7 @@ from .heap import trim_heap
 from .options import Options
 from .progress import progress
 from .source import Source, select_rows, slim_rows
+from .tokenizer import Tokenizer
 
 KIND = "gguf"
 _FLOAT_EMBEDDINGS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -200,8 +202,14 @@ class _Weights:
 class _QuantizedEmbedding:
     """A quantized ``token_embd`` [vocab, hidden]: rows dequantized from the mapped file as read."""
 
+    dtype = "float32"   # of ``raw()``
+
     def __init__(self, f: GGUFFile, t, vocab: int, hidden: int):
         self.f, self.t, self.vocab_size, self.hidden_size = f, t, vocab, hidden
+
+    def raw(self) -> np.ndarray:
+        """The whole table dequantized (for ``llm.convert``)."""
+        return self.f.dequantize(self.t)
 
     def open(self, on_disk: bool):
         if not on_disk:
@@ -214,6 +222,15 @@ class _QuantizedEmbedding:
         ids = _check_ids(ids, self.vocab_size)
         rows = np.asarray(self.t.data).reshape(self.vocab_size, -1)[ids]
         return np.asarray(quants.dequantize(rows, self.t.tensor_type), np.float32).reshape(len(ids), -1)
+
+
+def write_tokenizer(tok: Tokenizer, out: Path) -> None:
+    """The rebuilt tokenizer as ``tokenizer.json`` + ``tokenizer_config.json`` (for ``llm.convert``)."""
+    tok.hf.save(str(out / "tokenizer.json"))
+    stop = sorted(tok.stop_ids)
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": tok.chat_template, "bos_token": tok.bos_token,
+        "eos_token": tok.hf.id_to_token(stop[0]) if stop else None}, indent=2))
 
 
 def _embedding(f: GGUFFile, cfg: ModelConfig):
