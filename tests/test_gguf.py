@@ -62,7 +62,7 @@ def permute(w, heads):
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2"):
+def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None):
     """``ckpt`` (a synthetic checkpoint) as a GGUF file: linears in ``qtype`` (``types`` overrides
     per GGUF name), norms / biases F32, embedding ``embd``."""
     cfg = json.loads((ckpt / "config.json").read_text())
@@ -89,11 +89,19 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2"):
         if t is None:
             tokens[i], ttypes[i] = f"[PAD{i}]", 5
     merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
+    if spm is None:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(pre)
+        w.add_token_merges(merges)
+    else:  # a SentencePiece model of the same vocabulary size
+        n = spm.get_piece_size()
+        tokens = [spm.id_to_piece(i) for i in range(n)]
+        ttypes = [3 if spm.is_control(i) else 2 if spm.is_unknown(i) else 6 if spm.is_byte(i) else 1
+                  for i in range(n)]
+        w.add_tokenizer_model("llama")
+        w.add_token_scores([spm.get_score(i) for i in range(n)])
     w.add_token_list(tokens)
     w.add_token_types(ttypes)
-    w.add_token_merges(merges)
     w.add_bos_token_id(cfg["bos_token_id"])
     w.add_eos_token_id(cfg["eos_token_id"])
     w.add_chat_template(synthetic.CHATML_TEMPLATE)
@@ -326,6 +334,22 @@ def test_convert_keeps_the_files_codes(checkpoints, tmp_path, embd):
     np.testing.assert_allclose(conv.logits(IDS[:8]), direct.logits(IDS[:8]), rtol=1e-4, atol=1e-4)
     assert conv.tokenizer.encode(TEXTS[1]) == direct.tokenizer.encode(TEXTS[1])
     assert conv.tokenizer.stop_ids == direct.tokenizer.stop_ids
+
+
+def test_sentencepiece_tokenizer_encodes_like_sentencepiece(checkpoints, tmp_path):
+    spm_lib = pytest.importorskip("sentencepiece")
+    text = "\n".join(synthetic.local_text(200_000)) + "\n" + "\n".join(TEXTS) * 20
+    (tmp_path / "corpus.txt").write_text(text, encoding="utf-8")
+    spm_lib.SentencePieceTrainer.train(
+        input=str(tmp_path / "corpus.txt"), model_prefix=str(tmp_path / "sp"), vocab_size=1024,
+        model_type="bpe", byte_fallback=True, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, split_digits=True, character_coverage=0.9995, minloglevel=2)
+    sp = spm_lib.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
+    model = llm.load(write_gguf(checkpoints["llama"], tmp_path / "spm.gguf", T.Q8_0, spm=sp), progress=False)
+    assert "SentencePiece" in model.info["tokenizer"]
+    for t in TEXTS[:1] + TEXTS[2:4] + ["  two spaces, a tab\t and\nnew lines", "ǅ rare ☃ bytes 𝄞"]:
+        assert model.tokenizer.encode(t) == sp.encode(t), t
+        assert model.tokenizer.decode(model.tokenizer.encode(t)) == t
 
 
 # -- hostile files -------------------------------------------------------------------------------
