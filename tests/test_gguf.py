@@ -381,6 +381,13 @@ def _mutations(good):
     b[i + 20:i + 24] = struct.pack("<I", 250)
     out["unknown type"] = bytes(b)
     b = bytearray(good)
+    b[i + 4:i + 20] = struct.pack("<QQ", 256, 512)   # the same size, transposed
+    out["wrong shape"] = bytes(b)
+    k = good.index(b"tokenizer.ggml.tokens") + len(b"tokenizer.ggml.tokens")   # type, item type, count
+    b = bytearray(good)
+    b[k + 8:k + 16] = struct.pack("<Q", 1 << 61)
+    out["absurd array length"] = bytes(b)
+    b = bytearray(good)
     b[i - 6:i] = b"xx_dow"                  # renames the tensor: ffn_down goes missing
     out["missing tensor"] = bytes(b)
     k = good.index(b"qwen2.block_count") + len(b"qwen2.block_count")
@@ -395,9 +402,18 @@ def _mutations(good):
 
 @pytest.mark.parametrize("case", ["truncated header", "truncated data", "wrong magic", "version 1", "version 99",
                                   "absurd counts", "offset outside", "overflowing shape", "unknown type",
-                                  "missing tensor", "bad metadata type", "unknown metadata type"])
+                                  "missing tensor", "bad metadata type", "unknown metadata type",
+                                  "wrong shape", "absurd array length"])
 def test_hostile_files_raise_value_error(good, tmp_path, case):
+    import tracemalloc
+
     path = tmp_path / "bad.gguf"
     path.write_bytes(_mutations(good)[case])
-    with pytest.raises(ValueError, match="bad.gguf"):
-        llm.load(path, progress=False)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="bad.gguf"):
+            llm.load(path, progress=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, peak   # no allocation sized by the file's claims (the file is ~1.4 MB)

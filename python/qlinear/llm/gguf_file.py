@@ -76,8 +76,9 @@ class GGUFFile:
         try:
             self.reader = GGUFReader(self.path, "r")
         except _READ_ERRORS as e:
-            what = ("a tensor lies outside the file or has an invalid shape (truncated?)"
-                    if "reshape" in str(e) else "malformed GGUF file")
+            what = ("a tensor lies outside the file or has an invalid shape (truncated?)" if "reshape" in str(e)
+                    else "malformed GGUF file (truncated, or a length beyond the file?)" if isinstance(e, IndexError)
+                    else "malformed GGUF file")
             raise self.error(f"{what} ({type(e).__name__}: {str(e)[:200]})") from None
         self.tensors = {}
         for t in self.reader.tensors:
