@@ -95,6 +95,8 @@ class GGUFFile:
         if not dims or any(d <= 0 or d > _MAX_DIM for d in dims):
             raise self.error(f"tensor {t.name!r} has an invalid shape {dims}")
         n = int(np.prod(dims, dtype=object))
+        if t.tensor_type not in GGML_QUANT_SIZES:
+            raise self.error(f"tensor {t.name!r} has an unsupported type {t.tensor_type.name}")
         block, type_size = GGML_QUANT_SIZES[t.tensor_type]
         if dims[0] % block:
             raise self.error(f"tensor {t.name!r}: rows of {dims[0]} are not whole {t.tensor_type.name} blocks")
