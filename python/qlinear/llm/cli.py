@@ -35,7 +35,7 @@ def _add_quant_args(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def _add_load_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="model directory: Hugging Face checkpoint, converted model or MNN export")
+    p.add_argument("model", help="model: GGUF file, or directory: Hugging Face checkpoint, converted model or MNN export")
     _add_quant_args(p, "when quantizing a checkpoint at load")
     p.add_argument("--act", default="int8", choices=["int8", "float"], help="activations: int8 (W4A8/W8A8) or float")
     p.add_argument("--act-block", default="group", choices=["group", "row"], help="activation scale granularity")
@@ -186,8 +186,8 @@ def main(argv=None) -> None:
     b.add_argument("--json", action="store_true")
     b.set_defaults(run=cmd_bench)
 
-    v = sub.add_parser("convert", help="quantize a Hugging Face checkpoint into qlinear's model file")
-    v.add_argument("src", help="Hugging Face checkpoint directory")
+    v = sub.add_parser("convert", help="quantize a Hugging Face checkpoint (or GGUF file) into qlinear's model file")
+    v.add_argument("src", help="Hugging Face checkpoint directory or GGUF file")
     v.add_argument("out_dir", help="directory to write (model.qlinear + tokenizer files)")
     _add_quant_args(v, "of the converted model")
     v.add_argument("--symmetric", action="store_true", help="symmetric weights (no offsets)")

@@ -9,7 +9,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from .._format import BFloat16Array, save_weights
-from . import converted_source, hf_source
+from . import converted_source, gguf_source, hf_source
 from .options import Options
 from .progress import progress as progress_bar
 
@@ -28,7 +28,8 @@ def check_out_dir(out: Path, force: bool) -> None:
 def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 64, symmetric: bool = False,
             slim_vocab: Union[bool, Sequence[int]] = False, progress: bool = True,
             force: bool = False) -> Path:
-    """Quantize a Hugging Face checkpoint once and write OUT_DIR: ``model.qlinear`` (packed
+    """Quantize a Hugging Face checkpoint (or a GGUF file: its Q4_0 / Q8_0 / Q4_K codes kept, the
+    rest quantized to ``bits``) once and write OUT_DIR: ``model.qlinear`` (packed
     weights, norms, biases and the embedding table in the checkpoint's dtype, one checked,
     mmap-able file; its metadata holds the model config), plus the tokenizer files. An existing
     non-empty OUT_DIR is refused unless ``force``."""
@@ -40,7 +41,8 @@ def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 6
     opts = Options(bits, group_size, symmetric, act="float" if bits is None else "int8",
                    slim_vocab=slim_vocab).check()
     check_out_dir(out, force)
-    source = hf_source.read(src, opts, progress, bar_leave=True)
+    gguf = gguf_source.is_gguf(src)
+    source = gguf_source.read(src, opts, progress) if gguf else hf_source.read(src, opts, progress, bar_leave=True)
     tensors = source.tensors
     raw = source.embedding.raw()
     tensors[converted_source.EMBEDDING] = BFloat16Array(raw) if source.embedding.dtype == "bfloat16" else np.asarray(raw)
@@ -49,12 +51,14 @@ def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 6
     out.mkdir(parents=True, exist_ok=True)
     meta = {"format": converted_source.FORMAT_NAME, "version": converted_source.FORMAT_VERSION,
             "config": source.config.to_dict(),
-            "quantization": {"bits": bits, "group_size": group_size, "symmetric": symmetric}}
+            "quantization": source.quantization}
     bar = progress_bar(1, f"writing {out / converted_source.MODEL_FILE}", progress, unit="file", leave=True)
     save_weights(out / converted_source.MODEL_FILE, tensors, meta)
     bar.update(1)
     bar.close()
-    for name in TOKENIZER_FILES:
+    if gguf:
+        gguf_source.write_tokenizer(source.tokenizer, out)
+    for name in () if gguf else TOKENIZER_FILES:
         if (src / name).is_file():
             (out / name).write_bytes((src / name).read_bytes())
     return out

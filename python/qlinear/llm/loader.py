@@ -1,8 +1,8 @@
 """``llm.load``: open a model directory of any source and assemble the model.
 
-Sources (each a module returning a ``source.Source``): a directory written by ``llm.convert``
-(``converted_source``), an MNN LLM export (``mnn_source``), a Hugging Face checkpoint
-(``hf_source``). A new source is one more module and one more line in ``_SOURCES``.
+Sources (each a module returning a ``source.Source``): a GGUF file (``gguf_source``), a
+directory written by ``llm.convert`` (``converted_source``), an MNN LLM export (``mnn_source``), a
+Hugging Face checkpoint (``hf_source``). A new source is one more module and one more line in ``_SOURCES``.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from typing import Optional, Sequence, Union
 
 from .. import set_num_threads
 from .._scheme import DEFAULT_ACT_BLOCK, ActBlock
-from . import converted_source, hf_source, mnn_source
+from . import converted_source, gguf_source, hf_source, mnn_source
 from .assemble import build_model
 from .model import Model
 from .options import Options
 
 # (is this directory of that source?, read it); the first that matches is used.
 _SOURCES = (
+    (gguf_source.is_gguf, gguf_source.read),
     (converted_source.is_converted, lambda d, opts, bar: converted_source.read(d, opts)),
     (mnn_source.is_export, mnn_source.read),
     (hf_source.is_checkpoint, hf_source.read),
@@ -30,7 +31,8 @@ def load(path, bits: Optional[int] = 4, group_size: Optional[int] = 64, act: str
          memory: str = "low", disk_embedding: bool = True, threads: Optional[int] = None,
          max_context: int = 4096, slim_vocab: Union[bool, Sequence[int]] = False,
          act_block: ActBlock = DEFAULT_ACT_BLOCK, symmetric: bool = False, progress: bool = True) -> Model:
-    """Open a model directory: a Hugging Face checkpoint (``config.json``, ``*.safetensors``,
+    """Open a model: a GGUF file (Qwen2 / Llama; Q4_0 / Q8_0 / Q4_K codes used as they are, other
+    types quantized here to ``bits``), a Hugging Face checkpoint directory (``config.json``, ``*.safetensors``,
     ``tokenizer.json``; quantized here to ``bits`` with ``group_size``), a directory written by
     ``convert`` (its own quantization is used; ``bits``/``group_size`` are ignored), or an MNN
     LLM export (``llm.mnn``, ``llm.mnn.weight``, ...).
@@ -49,8 +51,8 @@ def load(path, bits: Optional[int] = 4, group_size: Optional[int] = 64, act: str
         set_num_threads(threads)
     opts = Options(bits, group_size, symmetric, act, act_block, memory, disk_embedding, slim_vocab).check()
     d = Path(path)
-    if not d.is_dir():
-        raise ValueError(f"{d}: not a model directory")
+    if not d.is_dir() and not gguf_source.is_gguf(d):
+        raise ValueError(f"{d}: not a model directory or GGUF file")
     for matches, read in _SOURCES:
         if matches(d):
             model = build_model(read(d, opts, progress), opts, max_context)

@@ -1,0 +1,193 @@
+"""A GGUF file (llama.cpp's format) opened with the ``gguf`` package's reader, checked before
+use: header, metadata types, tensor types, shapes and byte ranges against the file's size. Every
+problem is a ValueError naming the file; nothing is allocated before its size is checked.
+
+Quantized blocks whose layout agrees with ours are unpacked to codes / scales / offsets as they
+are stored (``codes``); anything else is dequantized with ``gguf.quants`` (``dequantize``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+MAGIC = b"GGUF"
+VERSIONS = (2, 3)
+_HEADER = struct.Struct("<4sIQQ")            # magic, version, tensor count, metadata count
+_MIN_TENSOR_INFO, _MIN_KV = 24, 12           # the smallest records: counts beyond size / these are lies
+_MAX_DIM = 1 << 40
+# Reader failures on malformed bytes: the gguf package raises whatever numpy / struct give it.
+_READ_ERRORS = (ValueError, KeyError, IndexError, TypeError, OverflowError, struct.error,
+                UnicodeDecodeError, AttributeError, MemoryError)
+
+
+@dataclass
+class Moved:
+    """Stored codes of a block format that is one of our layouts: ``[N, K]`` codes (as we store
+    them: q + zero point for symmetric), float16 scale / offset ``[N, K // 32]``."""
+    codes: np.ndarray
+    scale: np.ndarray
+    offset: Optional[np.ndarray]
+    bits: int
+    symmetric: bool
+    rounded: bool = False     # scale / offset were rounded to float16 (Q4_K)
+    label: str = ""           # "name (TYPE)" for model.info
+
+    def rows(self, order: np.ndarray) -> "Moved":
+        return dataclasses.replace(self, codes=self.codes[order], scale=self.scale[order],
+                                   offset=None if self.offset is None else self.offset[order])
+
+    def asymmetric(self) -> Optional["Moved"]:
+        """The same weights as an asymmetric layout (offset = -zero_point * scale, exact in
+        float16 unless it overflows: then None)."""
+        if not self.symmetric:
+            return self
+        zp = 8 if self.bits == 4 else 128
+        with np.errstate(over="ignore"):
+            offset = (self.scale.astype(np.float32) * -zp).astype(np.float16)
+        if not np.isfinite(offset).all():
+            return None
+        return dataclasses.replace(self, offset=offset, symmetric=False)
+
+
+class GGUFFile:
+    def __init__(self, path):
+        self.path = Path(path)
+        self.size = self.path.stat().st_size
+        with open(self.path, "rb") as f:
+            head = f.read(_HEADER.size)
+        if len(head) < _HEADER.size:
+            raise self.error(f"truncated header ({len(head)} bytes)")
+        magic, version, n_tensors, n_kv = _HEADER.unpack(head)
+        if magic != MAGIC:
+            raise self.error(f"not a GGUF file (magic {magic!r})")
+        if version not in VERSIONS:
+            raise self.error(f"GGUF version {version} is not supported ({', '.join(map(str, VERSIONS))}; "
+                             "big-endian files are not supported either)")
+        if n_tensors > self.size // _MIN_TENSOR_INFO or n_kv > self.size // _MIN_KV:
+            raise self.error(f"{n_tensors} tensors / {n_kv} metadata entries cannot fit in {self.size} bytes")
+        from gguf import GGUFReader  # noqa: PLC0415
+
+        try:
+            self.reader = GGUFReader(self.path, "r")
+        except _READ_ERRORS as e:
+            what = ("a tensor lies outside the file or has an invalid shape (truncated?)" if "reshape" in str(e)
+                    else "malformed GGUF file (truncated, or a length beyond the file?)" if isinstance(e, IndexError)
+                    else "malformed GGUF file")
+            raise self.error(f"{what} ({type(e).__name__}: {str(e)[:200]})") from None
+        self.tensors = {}
+        for t in self.reader.tensors:
+            self._check_tensor(t)
+            self.tensors[t.name] = t
+
+    def error(self, msg: str) -> ValueError:
+        return ValueError(f"{self.path}: {msg}")
+
+    def _check_tensor(self, t) -> None:
+        from gguf import GGML_QUANT_SIZES  # noqa: PLC0415
+
+        dims = [int(d) for d in t.shape]
+        if not dims or any(d <= 0 or d > _MAX_DIM for d in dims):
+            raise self.error(f"tensor {t.name!r} has an invalid shape {dims}")
+        n = int(np.prod(dims, dtype=object))
+        if t.tensor_type not in GGML_QUANT_SIZES:
+            raise self.error(f"tensor {t.name!r} has an unsupported type {t.tensor_type.name}")
+        block, type_size = GGML_QUANT_SIZES[t.tensor_type]
+        if dims[0] % block:
+            raise self.error(f"tensor {t.name!r}: rows of {dims[0]} are not whole {t.tensor_type.name} blocks")
+        nbytes = n // block * type_size
+        if n != t.n_elements or t.data_offset < 0 or t.data_offset + nbytes > self.size or t.data.nbytes != nbytes:
+            raise self.error(f"tensor {t.name!r} ({t.tensor_type.name} {dims}) lies outside the file "
+                             f"({self.size} bytes; truncated?)")
+
+    # -- metadata -----------------------------------------------------------------------------
+    def meta(self, key: str, kind, default=None, required: bool = False):
+        """A metadata value of Python type ``kind`` (int, float, str, bool, list), else ValueError."""
+        f = self.reader.get_field(key)
+        if f is None:
+            if required:
+                raise self.error(f"metadata {key!r} is missing")
+            return default
+        try:
+            v = f.contents()
+        except _READ_ERRORS as e:
+            raise self.error(f"metadata {key!r} is unreadable ({type(e).__name__}: {e})") from None
+        if kind is float and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+        if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+            raise self.error(f"metadata {key!r} is a {type(v).__name__}, expected {kind.__name__}")
+        return v
+
+    def count(self, key: str, default=None) -> int:
+        v = self.meta(key, int, default, required=default is None)
+        if v is None or not 0 < v <= _MAX_DIM:
+            raise self.error(f"metadata {key!r} must be a positive count, got {v!r}")
+        return v
+
+    # -- tensors ------------------------------------------------------------------------------
+    def tensor(self, name: str, shape: tuple):
+        """The tensor ``name`` of our (row-major) ``shape``, checked."""
+        t = self.tensors.get(name)
+        if t is None:
+            raise self.error(f"tensor {name!r} is missing")
+        if tuple(int(d) for d in reversed(t.shape)) != tuple(shape):
+            raise self.error(f"tensor {name!r} has shape {list(reversed([int(d) for d in t.shape]))}, "
+                             f"expected {list(shape)}")
+        return t
+
+    def dequantize(self, t) -> np.ndarray:
+        """float32, shaped as ours (rows last-dimension-major)."""
+        from gguf import quants  # noqa: PLC0415
+
+        try:
+            w = quants.dequantize(np.asarray(t.data), t.tensor_type)
+        except (NotImplementedError, quants.QuantError) as e:
+            raise self.error(f"tensor {t.name!r}: {t.tensor_type.name} cannot be dequantized ({e})") from None
+        shape = tuple(int(d) for d in reversed(t.shape))
+        return np.ascontiguousarray(np.asarray(w, np.float32).reshape(shape))
+
+
+def codes(t) -> Optional[Moved]:
+    """A 2-D Q4_0 / Q8_0 / Q4_K tensor's codes moved into our group-32 layouts, else None."""
+    from gguf import GGMLQuantizationType as T  # noqa: PLC0415
+
+    if len(t.shape) != 2:
+        return None
+    k, n = (int(d) for d in t.shape)
+    raw = np.asarray(t.data).reshape(n, -1)
+    if t.tensor_type == T.Q4_0:        # 18 bytes: d (f16), 16 bytes: q 0..15 (low nibbles first); w = d (q - 8)
+        b = raw.reshape(n, k // 32, 18)
+        qs = b[..., 2:]
+        c = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(n, k)
+        return Moved(c, _f16(b[..., :2]), None, 4, True)
+    if t.tensor_type == T.Q8_0:        # 34 bytes: d (f16), 32 int8 q; w = d q: our code q + 128
+        b = raw.reshape(n, k // 32, 34)
+        q = b[..., 2:].view(np.int8).astype(np.int16) + 128
+        return Moved(q.astype(np.uint8).reshape(n, k), _f16(b[..., :2]), None, 8, True)
+    if t.tensor_type == T.Q4_K:        # 144 bytes per 256: d, dmin (f16), 12 bytes of 6-bit scales / mins, 128 of q
+        from gguf.quants import Q4_K  # noqa: PLC0415
+
+        b = raw.reshape(n, k // 256, 144)
+        d, dmin = _f16(b[..., 0:2]).astype(np.float32), _f16(b[..., 2:4]).astype(np.float32)
+        sc, mn = Q4_K.get_scale_min(np.ascontiguousarray(b[..., 4:16]).reshape(-1, 12))
+        sc, mn = sc.reshape(n, -1, 8), mn.reshape(n, -1, 8)
+        # w = (d sc) q - (dmin m): d sc and dmin m are exact in float32 (11 + 6 bits) and rounded
+        # to float16 once here: a relative error of at most 2^-11 on each group's scale and offset.
+        with np.errstate(over="ignore"):
+            scale = (d[..., None] * sc).astype(np.float16).reshape(n, -1)
+            offset = (-(dmin[..., None] * mn)).astype(np.float16).reshape(n, -1)
+        if not (np.isfinite(scale).all() and np.isfinite(offset).all()):
+            return None
+        qs = b[..., 16:].reshape(n, k // 256, 4, 1, 32)
+        c = np.concatenate([qs & 15, qs >> 4], axis=-2).reshape(n, k)
+        return Moved(c, scale, offset, 4, False, rounded=True)
+    return None
+
+
+def _f16(two_bytes: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(two_bytes).view(np.float16)[..., 0]

@@ -1,0 +1,419 @@
+"""GGUF files (llama.cpp's format) written here from the synthetic checkpoints with gguf's own
+writer: logits against numpy float math on the file's dequantized weights, codes moved exactly,
+the rebuilt tokenizer, W4A8 generation, hostile files."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("jinja2")
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+from gguf import GGMLQuantizationType as T  # noqa: E402
+from gguf import quants  # noqa: E402
+from safetensors.numpy import load_file  # noqa: E402
+
+from _llm_reference import forward  # noqa: E402
+from qlinear import llm  # noqa: E402
+from qlinear.llm import synthetic  # noqa: E402
+
+SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+             num_hidden_layers=2, vocab_size=1024)
+
+
+def q4_k(w):
+    """A small Q4_K encoder of the documented block layout (ggml's k-quants): per 256 values,
+    d, dmin (f16), 8 x (6-bit scale, 6-bit min) packed in 12 bytes, 128 bytes of 4-bit q."""
+    n, k = w.shape
+    x = w.reshape(n, k // 256, 8, 32).astype(np.float32)
+    lo, hi = np.minimum(x.min(-1), 0), x.max(-1)
+    scale, mn = (hi - lo) / 15, -lo
+    d = (scale.max(-1) / 63).astype(np.float16)
+    dmin = (mn.max(-1) / 63).astype(np.float16)
+    df, dmf = d.astype(np.float32)[..., None], dmin.astype(np.float32)[..., None]
+    sc = np.clip(np.rint(scale / np.where(df > 0, df, 1)), 0, 63).astype(np.uint8)
+    m = np.clip(np.rint(mn / np.where(dmf > 0, dmf, 1)), 0, 63).astype(np.uint8)
+    eff_s, eff_m = (df * sc)[..., None], (dmf * m)[..., None]
+    q = np.clip(np.rint((x + eff_m) / np.where(eff_s > 0, eff_s, 1)), 0, 15).astype(np.uint8)
+    scales = np.zeros((n, k // 256, 12), np.uint8)
+    scales[..., 0:4] = (sc[..., :4] & 63) | ((sc[..., 4:] >> 4) << 6)
+    scales[..., 4:8] = (m[..., :4] & 63) | ((m[..., 4:] >> 4) << 6)
+    scales[..., 8:12] = (sc[..., 4:] & 15) | ((m[..., 4:] & 15) << 4)
+    q = q.reshape(n, k // 256, 4, 2, 32)
+    qs = q[..., 0, :] | (q[..., 1, :] << 4)
+    out = np.concatenate([d[..., None].view(np.uint8), dmin[..., None].view(np.uint8), scales,
+                          qs.reshape(n, k // 256, 128)], axis=-1)
+    return out.reshape(n, -1)
+
+
+def encode(w, qtype):
+    if qtype == T.Q4_K:
+        return q4_k(w)
+    return quants.quantize(w, qtype)
+
+
+def permute(w, heads):
+    """llama.cpp's converter's Q/K row order for Llama."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None):
+    """``ckpt`` (a synthetic checkpoint) as a GGUF file: linears in ``qtype`` (``types`` overrides
+    per GGUF name), norms / biases F32, embedding ``embd``."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    tj = json.loads((ckpt / "tokenizer.json").read_text())
+    st = load_file(str(ckpt / "model.safetensors"))
+    arch = cfg["model_type"]
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    vocab = tj["model"]["vocab"]
+    tokens = [None] * cfg["vocab_size"]
+    for t, i in vocab.items():
+        tokens[i] = t
+    ttypes = [1] * len(tokens)
+    for a in tj["added_tokens"]:
+        tokens[a["id"]], ttypes[a["id"]] = a["content"], 3
+    for i, t in enumerate(tokens):
+        if t is None:
+            tokens[i], ttypes[i] = f"[PAD{i}]", 5
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    if spm is None:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(pre)
+        w.add_token_merges(merges)
+    else:  # a SentencePiece model of the same vocabulary size
+        n = spm.get_piece_size()
+        tokens = [spm.id_to_piece(i) for i in range(n)]
+        ttypes = [3 if spm.is_control(i) else 2 if spm.is_unknown(i) else 6 if spm.is_byte(i) else 1
+                  for i in range(n)]
+        w.add_tokenizer_model("llama")
+        w.add_token_scores([spm.get_score(i) for i in range(n)])
+    w.add_token_list(tokens)
+    w.add_token_types(ttypes)
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+    w.add_chat_template(synthetic.CHATML_TEMPLATE)
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    types = types or {}
+    for name, a in st.items():
+        a = np.ascontiguousarray(a, np.float32)
+        if name == "model.embed_tokens.weight":
+            g, t = "token_embd.weight", embd
+        elif name == "model.norm.weight":
+            g, t = "output_norm.weight", T.F32
+        elif name == "lm_head.weight":
+            g, t = "output.weight", qtype
+        else:
+            _, _, i, rest = name.split(".", 3)
+            mod, kind = rest.rsplit(".", 1)
+            g = f"blk.{i}.{names[mod]}.{kind}"
+            t = qtype if a.ndim == 2 else T.F32
+            if arch == "llama" and mod in ("self_attn.q_proj", "self_attn.k_proj"):
+                a = permute(a, heads if mod == "self_attn.q_proj" else kv)
+        t = types.get(g, t)
+        data = a if t == T.F32 else a.astype(np.float16) if t == T.F16 else encode(a, t)
+        w.add_tensor(g, data, raw_dtype=None if t in (T.F32, T.F16) else t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf-ckpt")
+    return {arch: synthetic.make_checkpoint(root / arch, arch=arch, shape="tiny", seed=5, **SHAPE)
+            for arch in ("qwen2", "llama")}
+
+
+@pytest.fixture(scope="module")
+def files(checkpoints, tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf")
+    out = {}
+    for arch, ckpt in checkpoints.items():
+        for qt in (T.Q8_0, T.Q4_0, T.Q4_K):
+            out[arch, qt.name] = write_gguf(ckpt, root / f"{arch}-{qt.name}.gguf", qt)
+    return out
+
+
+class _Lin:
+    def __init__(self, w, bias=None):
+        self.w, self.bias = w, bias
+
+    def dequantize(self):
+        return self.w
+
+
+class _Export:
+    """The file's dequantized weights in Hugging Face order, for tests/_llm_reference.forward."""
+
+    def __init__(self, path):
+        r = gguf.GGUFReader(str(path))
+        t = {x.name: np.asarray(quants.dequantize(x.data, x.tensor_type), np.float32).reshape(
+            tuple(int(d) for d in reversed(x.shape))) for x in r.tensors}
+        f = {k: r.get_field(k).contents() for k in r.fields if not k.startswith("GGUF.")}
+        arch = f["general.architecture"]
+        heads, kv = f[arch + ".attention.head_count"], f[arch + ".attention.head_count_kv"]
+        hd = f[arch + ".embedding_length"] // heads
+        self.config = {"num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd,
+                       "rms_norm_eps": f[arch + ".attention.layer_norm_rms_epsilon"],
+                       "num_hidden_layers": f[arch + ".block_count"]}
+        self.rope_inv_freq = 1.0 / (f[arch + ".rope.freq_base"] ** (np.arange(0, hd, 2) / hd))
+
+        def unperm(x, h):  # inverse of permute
+            if arch != "llama":
+                return x
+            return x.reshape(h, x.shape[0] // h // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+        self.table = t["token_embd.weight"]
+        self.norms = {"model.norm": t["output_norm.weight"]}
+        self.linears = {"lm_head": _Lin(t["output.weight"])}
+        hf = {"attn_q": ("self_attn.q_proj", heads), "attn_k": ("self_attn.k_proj", kv),
+              "attn_v": ("self_attn.v_proj", None), "attn_output": ("self_attn.o_proj", None),
+              "ffn_gate": ("mlp.gate_proj", None), "ffn_up": ("mlp.up_proj", None),
+              "ffn_down": ("mlp.down_proj", None)}
+        for i in range(self.config["num_hidden_layers"]):
+            p, b = f"model.layers.{i}.", f"blk.{i}."
+            self.norms[p + "input_layernorm"] = t[b + "attn_norm.weight"]
+            self.norms[p + "post_attention_layernorm"] = t[b + "ffn_norm.weight"]
+            for g, (name, h) in hf.items():
+                bias = t.get(b + g + ".bias")
+                w = t[b + g + ".weight"]
+                if h:
+                    w, bias = unperm(w, h), None if bias is None else unperm(bias, h)
+                self.linears[p + name] = _Lin(w, bias)
+
+    def embed(self, ids):
+        return self.table[ids]
+
+
+def cosines(a, b):
+    return np.sum(a * b, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+IDS = [int(t) for t in np.random.default_rng(11).integers(0, 1000, 48)]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K"])
+def test_float_logits_match_the_files_weights(files, arch, qtype):
+    path = files[arch, qtype]
+    model = llm.load(path, act="float", progress=False)
+    assert model.info["source"] == "gguf" and model.info["gguf_requantized"] == []
+    ref = forward(_Export(path), IDS)
+    cos = cosines(model.logits(IDS).astype(np.float64), ref)
+    assert cos.min() >= 0.9999, cos.min()
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K"])
+def test_codes_are_moved_exactly(files, qtype):
+    path = files["qwen2", qtype]
+    model = llm.load(path, progress=False)
+    r = gguf.GGUFReader(str(path))
+    t = next(x for x in r.tensors if x.name == "blk.1.ffn_down.weight")
+    want = np.asarray(quants.dequantize(t.data, t.tensor_type), np.float32).reshape(256, 512)
+    pw = model.blocks[1].down.weight
+    codes, scale, offset = pw.unpack()
+    assert pw.group_size == 32 and pw.bits == (8 if qtype == "Q8_0" else 4)
+    blk = np.asarray(t.data).reshape(256, 512 // (256 if qtype == "Q4_K" else 32), -1)
+    if qtype == "Q4_K":
+        assert offset is not None and not pw.symmetric
+        d = blk[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+        np.testing.assert_array_equal(scale.reshape(256, -1, 8).astype(np.float32).max(-1) <= 63 * d + 1e-3, True)
+        got = offset.astype(np.float32)[..., None] + scale.astype(np.float32)[..., None] * codes.reshape(256, -1, 32)
+        # scale and offset rounded to float16 once: within 2^-11 of each (relative) of the file's values
+        tol = (np.abs(offset.astype(np.float32)) + 15 * np.abs(scale.astype(np.float32))) * 2.0 ** -10
+        assert np.all(np.abs(got.reshape(256, 512) - want) <= np.repeat(tol, 32, axis=1) + 1e-12)
+        return
+    assert offset is None and pw.symmetric
+    d = blk[..., :2].copy().view(np.float16)[..., 0]
+    np.testing.assert_array_equal(scale, d)
+    if qtype == "Q4_0":
+        qs = blk[..., 2:]
+        np.testing.assert_array_equal(codes.reshape(256, -1, 32), np.concatenate([qs & 15, qs >> 4], -1))
+    else:
+        np.testing.assert_array_equal(codes.reshape(256, -1, 32).astype(np.int16) - 128,
+                                      blk[..., 2:].view(np.int8))
+    np.testing.assert_array_equal(pw.dequantize(), want)
+
+
+def test_other_types_are_requantized_and_listed(checkpoints, tmp_path):
+    path = write_gguf(checkpoints["qwen2"], tmp_path / "mixed.gguf", T.Q4_0, embd=T.Q8_0,
+                      types={"blk.0.attn_v.weight": T.F16, "blk.1.ffn_down.weight": T.F32,
+                             "blk.1.attn_k.weight": T.Q8_0, "blk.0.ffn_gate.weight": T.Q4_K})
+    model = llm.load(path, act="float", progress=False)
+    req = model.info["gguf_requantized"]
+    for name in ("blk.0.attn_v.weight (F16 -> int4 group 32)", "blk.1.ffn_down.weight (F32 -> int4 group 64)",
+                 "blk.1.attn_q.weight (Q4_0 -> int4 group 64)", "blk.1.attn_k.weight (Q8_0 -> int4 group 64)"):
+        assert name in req, req
+    # Q4_K and Q4_0 fused into one asymmetric layout: Q4_0's codes kept, its offset -8 d exact
+    assert "blk.0.ffn_up.weight (Q4_0)" in model.info["gguf_moved"]
+    assert "blk.0.ffn_gate.weight (Q4_K)" in model.info["gguf_rounded"]["tensors"]
+    gu = model.blocks[0].gate_up.weight
+    assert not gu.symmetric and gu.group_size == 32
+    ex = _Export(path).linears
+    np.testing.assert_array_equal(gu.dequantize()[512:], ex["model.layers.0.mlp.up_proj"].w)
+    assert model.info["embedding"] == "Q8_0"
+    cos = cosines(model.logits(IDS).astype(np.float64), forward(_Export(path), IDS))
+    assert cos.mean() >= 0.98, cos.mean()
+    mem = llm.load(path, act="float", disk_embedding=False, progress=False)
+    np.testing.assert_allclose(mem.logits(IDS[:8]), model.logits(IDS[:8]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_w4a8_generation_runs(files, arch):
+    model = llm.load(files[arch, "Q4_0"], progress=False)
+    assert model.info["act"] == "int8"
+    out = model.generate_ids(model.tokenizer.encode("def main():"), 8)
+    assert 1 <= len(out) <= 8
+
+
+TEXTS = ["def main():\n    return 0", "<|im_start|>user\nhi<|im_end|>\n", "naïve café — 日本語 ✓",
+         "emoji 😀🎉 and \t tabs  and   spaces", "<|endoftext|>x<|im_end|>"]
+
+
+def test_tokenizer_round_trips(files, checkpoints):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    model = llm.load(files["qwen2", "Q4_0"], progress=False)
+    orig = HFTokenizer.from_file(str(checkpoints["qwen2"] / "tokenizer.json"))
+    tok = model.tokenizer
+    for text in TEXTS:
+        ids = tok.encode(text)
+        assert ids == orig.encode(text, add_special_tokens=False).ids, text
+        assert tok.hf.decode(ids, skip_special_tokens=False) == text
+    assert tok.hf.token_to_id("<|im_end|>") in tok.stop_ids
+    assert "<|im_start|>assistant" in tok.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("pre", ["qwen2", "llama-bpe", "something-else"])
+def test_named_pre_tokenizers_round_trip(checkpoints, tmp_path, pre):
+    path = write_gguf(checkpoints["qwen2"], tmp_path / "t.gguf", T.Q8_0, pre=pre)
+    model = llm.load(path, progress=False)
+    for text in TEXTS + ["numbers 1234567 and 12"]:
+        assert model.tokenizer.hf.decode(model.tokenizer.encode(text), skip_special_tokens=False) == text
+    assert ("unknown" in model.info["tokenizer"]) == (pre == "something-else")
+    if pre == "qwen2":  # one digit per pre-token
+        ids = model.tokenizer.encode("12345")
+        assert len(ids) == 5
+
+
+def test_cli_generates_from_a_gguf_file(files):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "qlinear.llm", "generate", str(files["llama", "Q4_K"]),
+                        "def main", "-n", "4"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "decode speed" in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("embd", [T.F16, T.Q8_0])
+def test_convert_keeps_the_files_codes(checkpoints, tmp_path, embd):
+    path = write_gguf(checkpoints["llama"], tmp_path / "m.gguf", T.Q4_K, embd=embd)
+    direct = llm.load(path, progress=False)
+    conv = llm.load(llm.convert(path, tmp_path / "conv", progress=False), progress=False)
+    for a, b in zip(direct.blocks[1].attention.qkv.weight.unpack(), conv.blocks[1].attention.qkv.weight.unpack()):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(conv.logits(IDS[:8]), direct.logits(IDS[:8]), rtol=1e-4, atol=1e-4)
+    assert conv.tokenizer.encode(TEXTS[1]) == direct.tokenizer.encode(TEXTS[1])
+    assert conv.tokenizer.stop_ids == direct.tokenizer.stop_ids
+
+
+def test_sentencepiece_tokenizer_encodes_like_sentencepiece(checkpoints, tmp_path):
+    spm_lib = pytest.importorskip("sentencepiece")
+    text = "\n".join(synthetic.local_text(200_000)) + "\n" + "\n".join(TEXTS) * 20
+    (tmp_path / "corpus.txt").write_text(text, encoding="utf-8")
+    spm_lib.SentencePieceTrainer.train(
+        input=str(tmp_path / "corpus.txt"), model_prefix=str(tmp_path / "sp"), vocab_size=1024,
+        model_type="bpe", byte_fallback=True, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, split_digits=True, character_coverage=0.9995, minloglevel=2)
+    sp = spm_lib.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
+    model = llm.load(write_gguf(checkpoints["llama"], tmp_path / "spm.gguf", T.Q8_0, spm=sp), progress=False)
+    assert "SentencePiece" in model.info["tokenizer"]
+    for t in TEXTS[:1] + TEXTS[2:4] + ["  two spaces, a tab\t and\nnew lines", "ǅ rare ☃ bytes 𝄞"]:
+        assert model.tokenizer.encode(t) == sp.encode(t), t
+        assert model.tokenizer.decode(model.tokenizer.encode(t)) == t
+
+
+# -- hostile files -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def good(files):
+    return files["qwen2", "Q4_0"].read_bytes()
+
+
+def _tensor_info_offset(data, name):
+    i = data.index(name.encode())
+    return i - 8  # the uint64 name length
+
+
+def _mutations(good):
+    out = {"truncated header": good[:10], "truncated data": good[: len(good) - 1000],
+           "wrong magic": b"GGUX" + good[4:], "version 1": good[:4] + struct.pack("<I", 1) + good[8:],
+           "version 99": good[:4] + struct.pack("<I", 99) + good[8:],
+           "absurd counts": good[:8] + struct.pack("<QQ", 1 << 60, 1 << 60) + good[24:]}
+    name = b"blk.1.ffn_down.weight"
+    i = good.index(name) + len(name)        # n_dims (u32), dims (u64 x 2), type (u32), offset (u64)
+    b = bytearray(good)
+    b[i + 24:i + 32] = struct.pack("<Q", 1 << 50)
+    out["offset outside"] = bytes(b)
+    b = bytearray(good)
+    b[i + 4:i + 20] = struct.pack("<QQ", 1 << 62, 1 << 62)
+    out["overflowing shape"] = bytes(b)
+    b = bytearray(good)
+    b[i + 20:i + 24] = struct.pack("<I", 250)
+    out["unknown type"] = bytes(b)
+    b = bytearray(good)
+    b[i + 4:i + 20] = struct.pack("<QQ", 256, 512)   # the same size, transposed
+    out["wrong shape"] = bytes(b)
+    k = good.index(b"tokenizer.ggml.tokens") + len(b"tokenizer.ggml.tokens")   # type, item type, count
+    b = bytearray(good)
+    b[k + 8:k + 16] = struct.pack("<Q", 1 << 61)
+    out["absurd array length"] = bytes(b)
+    b = bytearray(good)
+    b[i - 6:i] = b"xx_dow"                  # renames the tensor: ffn_down goes missing
+    out["missing tensor"] = bytes(b)
+    k = good.index(b"qwen2.block_count") + len(b"qwen2.block_count")
+    b = bytearray(good)
+    b[k:k + 4] = struct.pack("<I", 6)       # the value's type: float32 instead of uint32
+    out["bad metadata type"] = bytes(b)
+    b = bytearray(good)
+    b[k:k + 4] = struct.pack("<I", 77)
+    out["unknown metadata type"] = bytes(b)
+    return out
+
+
+@pytest.mark.parametrize("case", ["truncated header", "truncated data", "wrong magic", "version 1", "version 99",
+                                  "absurd counts", "offset outside", "overflowing shape", "unknown type",
+                                  "missing tensor", "bad metadata type", "unknown metadata type",
+                                  "wrong shape", "absurd array length"])
+def test_hostile_files_raise_value_error(good, tmp_path, case):
+    import tracemalloc
+
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(_mutations(good)[case])
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="bad.gguf"):
+            llm.load(path, progress=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, peak   # no allocation sized by the file's claims (the file is ~1.4 MB)
