@@ -10,6 +10,11 @@ the synthetic tokenizer's pre-tokenizer is not in the script's list of known one
 qwen2's) and `llama-quantize` (Q4_0, Q4_K_M).
 
     python bench/llamacpp_vs.py [--quants Q4_0 Q8_0 Q4_K_M] [--threads 1 2] [--rounds 3]
+    python bench/llamacpp_vs.py --logits [--quants ...]    # needs llama-cpp-python installed
+
+--logits compares teacher-forced logits over 160 positions of a random prompt: llama.cpp through
+its Python bindings (`pip install llama_cpp_python-*.tar.gz` from the cache folder) against
+qlinear.llm on the same file, per position cosine and top-1 agreement.
 
 llama.cpp's figures are `llama-bench -p 64 -n 32` (its prompt of random tokens, then generation
 from it); qlinear's are the same token counts through `qlinear.llm.load(FILE.gguf)` (W4A8 for the
@@ -129,13 +134,36 @@ class Qlinear:
         return {"prefill": PROMPT / (t1 - t0), "decode": DECODE / (t2 - t1)}
 
 
+def compare_logits(quants, positions: int = 160) -> None:
+    from llama_cpp import Llama
+    from qlinear import llm
+    ids = [int(t) for t in np.random.default_rng(1).integers(0, 4096, positions)]
+    print(f"teacher-forced logits over {positions} positions, qlinear (W4A8 / W8A8) vs llama.cpp on the same file")
+    print("| file | cosine mean | cosine min | top-1 agreement |")
+    print("|---|---|---|---|")
+    for quant in quants:
+        path = gguf_file(quant)
+        ref = Llama(model_path=str(path), n_ctx=positions + 8, logits_all=True, n_threads=2, verbose=False)
+        ref.eval(ids)
+        theirs = np.array(ref.scores[:positions], dtype=np.float64)
+        del ref
+        ours = llm.load(path, max_context=positions + 8, progress=False).logits(ids).astype(np.float64)
+        cos = (ours * theirs).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1))
+        top1 = float(np.mean(ours.argmax(1) == theirs.argmax(1)))
+        print(f"| {quant} | {cos.mean():.5f} | {cos.min():.5f} | {top1:.1%} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quants", nargs="+", default=["Q4_0", "Q8_0"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--logits", action="store_true", help="compare logits instead of speed")
     a = ap.parse_args()
     build()
+    if a.logits:
+        compare_logits(a.quants)
+        return
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     import qlinear
     print(f"{cpu}, qlinear level {qlinear.cpu_info()['active_isa']}; {PROMPT}-token prompt, {DECODE} decoded tokens; "

@@ -276,6 +276,22 @@ def test_other_types_are_requantized_and_listed(checkpoints, tmp_path):
     np.testing.assert_allclose(mem.logits(IDS[:8]), model.logits(IDS[:8]), rtol=1e-5, atol=1e-5)
 
 
+def test_types_above_4_bits_are_requantized_to_int8(checkpoints, tmp_path):
+    """Q5_0 / Q5_1 (and Q6_K, ...) weights become int8 even when bits=4: at int4 their rounding
+    and ours would stack up."""
+    path = write_gguf(checkpoints["qwen2"], tmp_path / "q5.gguf", T.Q4_0,
+                      types={"blk.0.attn_q.weight": T.Q5_0, "blk.0.attn_k.weight": T.Q5_0,
+                             "blk.0.attn_v.weight": T.Q5_0, "blk.1.ffn_down.weight": T.Q5_1})
+    model = llm.load(path, bits=4, act="float", progress=False)
+    req = model.info["gguf_requantized"]
+    assert "blk.0.attn_q.weight (Q5_0 -> int8 group 64)" in req, req
+    assert "blk.1.ffn_down.weight (Q5_1 -> int8 group 64)" in req, req
+    assert model.blocks[0].attention.qkv.weight.bits == 8 and model.blocks[1].down.weight.bits == 8
+    assert model.blocks[0].gate_up.weight.bits == 4  # the file's Q4_0 codes, moved
+    cos = cosines(model.logits(IDS).astype(np.float64), forward(_Export(path), IDS))
+    assert cos.mean() >= 0.999, cos.mean()
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_w4a8_generation_runs(files, arch):
     model = llm.load(files[arch, "Q4_0"], progress=False)

@@ -130,6 +130,9 @@ def _unpermute(x: np.ndarray, heads: Optional[int]) -> np.ndarray:
     return x.reshape(heads, x.shape[0] // heads // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
 
 
+_ABOVE_4_BITS = {"Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_1", "Q8_K"}
+
+
 class _Weights:
     def __init__(self, f: GGUFFile, cfg: ModelConfig, opts: Options):
         self.f, self.opts, self.llama = f, opts, cfg.arch == "llama"
@@ -161,10 +164,15 @@ class _Weights:
             bits, symmetric = moved[0].bits, all(m.symmetric for m in moved)
             group, label = 32, f"int{moved[0].bits} group 32"
         else:
-            bits, group, symmetric = opts.bits, opts.group_size, opts.symmetric
-            label = f"int{bits} group {group}"
             parts = [(self._float(p), p.label.rsplit(" ", 1)[-1].strip("()")) if isinstance(p, Moved) else p
                      for p in parts]
+            bits, group, symmetric = opts.bits, opts.group_size, opts.symmetric
+            # types of more than 4 bits per weight (Q5_*, Q6_K, ...) are re-quantized to int8 at
+            # least: at int4 their own rounding and ours stack up (a Q4_K_M file of a 0.5B model,
+            # most of it Q5_0 / Q6_K: logits cosine against llama.cpp 0.89 at int4, 0.9989 at int8)
+            if any(p[1] in _ABOVE_4_BITS for p in parts):
+                bits = max(bits, 8)
+            label = f"int{bits} group {group}"
         out = []
         for p, s in zip(parts, specs):
             if not isinstance(p, Moved):
