@@ -3,6 +3,7 @@ writer: logits against numpy float math on the file's dequantized weights, codes
 the rebuilt tokenizer, W4A8 generation, hostile files."""
 
 import json
+import os
 import struct
 
 import numpy as np
@@ -298,6 +299,33 @@ def test_w4a8_generation_runs(files, arch):
     assert model.info["act"] == "int8"
     out = model.generate_ids(model.tokenizer.encode("def main():"), 8)
     assert 1 <= len(out) <= 8
+
+
+def _mapped_kb(path) -> int:
+    """Resident KB of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, current = 0, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and not head[0].endswith(":"):
+                current = head[-1] if len(head) >= 6 else None
+            elif head and head[0] == "Rss:" and current == str(path):
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc/self/smaps")
+def test_loading_leaves_no_pages_of_the_file_resident(checkpoints, tmp_path):
+    """The codes moved out of the mapped file live in the packed weights: the file's pages are
+    released as layers are repacked (else the peak would hold the model twice), and no view of
+    the mapping survives in the model. (A quantized embedding keeps the file mapped.)"""
+    path = write_gguf(checkpoints["qwen2"], tmp_path / "m.gguf", T.Q4_0, embd=T.Q8_0)
+    model = llm.load(path, progress=False)
+    file_kb = os.path.getsize(path) // 1024
+    assert file_kb > 512
+    assert _mapped_kb(path) < file_kb // 4, (_mapped_kb(path), file_kb)  # metadata and the last reads
+    model.generate_ids([1, 2, 3], 2)  # embedding rows are read from the mapping as needed
+    assert _mapped_kb(path) < file_kb // 4, (_mapped_kb(path), file_kb)
 
 
 TEXTS = ["def main():\n    return 0", "<|im_start|>user\nhi<|im_end|>\n", "naïve café — 日本語 ✓",

@@ -9,6 +9,7 @@ are stored (``codes``); anything else is dequantized with ``gguf.quants`` (``deq
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,14 @@ class GGUFFile:
 
     def error(self, msg: str) -> ValueError:
         return ValueError(f"{self.path}: {msg}")
+
+    def drop_pages(self) -> None:
+        """Release the pages of the mapped file read so far from this process's resident set
+        (they stay in the page cache): the codes moved out of them live in the packed weights,
+        and keeping both would hold the model twice at the peak."""
+        mm = getattr(self.reader.data, "_mmap", None)
+        if mm is not None and hasattr(mmap, "MADV_DONTNEED"):
+            mm.madvise(mmap.MADV_DONTNEED)
 
     def _check_tensor(self, t) -> None:
         from gguf import GGML_QUANT_SIZES  # noqa: PLC0415

@@ -98,6 +98,7 @@ def read(p: Path, opts: Options, progress_bar: bool = True) -> Source:
         tensors[o + "down"] = w.fused(o + "down", [(b + "ffn_down.weight", (H, I), None)])
         tensors[o + "input_norm"] = w.vector(b + "attn_norm.weight", H)
         tensors[o + "post_norm"] = w.vector(b + "ffn_norm.weight", H)
+        f.drop_pages()
         trim_heap()
         bar.update(1)
     tensors["norm"] = w.vector("output_norm.weight", H)
@@ -106,6 +107,7 @@ def read(p: Path, opts: Options, progress_bar: bool = True) -> Source:
     rows = slim_rows(opts.slim_vocab, cfg, tokenizer)
     if rows is not None:
         tensors["lm_head"], tensors["lm_rows"] = select_rows(tensors["lm_head"], rows), rows
+    f.drop_pages()
     bar.update(1)
     bar.close()
     embedding = _embedding(f, cfg)
@@ -139,7 +141,7 @@ class _Weights:
         self.moved, self.rounded, self.requantized = [], [], []
 
     def vector(self, name, n, heads=None):
-        v = self.f.dequantize(self.f.tensor(name, (n,)))
+        v = np.array(self.f.dequantize(self.f.tensor(name, (n,))))  # a copy: no view of the mapped file
         return _unpermute(v, heads) if self.llama else v
 
     def _part(self, name, shape, heads):
