@@ -461,3 +461,65 @@ def test_hostile_files_raise_value_error(good, tmp_path, case):
     finally:
         tracemalloc.stop()
     assert peak < 64 << 20, peak   # no allocation sized by the file's claims (the file is ~1.4 MB)
+
+
+# -- llama.cpp as a peer (qlinear-llm bench FILE.gguf --vs llamacpp) ------------------------------
+# llama.cpp itself is built by bench/llamacpp_vs.py, not here: a stand-in llama-bench checks the
+# plumbing (its JSON, the CPU path from its log, its peak RSS read from the kernel).
+_FAKE_LLAMA_BENCH = '''#!{python}
+import json, sys
+a = sys.argv
+p, n, t = (int(a[a.index(f) + 1]) for f in ("-p", "-n", "-t"))
+ballast = bytearray(80 << 20)  # resident: every page written
+for i in range(0, len(ballast), 4096):
+    ballast[i] = 1
+sys.stderr.write("load_tensors:   CPU_REPACK model buffer size = 1.00 MiB\\n"
+                 "repack: repack tensor blk.0.attn_q.weight with q4_0_8x8\\n"
+                 "repack: repack tensor blk.0.ffn_up.weight with q4_0_8x8\\n")
+row = {{"backends": "CPU", "model_type": "qwen2 Q4_0", "build_commit": "x", "n_threads": t}}
+print(json.dumps([dict(row, n_prompt=p, n_gen=0, avg_ts=100.0 * t), dict(row, n_prompt=0, n_gen=n, avg_ts=50.0 * t)]))
+'''
+
+
+def test_bench_vs_llamacpp_reports_both_engines(files, tmp_path):
+    import subprocess
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "llama-bench"
+    tool.write_text(_FAKE_LLAMA_BENCH.format(python=sys.executable))
+    tool.chmod(0o755)
+    r = subprocess.run([sys.executable, "-m", "qlinear.llm", "bench", str(files["qwen2", "Q4_0"]), "--vs", "llamacpp",
+                        "--llamacpp", str(bin_dir), "--prompt-tokens", "8", "--decode-tokens", "3", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [row["threads"] for row in rows] == [1, 2]       # threads 1 and 2 by default
+    for row in rows:
+        peer, t = row["llamacpp"], row["threads"]
+        assert (peer["prefill_tok_s"], peer["decode_tok_s"]) == (100.0 * t, 50.0 * t)
+        assert peer["cpu_path"] == "CPU; repacked q4_0_8x8 (2 tensors)"
+        assert 80 <= peer["peak_rss_mb"] < 400, peer["peak_rss_mb"]   # the child's own peak
+        assert row["decode_tokens"] == 3 and row["bits"] == "4"
+    text = subprocess.run([sys.executable, "-m", "qlinear.llm", "bench", str(files["qwen2", "Q4_0"]), "--vs",
+                           "llamacpp", "--llamacpp", str(bin_dir), "--prompt-tokens", "8", "--decode-tokens", "3",
+                           "--threads", "1"], capture_output=True, text=True, timeout=300)
+    assert text.returncode == 0, text.stderr
+    assert "ratio qlinear/llama.cpp: prefill" in text.stdout and "threads 2" not in text.stdout
+
+
+def test_bench_vs_llamacpp_errors(files, checkpoints, tmp_path):
+    import subprocess
+    import sys
+
+    from qlinear.llm import llamacpp
+
+    with pytest.raises(ValueError, match="llama-bench was not found in .*nowhere"):
+        llamacpp.find_tool("llama-bench", str(tmp_path / "nowhere"))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "qlinear.llm", "bench", *a, "--prompt-tokens", "4",  # noqa: E731
+                                     "--decode-tokens", "1", "--threads", "1"], capture_output=True, text=True, timeout=300)
+    r = run(str(files["qwen2", "Q4_0"]), "--vs", "llamacpp", "--llamacpp", str(tmp_path / "nowhere"))
+    assert r.returncode != 0 and "llama-bench was not found" in r.stderr and "Traceback" not in r.stderr
+    r = run(str(checkpoints["qwen2"]), "--vs", "llamacpp", "--llamacpp", str(tmp_path))
+    assert r.returncode != 0 and "--vs llamacpp needs a GGUF file" in r.stderr

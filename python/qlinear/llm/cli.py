@@ -3,6 +3,7 @@
     qlinear-llm generate MODEL_DIR "Once upon a time" -n 64
     qlinear-llm chat MODEL_DIR
     qlinear-llm bench MODEL_DIR --prompt-tokens 64 --decode-tokens 32 --threads 1
+    qlinear-llm bench MODEL.gguf --vs llamacpp
     qlinear-llm convert SRC OUT_DIR --bits 4 --group-size 64
     qlinear-llm make-test-model OUT_DIR --arch qwen2 --shape tiny --dtype bfloat16
 """
@@ -123,22 +124,37 @@ def cmd_chat(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from .. import get_num_threads
+    from .. import get_num_threads, set_num_threads
 
-    from .benchmark import bench, bench_text, bench_vs_mnn
+    from .benchmark import bench, bench_text, bench_vs_llamacpp, bench_vs_mnn, weight_bits
 
+    if args.vs == "llamacpp" and args.threads is None:
+        args.threads = 1  # then 2: llama.cpp's peer figures are per thread count
+        thread_counts = [1, 2]
+    else:
+        thread_counts = [None]
     model = _load(args)
     model.tokenizer.stop_ids = set()  # decode exactly --decode-tokens tokens
-    row = bench(model, args.prompt_tokens, args.decode_tokens, args.repeats)
-    row.update(threads=get_num_threads(), **{k: model.info[k] for k in ("bits", "act", "group_size")})
-    if args.vs == "mnn":
-        row["mnn"] = bench_vs_mnn(args.model, model, row, args.decode_tokens)
+    rows = []
+    for threads in thread_counts:
+        if threads is not None:
+            set_num_threads(threads)
+        row = bench(model, args.prompt_tokens, args.decode_tokens, args.repeats)
+        row.update(threads=get_num_threads(), bits=weight_bits(model),
+                   **{k: model.info[k] for k in ("act", "group_size")})
+        if args.vs == "mnn":
+            row["mnn"] = bench_vs_mnn(args.model, model, row, args.decode_tokens)
+        elif args.vs == "llamacpp":
+            row["llamacpp"] = bench_vs_llamacpp(args.model, model, row, args.decode_tokens, args.repeats,
+                                                args.llamacpp)
+        rows.append(row)
     if not args.json:
-        print(bench_text(row))
+        print("\n\n".join(bench_text(row) for row in rows))
         return
-    for r in (row, row.get("mnn") or {}):
-        r.pop("prompt_ids", None)
-    print(json.dumps(row, indent=2))
+    for row in rows:
+        for r in (row, row.get("mnn") or {}, row.get("llamacpp") or {}):
+            r.pop("prompt_ids", None)
+    print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
 
 
 def cmd_convert(args) -> None:
@@ -182,7 +198,11 @@ def main(argv=None) -> None:
     b.add_argument("--prompt-tokens", type=int, default=64)
     b.add_argument("--decode-tokens", type=int, default=32)
     b.add_argument("--repeats", type=int, default=1)
-    b.add_argument("--vs", choices=["mnn"], default=None, help="also run MNN.llm on the same MNN export")
+    b.add_argument("--vs", choices=["mnn", "llamacpp"], default=None,
+                   help="also run MNN.llm on the same MNN export, or llama.cpp on the same GGUF file "
+                        "(threads 1 and 2 unless --threads is given)")
+    b.add_argument("--llamacpp", default=None, metavar="DIR",
+                   help="bin folder of a llama.cpp build (default: $QLINEAR_LLAMACPP_BIN, ~/.cache/qlinear-llamacpp)")
     b.add_argument("--json", action="store_true")
     b.set_defaults(run=cmd_bench)
 
