@@ -150,15 +150,19 @@ class GGUFFile:
         return t
 
     def dequantize(self, t) -> np.ndarray:
-        """float32, shaped as ours (rows last-dimension-major)."""
-        from gguf import quants  # noqa: PLC0415
+        return dequantize(t, self.path)
 
-        try:
-            w = quants.dequantize(np.asarray(t.data), t.tensor_type)
-        except (NotImplementedError, quants.QuantError) as e:
-            raise self.error(f"tensor {t.name!r}: {t.tensor_type.name} cannot be dequantized ({e})") from None
-        shape = tuple(int(d) for d in reversed(t.shape))
-        return np.ascontiguousarray(np.asarray(w, np.float32).reshape(shape))
+
+def dequantize(t, path) -> np.ndarray:
+    """Tensor ``t`` of the file at ``path`` in float32, shaped as ours (rows last-dimension-major)."""
+    from gguf import quants  # noqa: PLC0415
+
+    try:
+        w = quants.dequantize(np.asarray(t.data), t.tensor_type)
+    except (NotImplementedError, quants.QuantError) as e:
+        raise ValueError(f"{path}: tensor {t.name!r}: {t.tensor_type.name} cannot be dequantized ({e})") from None
+    shape = tuple(int(d) for d in reversed(t.shape))
+    return np.ascontiguousarray(np.asarray(w, np.float32).reshape(shape))
 
 
 def codes(t) -> Optional[Moved]:

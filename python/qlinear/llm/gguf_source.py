@@ -25,7 +25,7 @@ import numpy as np
 from .._packed import PackedWeight, pack_quantized, pack_weight
 from .config import ModelConfig
 from .embedding import EmbeddingFile, MemoryEmbedding, _check_ids
-from .gguf_file import MAGIC, GGUFFile, Moved, codes
+from .gguf_file import MAGIC, GGUFFile, Moved, codes, dequantize
 from .gguf_tokenizer import read_tokenizer
 from .heap import trim_heap
 from .options import Options
@@ -215,15 +215,17 @@ class _QuantizedEmbedding:
     dtype = "float32"   # of ``raw()``
 
     def __init__(self, f: GGUFFile, t, vocab: int, hidden: int):
-        self.f, self.t, self.vocab_size, self.hidden_size = f, t, vocab, hidden
+        # the tensor (a view of the mapped file) and not the reader: its metadata (tens of
+        # thousands of small objects for a vocabulary) is freed once the model is loaded
+        self.path, self.t, self.vocab_size, self.hidden_size = f.path, t, vocab, hidden
 
     def raw(self) -> np.ndarray:
         """The whole table dequantized (for ``llm.convert``)."""
-        return self.f.dequantize(self.t)
+        return dequantize(self.t, self.path)
 
     def open(self, on_disk: bool):
         if not on_disk:
-            return MemoryEmbedding(self.f.dequantize(self.t))
+            return MemoryEmbedding(dequantize(self.t, self.path))
         return self
 
     def __call__(self, ids) -> np.ndarray:

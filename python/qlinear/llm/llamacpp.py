@@ -1,7 +1,7 @@
 """llama.cpp as a peer on the same GGUF file (``qlinear-llm bench FILE.gguf --vs llamacpp``).
 
 Speed and peak RSS come from llama.cpp's own ``llama-bench`` tool, run as a child process (its
-peak resident set is read from the kernel when it exits); the CPU path it took (the repacked
+peak resident set, VmHWM, read from /proc while it runs); the CPU path it took (the repacked
 kernels, e.g. ``q4_0_8x8``) from its verbose log. Greedy tokens come from llama.cpp's Python
 bindings (``llama-cpp-python``) when they are installed, in a child process too, so that neither
 engine's memory counts against the other.
@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Optional, Sequence
@@ -53,16 +54,32 @@ def find_tool(name: str, where: Optional[str] = None) -> Path:
 
 
 def _run_measured(cmd: Sequence[str]) -> tuple:
-    """Run ``cmd``; (stdout, stderr, the child's peak RSS in MB, from wait4's resource usage)."""
+    """Run ``cmd``; (stdout, stderr, the child's peak RSS in MB). The peak is the child's own
+    VmHWM, read while it runs: the resource usage wait4 returns would also count the image of
+    this process that the child was forked from (Linux keeps the larger of the two across exec)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(list(cmd), stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        peak_kb = 0
+        while proc.poll() is None:
+            peak_kb = max(peak_kb, _vm_hwm_kb(proc.pid))
+            time.sleep(0.01)
         out.seek(0), err.seek(0)
         stdout, stderr = out.read(), err.read()
     if proc.returncode != 0:
         raise ValueError(f"{Path(cmd[0]).name} failed (exit {proc.returncode}): {stderr.strip()[-400:]}")
-    return stdout, stderr, usage.ru_maxrss / 1024
+    return stdout, stderr, peak_kb / 1024
+
+
+def _vm_hwm_kb(pid: int) -> int:
+    """A live process's peak resident set (VmHWM, KB); 0 once it has exited."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def bench(path, prompt_tokens: int, decode_tokens: int, threads: int, repeats: int = 1,
