@@ -9,7 +9,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from .._format import BFloat16Array, save_weights
-from . import converted_source, gguf_source, hf_source
+from . import converted_source, flash_layout, gguf_source, hf_source
 from .options import Options
 from .progress import progress as progress_bar
 
@@ -27,12 +27,13 @@ def check_out_dir(out: Path, force: bool) -> None:
 
 def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 64, symmetric: bool = False,
             slim_vocab: Union[bool, Sequence[int]] = False, progress: bool = True,
-            force: bool = False) -> Path:
+            force: bool = False, flash: bool = False) -> Path:
     """Quantize a Hugging Face checkpoint (or a GGUF file: its Q4_0 / Q8_0 / Q4_K codes kept, the
     rest quantized to ``bits``) once and write OUT_DIR: ``model.qlinear`` (packed
     weights, norms, biases and the embedding table in the checkpoint's dtype, one checked,
     mmap-able file; its metadata holds the model config), plus the tokenizer files. An existing
-    non-empty OUT_DIR is refused unless ``force``."""
+    non-empty OUT_DIR is refused unless ``force``. ``flash``: store each layer's FFN as neuron
+    bundles (``flash_layout``), for ``load(..., memory="flash")`` to read only what it needs."""
     src, out = Path(src), Path(out_dir)
     if converted_source.is_converted(src):
         raise ValueError(f"{src} is already converted")
@@ -52,6 +53,8 @@ def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 6
     meta = {"format": converted_source.FORMAT_NAME, "version": converted_source.FORMAT_VERSION,
             "config": source.config.to_dict(),
             "quantization": source.quantization}
+    if flash:
+        tensors, meta[flash_layout.FLASH_META] = flash_layout.bundle_file_tensors(tensors, source.config.num_layers)
     bar = progress_bar(1, f"writing {out / converted_source.MODEL_FILE}", progress, unit="file", leave=True)
     save_weights(out / converted_source.MODEL_FILE, tensors, meta)
     bar.update(1)
