@@ -39,7 +39,11 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
     _add_quant_args(p, "when quantizing a checkpoint at load")
     p.add_argument("--act", default="int8", choices=["int8", "float"], help="activations: int8 (W4A8/W8A8) or float")
     p.add_argument("--act-block", default="group", choices=["group", "row"], help="activation scale granularity")
-    p.add_argument("--memory", default="low", choices=["low", "normal"])
+    p.add_argument("--memory", default="low", choices=["low", "normal", "flash"],
+                   help="flash: FFN weights read from the converted model file per token")
+    p.add_argument("--memory-budget-mb", type=float, default=None, help="memory=flash: refuse to load beyond it")
+    p.add_argument("--predictor", default=None, help="memory=flash, ReLU models: activation predictor file")
+    p.add_argument("--window", type=int, default=5, help="memory=flash with --predictor: tokens a bundle stays")
     p.add_argument("--no-disk-embedding", action="store_true", help="hold the embedding table in memory")
     p.add_argument("--slim-vocab", action="store_true", help="lm head over the tokenizer's ids only")
     p.add_argument("--threads", type=int, default=None)
@@ -64,7 +68,9 @@ def _load(args):
                 act="float" if bits is None else args.act, memory=args.memory,
                 disk_embedding=not args.no_disk_embedding, threads=args.threads,
                 max_context=args.max_context, slim_vocab=args.slim_vocab,
-                act_block=None if args.act_block == "row" else "group", progress=sys.stderr.isatty())
+                act_block=None if args.act_block == "row" else "group", progress=sys.stderr.isatty(),
+                **({"memory_budget_mb": args.memory_budget_mb, "predictor": args.predictor, "window": args.window}
+                   if args.memory == "flash" else {}))
 
 
 def _sampling(args) -> dict:
@@ -133,8 +139,13 @@ def cmd_bench(args) -> None:
     row.update(threads=get_num_threads(), **{k: model.info[k] for k in ("bits", "act", "group_size")})
     if args.vs == "mnn":
         row["mnn"] = bench_vs_mnn(args.model, model, row, args.decode_tokens)
+    if model.info["memory"] == "flash":
+        from .flash_cost import flash_bench
+        row["flash"] = flash_bench(model, row, args.decode_tokens)
     if not args.json:
         print(bench_text(row))
+        if "flash" in row:
+            print(row["flash"]["cost_model"])
         return
     for r in (row, row.get("mnn") or {}):
         r.pop("prompt_ids", None)
@@ -147,7 +158,7 @@ def cmd_convert(args) -> None:
     bits = None if args.bits == "none" else int(args.bits)
     t0 = time.perf_counter()
     out = convert(args.src, args.out_dir, bits=bits, group_size=args.group_size, symmetric=args.symmetric,
-                  slim_vocab=args.slim_vocab, progress=not args.no_progress, force=args.force)
+                  slim_vocab=args.slim_vocab, progress=not args.no_progress, force=args.force, flash=args.flash)
     print(f"wrote {out} in {time.perf_counter() - t0:.1f} s")
 
 
@@ -193,6 +204,7 @@ def main(argv=None) -> None:
     v.add_argument("--symmetric", action="store_true", help="symmetric weights (no offsets)")
     v.add_argument("--slim-vocab", action="store_true", help="lm head over the tokenizer's ids only")
     v.add_argument("--force", action="store_true", help="write into OUT_DIR even if it is not empty")
+    v.add_argument("--flash", action="store_true", help="store each layer's FFN as neuron bundles (memory=flash)")
     v.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     v.set_defaults(run=cmd_convert)
 
