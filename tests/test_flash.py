@@ -1,5 +1,6 @@
 """memory="flash": FFN weights read from the model file per forward (qlinear.llm.flash)."""
 
+import json
 import os
 import shutil
 import threading
@@ -69,9 +70,9 @@ def test_flash_logits_equal_normal_bit_for_bit(models, kind):
         np.testing.assert_array_equal(m.logits(IDS), want)
         assert m.generate_ids(IDS[:6], 8) == want_gen     # decode steps, block by block
         np.testing.assert_array_equal(m.logits(IDS[:7]), ref.logits(IDS[:7]))
-        # every forward read every layer's FFN once (and at most 2 ahead)
+        # every forward reads every layer's FFN (reads of the next ones may be in flight)
         layer = m.info["flash_layer_bytes"]
-        assert m.flash.bytes_read % layer == 0 and m.flash.bytes_read >= layer * 3
+        assert m.flash.bytes_read >= layer * 3 * 10
 
 
 def test_bundled_file_loads_normally(models):
@@ -152,3 +153,101 @@ def test_reader_threads_and_fds_are_released(models):
         t.join(timeout=10)
     assert set(threading.enumerate()) == before_threads
     assert fd_count() == before_fds
+
+
+def test_window_swap_delete_matches_reference():
+    from qlinear.llm.sparsity import Window
+
+    rng = np.random.default_rng(1)
+    data = np.full(16, -1)
+    moves = []
+
+    def move(src, dst):
+        moves.append((src, dst))
+        data[dst] = data[src]
+
+    w = Window(16, move)
+    ref = {}   # bundle -> last active token
+    for now in range(1, 200):
+        w.evict(now, 5)
+        ref = {b: t for b, t in ref.items() if now - t < 5}
+        active = rng.choice(16, rng.integers(0, 5), replace=False)
+        for b, s in w.touch(active, now):
+            data[s] = b          # "read" bundle b into slot s
+        ref.update({int(b): now for b in active})
+        held = w.ids[:w.count]
+        assert sorted(held.tolist()) == sorted(ref) and (w.ids[w.count:] == -1).all()
+        assert all(w.slot[b] == s for s, b in enumerate(held.tolist()))
+        assert data[:w.count].tolist() == held.tolist()              # slot data follows its id
+        assert {int(b): int(t) for b, t in zip(held, w.last[:w.count])} == ref
+    assert moves and all(src == max(src, dst) for src, dst in moves)   # the last slot moves into the hole
+
+
+@pytest.fixture(scope="module")
+def relu_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("relu")
+    ck = make_checkpoint(d / "ck", arch="llama", shape="tiny", hidden_act="relu", intermediate_size=256)
+    return llm.convert(ck, d / "q4f", progress=False, flash=True), ck
+
+
+def test_relu_llama_matches_transformers(relu_model):
+    import torch
+    import transformers
+
+    _, ck = relu_model
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ck, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = hf(torch.tensor([IDS])).logits[0].numpy()
+    got = llm.load(ck, bits=None, act="float", progress=False).logits(IDS)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_predictor_and_sparse_flash(relu_model, tmp_path):
+    from qlinear.llm import sparsity
+
+    path, _ = relu_model
+    dense = llm.load(path, progress=False)
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(3, 1000, 32).tolist() for _ in range(24)]
+    preds = sparsity.train(dense, seqs[:16], rank=16, recall=0.99)
+    held = sparsity.evaluate(preds, sparsity.collect(dense, seqs[16:]))
+    assert held["recall"] > 0.9 and 0.3 < held["sparsity"] < 0.7   # random weights: about half active
+    # an all-knowing predictor (threshold below every score) reads every bundle: the dense result
+    sparsity.save(tmp_path / "p.qlinear", preds)
+    want = dense.logits(seqs[20])
+    with llm.load(path, memory="flash", predictor=tmp_path / "p.qlinear", window=2, progress=False) as m:
+        got = m.logits(seqs[20])
+        cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+        assert cos.min() >= 0.99
+        assert m.generate_ids(seqs[21][:8], 6) == dense.generate_ids(seqs[21][:8], 6)
+    never = [(a, b, np.float32(np.inf)) for a, b, _ in preds]   # predicts nothing: reads nothing
+    with llm.load(path, memory="flash", predictor=never, progress=False) as m:
+        m.logits(seqs[20][:4])
+        assert m.flash.bytes_read == 0
+    with pytest.raises(ValueError, match="ReLU model"):
+        sparsity.train(llm.load(llm.convert(make_checkpoint(tmp_path / "s", shape="tiny"), tmp_path / "sq",
+                                            progress=False), progress=False), seqs[:2])
+
+
+def test_cgroup_limited_run(models, tmp_path):
+    import subprocess
+    import sys
+
+    from qlinear.llm.cgroup import MemoryCgroup, unavailable_reason
+
+    why = unavailable_reason()
+    if why:
+        pytest.skip(f"no memory cgroup can be made here: {why}")
+    code = ("import sys, json; from qlinear import llm; "
+            "m = llm.load(sys.argv[1], memory='flash', max_context=64, progress=False); "
+            "print(json.dumps(m.generate_ids(list(range(5, 15)), 6)))")
+    want = llm.load(models["plain"], progress=False).generate_ids(list(range(5, 15)), 6)
+    with MemoryCgroup(300 << 20, name=f"qlinear-flash-test-{os.getpid()}") as cg:
+        r = cg.run([sys.executable, "-c", code, str(models["bundled"])], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == want
+        assert 0 < cg.peak <= 300 << 20
+        # the limit holds: a process that needs more is stopped
+        r = cg.run([sys.executable, "-c", "b = bytearray(400 << 20); b[::4096] = b'x' * len(b[::4096])"],
+                   capture_output=True, timeout=120)
+        assert r.returncode != 0

@@ -162,10 +162,29 @@ def cmd_convert(args) -> None:
     print(f"wrote {out} in {time.perf_counter() - t0:.1f} s")
 
 
+def cmd_train_predictor(args) -> None:
+    from . import load, sparsity
+    from .synthetic import local_text
+
+    model = load(args.model, progress=False)
+    ids = model.tokenizer.encode("".join(local_text(4 * args.prompts * args.tokens)))
+    seqs = [ids[i:i + args.tokens] for i in range(0, len(ids) - args.tokens, args.tokens)][:args.prompts + args.held_out]
+    if len(seqs) < args.prompts + args.held_out:
+        raise ValueError(f"only {len(seqs)} calibration sequences of {args.tokens} tokens")
+    preds = sparsity.train(model, seqs[:args.prompts], rank=args.rank, recall=args.recall)
+    sparsity.save(args.out, preds)
+    held = sparsity.evaluate(preds, sparsity.collect(model, seqs[args.prompts:]))
+    print(f"wrote {args.out}; held-out ({args.held_out} x {args.tokens} tokens): recall {held['recall']:.4f}, "
+          f"precision {held['precision']:.4f}, neuron sparsity {held['sparsity']:.3f}, "
+          f"predicted active {held['predicted_active']:.3f}")
+
+
 def cmd_make_test_model(args) -> None:
     from .synthetic import make_checkpoint
 
     extra = {} if args.vocab_size is None else {"vocab_size": args.vocab_size}
+    if args.hidden_act != "silu":
+        extra["hidden_act"] = args.hidden_act
     out = make_checkpoint(args.out_dir, args.arch, args.shape, args.seed, dtype=args.dtype,
                           force=args.force, **extra)
     print(out)
@@ -219,8 +238,19 @@ def main(argv=None) -> None:
     m.add_argument("--dtype", default="float32", choices=list(DTYPES), help="weights' dtype in the file")
     m.add_argument("--vocab-size", type=int, default=None, help="override the shape's vocabulary size")
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--hidden-act", default="silu", choices=["silu", "relu"], help="MLP activation (relu: llama only)")
     m.add_argument("--force", action="store_true", help="write into OUT_DIR even if it is not empty")
     m.set_defaults(run=cmd_make_test_model)
+
+    t = sub.add_parser("train-predictor", help="fit the activation predictor of a ReLU model (memory=flash)")
+    t.add_argument("model", help="the ReLU model (converted or checkpoint)")
+    t.add_argument("out", help="predictor file to write")
+    t.add_argument("--rank", type=int, default=32)
+    t.add_argument("--recall", type=float, default=0.99, help="target recall on the calibration data")
+    t.add_argument("--prompts", type=int, default=32, help="calibration sequences (local text)")
+    t.add_argument("--held-out", type=int, default=8)
+    t.add_argument("--tokens", type=int, default=64, help="tokens per sequence")
+    t.set_defaults(run=cmd_train_predictor)
 
     args = p.parse_args(argv)
     try:
