@@ -70,10 +70,13 @@ def cost_model(model, throughput: float, measured_tok_s: Optional[float] = None,
         f"{fl.reader.stats.bytes / max(fl.reader.stats.reads, 1) / 1024:.0f} KiB; most bytes in reads of "
         + ", ".join(f"{s / 1024:.0f} KiB x{c}" for s, c in top),
         f"  measured sequential read throughput: {throughput / 1e9:.2f} GB/s",
-        f"  predicted (throughput / bytes per token): {throughput / per_token:.2f} tok/s"
-        + ("" if measured_tok_s is None else
-           f"; measured {measured_tok_s:.2f} tok/s ({100 * measured_tok_s * per_token / throughput:.0f}%)"),
     ]
+    if per_token > 0:
+        lines.append(f"  predicted (throughput / bytes per token): {throughput / per_token:.2f} tok/s"
+                     + ("" if measured_tok_s is None else
+                        f"; measured {measured_tok_s:.2f} tok/s ({100 * measured_tok_s * per_token / throughput:.0f}%)"))
+    else:
+        lines.append("  no reads per decoded token: what it needs stays in memory (the windows)")
     for s in sparsities:
         f_ind = bundles_read_fraction(s, lay.neurons)
         lines.append(f"  at {100 * s:.0f}% neuron sparsity: bundles read {100 * f_ind:.1f}% if neurons are "
