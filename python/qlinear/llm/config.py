@@ -29,6 +29,7 @@ class ModelConfig:
     rope_scaling: Optional[dict] = None
     bos_token_id: Optional[int] = None
     eos_token_id: Optional[Any] = None   # int or list of ints
+    hidden_act: str = "silu"             # the MLP's gate activation: "silu" (SwiGLU), or "relu" (Llama)
 
     @property
     def q_size(self) -> int:
@@ -66,8 +67,9 @@ class ModelConfig:
             kind = scaling.get("rope_type", scaling.get("type", "default"))
             if kind not in ROPE_TYPES:
                 raise ValueError(f"{where}: rope scaling {kind!r} is not supported ({', '.join(ROPE_TYPES)})")
-        if hf.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"{where}: activation {hf.get('hidden_act')!r} is not supported (silu)")
+        hidden_act = hf.get("hidden_act", "silu")
+        if hidden_act != "silu" and not (hidden_act == "relu" and model_type == "llama"):
+            raise ValueError(f"{where}: activation {hidden_act!r} is not supported (silu; relu for llama)")
         return cls(
             arch=model_type, hidden_size=hidden, intermediate_size=need("intermediate_size"),
             num_layers=need("num_hidden_layers"), num_heads=heads, num_kv_heads=int(kv_heads),
@@ -79,6 +81,7 @@ class ModelConfig:
             attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
             mlp_bias=bool(hf.get("mlp_bias", False)), rope_scaling=scaling,
             bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"),
+            hidden_act=hidden_act,
         )
 
     def to_dict(self) -> dict:

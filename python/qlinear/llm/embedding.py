@@ -81,6 +81,9 @@ class DiskEmbedding:
                                    _DTYPES[self.dtype])
         return _rows_to_float32(raw, self.dtype)
 
+    def close(self) -> None:
+        self._file.close()
+
 
 def _check_ids(ids, vocab_size: int) -> np.ndarray:
     arr = np.asarray(ids)

@@ -60,6 +60,16 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     return _core.silu_mul(gate_up)
 
 
+def relu_mul(gate_up: np.ndarray) -> np.ndarray:
+    """relu(gate) * up (ReLU-family Llama checkpoints, ``hidden_act: relu``)."""
+    gate, up = np.split(gate_up, 2, axis=-1)
+    return np.maximum(gate, np.float32(0)) * up
+
+
+def mlp_activation(cfg: ModelConfig):
+    return relu_mul if cfg.hidden_act == "relu" else silu_mul
+
+
 class Rope:
     """Rotary position embedding (rotate-half form, as Qwen2 and Llama), tables precomputed."""
 
@@ -155,11 +165,12 @@ class Block:
                  input_norm: np.ndarray, post_norm: np.ndarray):
         self.cfg, self.attention, self.gate_up, self.down = cfg, attention, gate_up, down
         self.input_norm, self.post_norm = input_norm, post_norm
+        self.act = mlp_activation(cfg)
 
     def __call__(self, h: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
         eps = self.cfg.rms_norm_eps
         h = h + self.attention(rms_norm(h, self.input_norm, eps), cache, start)
-        return h + self.down(silu_mul(self.gate_up(rms_norm(h, self.post_norm, eps))))
+        return h + self.down(self.act(self.gate_up(rms_norm(h, self.post_norm, eps))))
 
 
 def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache):
@@ -168,6 +179,8 @@ def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache)
     norm and the lm head, without the GIL), or None when a layer's weights are kept in float."""
     linears = [lm_head] + [m for b in blocks for m in (b.attention.qkv, b.attention.o, b.gate_up, b.down)]
     if not blocks or any(not isinstance(m.weight, PackedWeight) for m in linears):
+        return None
+    if blocks[0].cfg.hidden_act != "silu":  # the compiled step's MLP is SwiGLU
         return None
 
     def spec(m: Linear):
