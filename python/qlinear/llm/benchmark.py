@@ -36,8 +36,10 @@ def bench(model, prompt_tokens: int = 64, decode_tokens: int = 32, repeats: int 
 
 def weight_bits(model) -> str:
     """The bits of the model's weights: "4", "8", "4+8" (e.g. a GGUF file's int8 lm head) or "float"."""
-    linears = [model.lm_head] + [m for b in model.blocks for m in (b.attention.qkv, b.attention.o, b.gate_up, b.down)]
-    bits = sorted({getattr(m.weight, "bits", None) or 32 for m in linears})
+    from .layers import Linear
+
+    parts = [model.lm_head] + [p for b in model.blocks for p in (*vars(b).values(), *vars(b.attention).values())]
+    bits = sorted({getattr(m.weight, "bits", None) or 32 for m in parts if isinstance(m, Linear)})
     return "+".join("float" if b == 32 else str(b) for b in bits)
 
 
