@@ -642,7 +642,7 @@ PYBIND11_MODULE(_core, m) {
             }, "(seconds of the last step, seconds of its matmuls), clocked inside the step");
     m.def("decode_step", [f32, linear](const py::list& layers, const py::array& final_norm, const py::tuple& lm_head,
                                        int64_t heads, double eps, double scale, bool gelu, double attn_softcap,
-                                       double final_softcap) {
+                                       double final_softcap, int64_t context) {
             py::list refs;
             if (py::len(layers) < 1) throw py::value_error("decode_step: no layers");
             if (attn_softcap < 0 || final_softcap < 0) throw py::value_error("decode_step: soft-caps must be >= 0");
@@ -707,16 +707,23 @@ PYBIND11_MODULE(_core, m) {
               for (py::handle a : {py::handle(kc), py::handle(vc), py::handle(cs), py::handle(sn)}) refs.append(a);
               md.layers.push_back(L);
             }
+            if (context < 0) throw py::value_error("decode_step: context must be >= 0");
+            if (context > 0) {  // every layer's cache holds the context or is a ring of fewer positions
+              for (const decoder::StepLayer& L : md.layers)
+                if (L.capacity > context) throw py::value_error("decode_step: a layer's cache is longer than the context");
+              md.attn.capacity = context;
+            }
             refs.append(fn);
             py::object obj = py::cast(std::make_unique<DecodeStep>(std::move(md)));
             obj.attr("_refs") = refs;
             return obj;
           }, py::arg("layers"), py::arg("final_norm"), py::arg("lm_head"), py::arg("heads"), py::arg("eps"),
           py::arg("scale"), py::arg("gelu") = false, py::arg("attn_softcap") = 0.0, py::arg("final_softcap") = 0.0,
+          py::arg("context") = 0,
           "A DecodeStep over packed weights: layers = [(qkv, o, gate_up, down, input_norm, post_norm, k_cache, "
           "v_cache, cos, sin, options)], each linear (PackedWeightHandle, bias or None, act_int8, act_block), "
-          "caches [kv_heads, capacity, head_dim] (a layer's cache shorter than the longest is a sliding "
-          "window's ring), RoPE tables [rows, head_dim / 2], options {q_norm, k_norm, attn_out_norm, "
+          "caches [kv_heads, capacity, head_dim] (a layer's cache shorter than the context, by default the "
+          "longest cache, is a sliding window's ring), RoPE tables [rows, head_dim / 2], options {q_norm, k_norm, attn_out_norm, "
           "mlp_out_norm} (arrays or None).");
     m.def("attend_prefill", [f32](const py::array& qkv_in, const py::array& cos_in, const py::array& sin_in,
                                   int64_t start, const py::array& k_in, const py::array& v_in, int64_t heads,

@@ -160,7 +160,7 @@ class KVCache:
         caps = [min(capacity, cfg.window(i) or capacity) for i in range(cfg.num_layers)]
         self.windows = [c if c < capacity else 0 for c in caps]
         if len(set(caps)) == 1:
-            shape = (cfg.num_layers, cfg.num_kv_heads, capacity, cfg.head_dim)
+            shape = (cfg.num_layers, cfg.num_kv_heads, caps[0], cfg.head_dim)
             self.k, self.v = _lazy_zeros(shape), _lazy_zeros(shape)
         else:
             self.k = [_lazy_zeros((cfg.num_kv_heads, c, cfg.head_dim)) for c in caps]
@@ -264,4 +264,4 @@ def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache)
               for i, b in enumerate(blocks)]
     return _core.decode_step(layers, norm, spec(lm_head), cfg.num_heads, cfg.rms_norm_eps, float(first.scale),
                              gelu=cfg.hidden_act == "gelu_tanh", attn_softcap=first.softcap,
-                             final_softcap=getattr(lm_head, "softcap", 0.0))
+                             final_softcap=getattr(lm_head, "softcap", 0.0), context=cache.capacity)
