@@ -274,13 +274,14 @@ def _step_model(rng, bits, act, bias, heads=4, kv_heads=2, d=32, hidden=128, int
         b = (rng.standard_normal(n) * 0.1).astype(np.float32) if with_bias else None
         return (h, b, act == "int8", 32 if act == "int8" else k)
     norm = lambda: (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)  # noqa: E731
-    specs = [(linear((heads + 2 * kv_heads) * d, hidden, bias), linear(hidden, heads * d, False),
-              linear(2 * inter, hidden, False), linear(hidden, inter, False), norm(), norm())
-             for _ in range(layers)]
     cos, sin = _rope_tables(cap, d)
     k = np.zeros((layers, kv_heads, cap, d), np.float32)
-    return dict(layers=specs, final_norm=norm(), lm_head=linear(vocab, hidden, False), k_cache=k,
-                v_cache=k.copy(), cos=cos, sin=sin, heads=heads, eps=1e-6, scale=1 / np.sqrt(d))
+    v = k.copy()
+    specs = [(linear((heads + 2 * kv_heads) * d, hidden, bias), linear(hidden, heads * d, False),
+              linear(2 * inter, hidden, False), linear(hidden, inter, False), norm(), norm(), k[i], v[i], cos, sin, {})
+             for i in range(layers)]
+    return dict(layers=specs, final_norm=norm(), lm_head=linear(vocab, hidden, False),
+                heads=heads, eps=1e-6, scale=1 / np.sqrt(d)), k, v
 
 
 def _python_step(m, k, v, h, pos):
@@ -289,8 +290,8 @@ def _python_step(m, k, v, h, pos):
         w, b, int8, block = spec
         return (_core.matmul_int8 if int8 else _core.matmul_float)(x, w, b, None, block if int8 else w.k)
     h = h.reshape(1, -1)
-    for i, (qkv, o, gate_up, down, n1, n2) in enumerate(m["layers"]):
-        a = _core.attend_one(lin(qkv, _core.rms_norm(h, n1, m["eps"])), m["cos"], m["sin"], pos, k[i], v[i],
+    for i, (qkv, o, gate_up, down, n1, n2, _, _, cos, sin, _) in enumerate(m["layers"]):
+        a = _core.attend_one(lin(qkv, _core.rms_norm(h, n1, m["eps"])), cos, sin, pos, k[i], v[i],
                              m["heads"], m["scale"])
         h = h + lin(o, a)
         h = h + lin(down, _core.silu_mul(lin(gate_up, _core.rms_norm(h, n2, m["eps"]))))
@@ -303,16 +304,16 @@ def _python_step(m, k, v, h, pos):
 def test_decode_step_equals_ops(rng, bits, act, bias, heads, kv_heads):
     """The compiled step gives the bits of the same operations called one by one, at several
     positions, and fills the caches the same way."""
-    m = _step_model(rng, bits, act, bias, heads=heads, kv_heads=kv_heads)
+    m, k_cache, v_cache = _step_model(rng, bits, act, bias, heads=heads, kv_heads=kv_heads)
     step = _core.decode_step(**m)
-    k, v = m["k_cache"].copy(), m["v_cache"].copy()
+    k, v = k_cache.copy(), v_cache.copy()
     for pos in range(12):
         h = rng.standard_normal(128).astype(np.float32)
         logits = step.step(h, pos)
         assert logits.shape == (1, 96) and logits.dtype == np.float32
         np.testing.assert_array_equal(logits, _python_step(m, k, v, h, pos))
-    np.testing.assert_array_equal(m["k_cache"], k)
-    np.testing.assert_array_equal(m["v_cache"], v)
+    np.testing.assert_array_equal(k_cache, k)
+    np.testing.assert_array_equal(v_cache, v)
     total, in_matmuls = step.last_timing
     assert 0 < in_matmuls <= total
     step.run_matmuls()
@@ -320,11 +321,10 @@ def test_decode_step_equals_ops(rng, bits, act, bias, heads, kv_heads):
 
 def test_decode_step_keeps_its_arrays_alive(rng):
     import gc
-    m = _step_model(rng, 4, "int8", True)
+    m, k, _ = _step_model(rng, 4, "int8", True)
     step = _core.decode_step(**m)
     h = rng.standard_normal(128).astype(np.float32)
     first = step.step(h, 3)
-    k = m["k_cache"]
     del m
     gc.collect()
     np.testing.assert_array_equal(step.step(h, 3), first)
@@ -332,7 +332,7 @@ def test_decode_step_keeps_its_arrays_alive(rng):
 
 
 def test_decode_step_rejects_bad_input(rng):
-    m = _step_model(rng, 4, "int8", True)
+    m = _step_model(rng, 4, "int8", True)[0]
     step = _core.decode_step(**m)
     h = np.zeros(128, np.float32)
     for args in ((h, 24), (h, -1), (h[:-1], 0), (h.astype(np.float64), 0), (np.zeros(256, np.float32)[::2], 0)):
@@ -341,13 +341,13 @@ def test_decode_step_rejects_bad_input(rng):
     lay = m["layers"][0]
     qkv_w, qkv_b = lay[0][0], lay[0][1]
     swaps = {  # a bad part -> the error it raises
-        "k_cache": (m["k_cache"][:1], ValueError),
-        "v_cache": (m["v_cache"][:, :1], ValueError),
         "final_norm": (m["final_norm"][:-1], ValueError),
         "heads": (3, ValueError),
-        "cos": (m["cos"][:, :3], ValueError),
         "lm_head": ((m["lm_head"][0], None, True, 7), ValueError),
+        "attn_softcap": (-1.0, ValueError),
     }
+    ro = lay[6].copy()
+    ro.flags.writeable = False
     layer_swaps = [
         (0, (qkv_w, qkv_b[:-1], True, 32), ValueError),
         (0, (qkv_w, qkv_b.astype(np.float64), True, 32), TypeError),
@@ -357,6 +357,13 @@ def test_decode_step_rejects_bad_input(rng):
         (0, (qkv_w, qkv_b), TypeError),
         (4, m["final_norm"][:-1], ValueError),
         (5, [1.0] * 128, TypeError),
+        (6, lay[6][:1], ValueError),                               # k_cache of other heads than v_cache
+        (7, lay[7][:, :1], ValueError),
+        (6, ro, ValueError),
+        (8, lay[8][:, :3], ValueError),                            # cos of the wrong width
+        (10, {"q_norm": np.ones(31, np.float32)}, ValueError),     # [head_dim] expected
+        (10, {"bias": None}, ValueError),                          # unknown option
+        (10, None, TypeError),
     ]
     for name, (bad, err) in swaps.items():
         with pytest.raises(err):
@@ -367,13 +374,11 @@ def test_decode_step_rejects_bad_input(rng):
         with pytest.raises(err):
             _core.decode_step(**{**m, "layers": layers})
     with pytest.raises(ValueError):
-        _core.decode_step(**{**m, "layers": m["layers"][:1]})
+        _core.decode_step(**{**m, "layers": []})
     with pytest.raises(TypeError):
         _core.decode_step(**{**m, "layers": [m["layers"][0], None]})
-    ro = m["k_cache"].copy()
-    ro.flags.writeable = False
-    with pytest.raises(ValueError):
-        _core.decode_step(**{**m, "k_cache": ro})
+    with pytest.raises(TypeError):
+        _core.decode_step(**{**m, "layers": [m["layers"][0][:10]]})
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -381,12 +386,13 @@ def test_decode_step_threads(rng, threads):
     """A wide MLP (its SiLU split over the pool) and a context long enough to split the heads:
     the bits of the ops called one by one on one thread."""
     import qlinear
-    m = _step_model(rng, 4, "int8", True, heads=8, kv_heads=2, d=64, hidden=256, inter=4160, layers=1, cap=300)
-    k, v = m["k_cache"].copy(), m["v_cache"].copy()
+    m, k_cache, v_cache = _step_model(rng, 4, "int8", True, heads=8, kv_heads=2, d=64, hidden=256, inter=4160,
+                                      layers=1, cap=300)
+    k, v = k_cache.copy(), v_cache.copy()
     rng_cache = rng.standard_normal(k.shape).astype(np.float32)
-    for a in (m["k_cache"], k):
+    for a in (k_cache, k):
         a[:] = rng_cache
-    for a in (m["v_cache"], v):
+    for a in (v_cache, v):
         a[:] = rng_cache[..., ::-1]
     h = rng.standard_normal(256).astype(np.float32)
     prev = qlinear.get_num_threads()
@@ -398,4 +404,4 @@ def test_decode_step_threads(rng, threads):
     finally:
         qlinear.set_num_threads(prev)
     np.testing.assert_array_equal(out, ref)
-    np.testing.assert_array_equal(m["k_cache"], k)
+    np.testing.assert_array_equal(k_cache, k)

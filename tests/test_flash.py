@@ -75,6 +75,18 @@ def test_flash_logits_equal_normal_bit_for_bit(models, kind):
         assert m.flash.bytes_read >= layer * 3 * 10
 
 
+@pytest.mark.parametrize("arch", ["gemma2", "qwen3"])
+def test_flash_keeps_the_architecture_s_block(tmp_path, arch):
+    """Only the MLP's weights are streamed: Gemma 2's norms around attention and MLP, soft-caps
+    and sliding layers, Qwen3's q / k norms are the block's own, bit for bit."""
+    ck = make_checkpoint(tmp_path / "ck", arch=arch, shape="tiny", num_hidden_layers=3)
+    conv = llm.convert(ck, tmp_path / "q4", progress=False)
+    ref = llm.load(conv, progress=False)
+    with llm.load(conv, memory="flash", progress=False) as m:
+        np.testing.assert_array_equal(m.logits(IDS), ref.logits(IDS))
+        assert m.generate_ids(IDS[:6], 8) == ref.generate_ids(IDS[:6], 8)
+
+
 def test_bundled_file_loads_normally(models):
     a = llm.load(models["plain"], progress=False).logits(IDS)
     np.testing.assert_array_equal(llm.load(models["bundled"], progress=False).logits(IDS), a)

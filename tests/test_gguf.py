@@ -79,6 +79,9 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
     w.add_head_count_kv(cfg["num_key_value_heads"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_rope_freq_base(cfg["rope_theta"])
+    if "head_dim" in cfg:
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
     vocab = tj["model"]["vocab"]
     tokens = [None] * cfg["vocab_size"]
     for t, i in vocab.items():
@@ -109,7 +112,8 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
     types = types or {}
     for name, a in st.items():
         a = np.ascontiguousarray(a, np.float32)
@@ -523,3 +527,15 @@ def test_bench_vs_llamacpp_errors(files, checkpoints, tmp_path):
     assert r.returncode != 0 and "llama-bench was not found" in r.stderr and "Traceback" not in r.stderr
     r = run(str(checkpoints["qwen2"]), "--vs", "llamacpp", "--llamacpp", str(tmp_path))
     assert r.returncode != 0 and "--vs llamacpp needs a GGUF file" in r.stderr
+
+
+def test_qwen3_file_matches_its_checkpoint(tmp_path):
+    """Qwen3 (per-head q / k norms): a GGUF file of F32 tensors gives the checkpoint's logits."""
+    ckpt = synthetic.make_checkpoint(tmp_path / "q3", arch="qwen3", seed=3, norm_noise=0.1, **SHAPE)
+    path = write_gguf(ckpt, tmp_path / "q3.gguf", T.F32, embd=T.F32)
+    ids = list(range(5, 45))
+    a = llm.load(path, bits=None, act="float", max_context=64, progress=False)
+    assert a.config.qk_norm and a.config.arch == "qwen3"
+    b = llm.load(ckpt, bits=None, act="float", max_context=64, progress=False)
+    ref = b.logits(ids)
+    np.testing.assert_allclose(a.logits(ids), ref, rtol=0, atol=1e-5 * np.abs(ref).max())

@@ -2,6 +2,10 @@
 // projection, RoPE and attention over the KV cache, the output projection and residual, RMSNorm,
 // the fused gate/up projection, SiLU * up, the down projection and residual; then the final norm
 // and the lm head. The caller (qlinear.llm) keeps the embedding lookup and sampling.
+// Per layer, as the architectures need them: RMSNorm of each query and key head before RoPE
+// (Qwen3, Gemma 3), RMSNorms of the attention's and the MLP's outputs before their residuals
+// (Gemma 2 / 3), the layer's own RoPE tables and cache (a sliding window's cache: `window` rows
+// used as a ring). Per model: GELU-tanh instead of SiLU, soft-capped attention scores and logits.
 //
 // A DecodeStep holds pointers only (to packed weights, norms, biases, RoPE tables and the KV
 // cache): whoever builds it keeps those alive, and it does exactly the operations of the
@@ -28,19 +32,26 @@ struct StepLinear {
 
 struct StepLayer {
   StepLinear qkv, o, gate_up, down;
-  const float* input_norm = nullptr;   // [hidden]
-  const float* post_norm = nullptr;    // [hidden]
-  float* k_cache = nullptr;            // [kv_heads, capacity, head_dim]
+  const float* input_norm = nullptr;     // [hidden]
+  const float* post_norm = nullptr;      // [hidden]
+  const float* q_norm = nullptr;         // [head_dim] or nullptr
+  const float* k_norm = nullptr;         // [head_dim] or nullptr
+  const float* attn_out_norm = nullptr;  // [hidden] or nullptr
+  const float* mlp_out_norm = nullptr;   // [hidden] or nullptr
+  float* k_cache = nullptr;              // [kv_heads, capacity, head_dim]
   float* v_cache = nullptr;
+  int64_t capacity = 0;                  // rows of this layer's cache
+  const float* cos = nullptr;            // [rope_rows, head_dim / 2]
+  const float* sin = nullptr;
 };
 
 struct StepModel {
   int64_t hidden = 0, intermediate = 0;
-  AttentionShape attn{};
+  AttentionShape attn{};  // capacity: the context (the largest layer cache)
   float eps = 0.f, scale = 0.f;
-  const float* cos = nullptr;  // [rope_rows, head_dim / 2]
-  const float* sin = nullptr;
-  int64_t rope_rows = 0;
+  bool gelu = false;          // GELU-tanh * up instead of SiLU * up
+  float final_softcap = 0.f;  // logits soft-capped (0: not)
+  int64_t rope_rows = 0;      // rows of every layer's RoPE tables (at least)
   std::vector<StepLayer> layers;
   const float* final_norm = nullptr;  // [hidden]
   StepLinear lm_head;

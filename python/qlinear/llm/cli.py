@@ -246,11 +246,11 @@ def main(argv=None) -> None:
     v.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     v.set_defaults(run=cmd_convert)
 
-    from .synthetic import DTYPES, SHAPES  # noqa: PLC0415  (no torch import: that happens in make_checkpoint)
+    from .synthetic import ARCHS, DTYPES, SHAPES  # noqa: PLC0415  (no torch import: that happens in make_checkpoint)
 
     m = sub.add_parser("make-test-model", help="write a random-initialized checkpoint (needs torch, transformers)")
     m.add_argument("out_dir", help="directory to write (config.json, model.safetensors, tokenizer files)")
-    m.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"])
+    m.add_argument("--arch", default="qwen2", choices=list(ARCHS))
     m.add_argument("--shape", default="tiny", choices=list(SHAPES),
                    help="; ".join(f"{k}: hidden {v['hidden_size']}, {v['num_hidden_layers']} layers, "
                                   f"vocab {v['vocab_size']}" for k, v in SHAPES.items()))

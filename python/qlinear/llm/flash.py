@@ -30,7 +30,7 @@ from . import converted_source, flash_layout
 from .assemble import build_model
 from .config import ModelConfig
 from .flash_reader import FlashReader, split_reads
-from .layers import Linear, mlp_activation, rms_norm
+from .layers import Block, Linear, mlp_activation
 from .model import Model
 from .options import Options
 
@@ -161,17 +161,16 @@ class FlashFFN:
         return y
 
 
-class FlashBlock:
-    """A decoder block whose MLP is ``ffn`` (the same operations as ``layers.Block``)."""
+class FlashBlock(Block):
+    """A decoder block whose MLP is ``ffn`` on streamed weights; the rest is ``block``'s own."""
 
-    def __init__(self, block, ffn):
-        self.cfg, self.attention, self.ffn = block.cfg, block.attention, ffn
-        self.input_norm, self.post_norm = block.input_norm, block.post_norm
+    def __init__(self, block: Block, ffn):
+        vars(self).update(vars(block))
+        del self.gate_up, self.down   # the placeholders the block was built with
+        self.ffn = ffn
 
-    def __call__(self, h: np.ndarray, cache, start: int) -> np.ndarray:
-        eps = self.cfg.rms_norm_eps
-        h = h + self.attention(rms_norm(h, self.input_norm, eps), cache, start)
-        return h + self.ffn(rms_norm(h, self.post_norm, eps))
+    def mlp(self, x: np.ndarray) -> np.ndarray:
+        return self.ffn(x)
 
 
 def _copy_resident(t):

@@ -1,4 +1,5 @@
-"""Source: a GGUF file (llama.cpp's format; Qwen2 and Llama). Metadata -> config, the GGUF
+"""Source: a GGUF file (llama.cpp's format; Qwen2, Qwen3 and Llama, which llama.cpp's converter
+also writes Mistral as). Metadata -> config, the GGUF
 tokenizer rebuilt as a ``tokenizers`` one, weights mapped by tensor name (``blk.N.attn_q`` ...).
 
 Codes are moved, not re-rounded, where the formats agree: Q4_0 is our symmetric int4 group 32
@@ -48,8 +49,8 @@ def is_gguf(p: Path) -> bool:
 
 def read_config(f: GGUFFile) -> ModelConfig:
     arch = f.meta("general.architecture", str, required=True)
-    if arch not in ("qwen2", "llama"):
-        raise f.error(f"architecture {arch!r} is not supported (qwen2, llama)")
+    if arch not in ("qwen2", "llama", "qwen3"):
+        raise f.error(f"architecture {arch!r} is not supported (qwen2, llama, qwen3)")
     a = arch + "."
     hidden, heads = f.count(a + "embedding_length"), f.count(a + "attention.head_count")
     embd = f.tensors.get("token_embd.weight")
@@ -98,6 +99,9 @@ def read(p: Path, opts: Options, progress_bar: bool = True) -> Source:
         tensors[o + "down"] = w.fused(o + "down", [(b + "ffn_down.weight", (H, I), None)])
         tensors[o + "input_norm"] = w.vector(b + "attn_norm.weight", H)
         tensors[o + "post_norm"] = w.vector(b + "ffn_norm.weight", H)
+        if cfg.qk_norm:  # Qwen3
+            tensors[o + "q_norm"] = w.vector(b + "attn_q_norm.weight", hd)
+            tensors[o + "k_norm"] = w.vector(b + "attn_k_norm.weight", hd)
         f.drop_pages()
         trim_heap()
         bar.update(1)
