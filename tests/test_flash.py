@@ -263,3 +263,32 @@ def test_cgroup_limited_run(models, tmp_path):
         r = cg.run([sys.executable, "-c", "b = bytearray(400 << 20); b[::4096] = b'x' * len(b[::4096])"],
                    capture_output=True, timeout=120)
         assert r.returncode != 0
+
+
+def test_budget_room_holds_ffn_layers(models):
+    """A budget with room beyond what flash needs holds whole FFN layers in memory, spread over
+    the depth; only the others are read per token; the logits stay the normal mode's."""
+    from qlinear._format import tensor_entries
+    from qlinear.llm import converted_source, flash
+    from qlinear.llm.config import ModelConfig
+
+    file = models["plain"] / converted_source.MODEL_FILE
+    entries, meta = tensor_entries(file)
+    cfg = ModelConfig.from_dict(meta["config"])
+    ffn = flash.FFNFile(file, entries, meta, cfg)
+    plan = flash.plan_memory(entries, ffn, cfg, 256)
+    ref = llm.load(models["plain"], progress=False)
+    want, want_gen = ref.logits(IDS), ref.generate_ids(IDS[:6], 4)
+    for held in (0, 1, 2, 3):
+        budget = (plan.total + flash.PROCESS_RESERVE + held * ffn.layer_bytes + ffn.layer_bytes // 2) / 2**20
+        with llm.load(models["plain"], memory="flash", memory_budget_mb=budget, max_context=256,
+                      progress=False) as m:
+            pinned = m.info["flash_pinned_layers"]
+            assert len(pinned) == held and pinned == sorted(set(pinned))
+            before = m.flash.bytes_read
+            np.testing.assert_array_equal(m.logits(IDS), want)
+            assert m.generate_ids(IDS[:6], 4) == want_gen
+            # 6 forwards (logits, prefill, 4 decode steps), each reading the streamed layers,
+            # and at most two layers' reads in flight beyond them
+            assert m.flash.bytes_read - before <= (6 * (3 - held) + 2) * ffn.layer_bytes
+            assert (m.flash.bytes_read > before) == (held < 3)

@@ -42,7 +42,7 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--act-block", default="group", choices=["group", "row"], help="activation scale granularity")
     p.add_argument("--memory", default="low", choices=["low", "normal", "flash"],
                    help="flash: FFN weights read from the converted model file per token")
-    p.add_argument("--memory-budget-mb", type=float, default=None, help="memory=flash: refuse to load beyond it")
+    p.add_argument("--memory-budget-mb", type=float, default=None, help="memory=flash: refuse to load beyond it; its room holds FFN layers in memory")
     p.add_argument("--predictor", default=None, help="memory=flash, ReLU models: activation predictor file")
     p.add_argument("--window", type=int, default=5, help="memory=flash with --predictor: tokens a bundle stays")
     p.add_argument("--no-disk-embedding", action="store_true", help="hold the embedding table in memory")

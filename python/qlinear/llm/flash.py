@@ -18,7 +18,7 @@ neurons are read, into a per-layer window (``sparsity.Window``).
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -45,15 +45,17 @@ class MemoryPlan:
     kv_cache: int
     ffn_buffers: int            # the two FFN buffers (dense) or the windows (sparse)
     other: int = 0              # RoPE tables, predictors
+    pinned_ffn: int = 0         # FFN layers the budget holds in memory (not read per token)
 
     @property
     def total(self) -> int:
-        return self.resident_weights + self.kv_cache + self.ffn_buffers + self.other
+        return self.resident_weights + self.kv_cache + self.ffn_buffers + self.other + self.pinned_ffn
 
     def __str__(self) -> str:
         mb = lambda n: f"{n / 2**20:.1f} MB"  # noqa: E731
         return (f"{mb(self.total)}: resident weights {mb(self.resident_weights)}, KV cache "
-                f"{mb(self.kv_cache)}, FFN buffers {mb(self.ffn_buffers)}, other {mb(self.other)}")
+                f"{mb(self.kv_cache)}, FFN buffers {mb(self.ffn_buffers)}, other {mb(self.other)}"
+                + (f", pinned FFN layers {mb(self.pinned_ffn)}" if self.pinned_ffn else ""))
 
 
 class FFNFile:
@@ -89,6 +91,17 @@ class FFNFile:
                 raise ValueError(f"{path}: {layer}: sizes do not match the FFN geometry")
         self.layer_bytes = sum(want)
 
+    def layer_reads(self, layer: int, rel_reads: list) -> list:
+        """``dense_reads``' reads placed at ``layer``'s file ranges."""
+        return [(start + rel, views) for start, per_range in zip(self.starts[layer], rel_reads)
+                for rel, views in per_range]
+
+    def read_layer(self, reader: FlashReader, layer: int) -> tuple:
+        """``layer``'s (gate_up, down) packed bytes, read now into arrays of their own."""
+        gate_up, down = np.empty(self.layout.gate_up.nbytes, np.uint8), np.empty(self.layout.down.nbytes, np.uint8)
+        reader.submit(self.layer_reads(layer, self.dense_reads(gate_up, down))).wait()
+        return gate_up, down
+
     def dense_reads(self, gate_up: np.ndarray, down: np.ndarray) -> list:
         """Per file range of a layer: reads relative to its start that fill the two buffers."""
         if self.bundled:
@@ -98,43 +111,42 @@ class FFNFile:
 
 
 class DenseStream:
-    """Every layer's FFN, read in turn into two buffers: visit v (layer v mod L) uses buffer
-    v mod 2; when visit v is done, visit v + 2 is read into its buffer."""
+    """The FFNs of ``layers`` (those not held in memory), read in turn into two buffers: visit v
+    (layer ``layers[v mod S]``) uses buffer v mod 2; when visit v is done, visit v + 2 is read
+    into its buffer."""
 
-    def __init__(self, reader: FlashReader, ffn: FFNFile, biases: list, act: str, act_block, num_layers: int):
+    def __init__(self, reader: FlashReader, ffn: FFNFile, biases: list, act: str, act_block, layers: list):
         lay = ffn.layout
-        self.reader, self.ffn, self.L = reader, ffn, num_layers
+        self.reader, self.ffn, self.layers, self.S = reader, ffn, list(layers), len(layers)
+        self.index = {layer: k for k, layer in enumerate(self.layers)}
         self.buffers = [(np.zeros(lay.gate_up.nbytes, np.uint8), np.zeros(lay.down.nbytes, np.uint8)) for _ in range(2)]
         weights = [(flash_layout.packed(g, lay.gate_up), flash_layout.packed(d, lay.down)) for g, d in self.buffers]
         self.reads = [ffn.dense_reads(g, d) for g, d in self.buffers]
-        self.linears = [[(Linear(gu, b_gu, act, act_block), Linear(dn, b_dn, act, act_block)) for gu, dn in weights]
-                        for b_gu, b_dn in biases]
+        self.linears = {layer: [(Linear(gu, biases[layer][0], act, act_block), Linear(dn, biases[layer][1], act, act_block))
+                                for gu, dn in weights] for layer in self.layers}
         self.nbytes = sum(g.nbytes + d.nbytes for g, d in self.buffers)
         self.jobs: dict = {}
         self._start(0)
 
     def _submit(self, v: int) -> None:
-        layer, slot = v % self.L, v % 2
-        reads = [(start + rel, views) for start, rel_reads in zip(self.ffn.starts[layer], self.reads[slot])
-                 for rel, views in rel_reads]
-        self.jobs[v] = self.reader.submit(reads)
+        self.jobs[v] = self.reader.submit(self.ffn.layer_reads(self.layers[v % self.S], self.reads[v % 2]))
 
-    def _start(self, layer: int) -> None:
-        """(Re)start the pipeline at ``layer``: in-flight reads are waited for and dropped."""
+    def _start(self, visit: int) -> None:
+        """(Re)start the pipeline at ``visit``: in-flight reads are waited for and dropped."""
         for job in self.jobs.values():
             try:
                 job.wait()
             except ValueError:
                 pass
         self.jobs = {}
-        self.visit = layer
-        self._submit(layer)
-        self._submit(layer + 1)
+        self.visit = visit
+        self._submit(visit)
+        self._submit(visit + 1)
 
     def acquire(self, layer: int) -> tuple:
         """The (gate_up, down) Linears of ``layer``, its weights read."""
-        if self.visit % self.L != layer or self.visit not in self.jobs:
-            self._start(layer)
+        if self.layers[self.visit % self.S] != layer or self.visit not in self.jobs:
+            self._start(self.index[layer])
         try:
             self.jobs[self.visit].wait()
         except ValueError:
@@ -201,6 +213,22 @@ def plan_memory(entries: dict, ffn: FFNFile, cfg: ModelConfig, max_context: int,
     return MemoryPlan(resident, kv_cache_bytes(cfg, positions), buffers, rope)
 
 
+# What the process holds beyond its plan (the interpreter, libraries, heap, activations, reads in
+# flight): the budget's room above plan + this holds FFN layers in memory.
+PROCESS_RESERVE = 128 << 20
+
+
+def pinned_layers(plan: MemoryPlan, budget_mb: Optional[float], layer_bytes: int, num_layers: int) -> list:
+    """The FFN layers that the budget holds in memory (not read per token), spread evenly over the
+    depth, so that the reads of the streamed layers between them stay overlapped with compute.
+    A cyclic scan over more than the memory holds is the worst case of a page cache's LRU (each
+    page is evicted just before it is needed again); a fixed set of layers held is the best."""
+    if budget_mb is None:
+        return []
+    n = min(num_layers, int(max(0, budget_mb * 2**20 - plan.total - PROCESS_RESERVE) // layer_bytes))
+    return sorted({k * num_layers // n for k in range(n)}) if n else []
+
+
 def check_budget(plan: MemoryPlan, budget_mb: Optional[float], path) -> None:
     if budget_mb is None:
         return
@@ -225,8 +253,9 @@ def load_flash(d: Path, opts: Options, max_context: int, memory_budget_mb: Optio
     if predictor is not None:
         from .sparsity import SparseSetup
         sparse = SparseSetup(predictor, ffn, cfg, window)
-    check_budget(plan_memory(entries, ffn, cfg, max_context, None if sparse is None else sparse.nbytes),
-                 memory_budget_mb, path)
+    plan = plan_memory(entries, ffn, cfg, max_context, None if sparse is None else sparse.nbytes)
+    check_budget(plan, memory_budget_mb, path)
+    pinned = [] if sparse is not None else pinned_layers(plan, memory_budget_mb, ffn.layer_bytes, cfg.num_layers)
 
     source = converted_source.read(d, opts, verify=False)
     tensors = source.tensors
@@ -251,24 +280,29 @@ def load_flash(d: Path, opts: Options, max_context: int, memory_budget_mb: Optio
         biases = [(b.gate_up.bias, b.down.bias) for b in model.blocks]
         act = mlp_activation(cfg)
         if sparse is None:
-            stream = DenseStream(reader, ffn, biases, model.blocks[0].gate_up.act,
-                                 opts.act_block, cfg.num_layers)
-            ffns = [FlashFFN(stream, i, act) for i in range(cfg.num_layers)]
-            buffers = stream.nbytes
+            for i in pinned:   # held in memory: the block keeps its own MLP, on weights read once
+                b, (gu, dn) = model.blocks[i], ffn.read_layer(reader, i)
+                b.gate_up = Linear(flash_layout.packed(gu, lay.gate_up), b.gate_up.bias, b.gate_up.act, opts.act_block)
+                b.down = Linear(flash_layout.packed(dn, lay.down), b.down.bias, b.down.act, opts.act_block)
+            streamed = [i for i in range(cfg.num_layers) if i not in pinned]
+            stream = DenseStream(reader, ffn, biases, model.blocks[0].gate_up.act, opts.act_block,
+                                 streamed) if streamed else None
+            ffns = [None if i in pinned else FlashFFN(stream, i, act) for i in range(cfg.num_layers)]
+            buffers = 0 if stream is None else stream.nbytes
         else:
             ffns = sparse.ffns(reader, model.blocks, opts.act_block)
             buffers = sparse.nbytes
     except BaseException:
         reader.close()
         raise
-    model.blocks = [FlashBlock(b, f) for b, f in zip(model.blocks, ffns)]
+    model.blocks = [b if f is None else FlashBlock(b, f) for b, f in zip(model.blocks, ffns)]
     model.compiled_decode = False
     model.resources.append(reader)
     model.resources.append(model.embedding)
     weakref.finalize(model, reader.close)
-    model.flash = FlashInfo(reader, ffn, buffers, sparse)
+    model.flash = FlashInfo(reader, ffn, buffers, sparse, pinned)
     model.info.update(memory="flash", flash_bundled=ffn.bundled, flash_sparse=sparse is not None,
-                      flash_layer_bytes=ffn.layer_bytes)
+                      flash_layer_bytes=ffn.layer_bytes, flash_pinned_layers=pinned)
     return model
 
 
@@ -280,6 +314,11 @@ class FlashInfo:
     ffn: FFNFile
     buffer_bytes: int
     sparse: object = None
+    pinned: list = field(default_factory=list)   # FFN layers held in memory (the budget's room)
+
+    @property
+    def streamed_layers(self) -> int:
+        return len(self.ffn.starts) - len(self.pinned)
 
     @property
     def bytes_read(self) -> int:

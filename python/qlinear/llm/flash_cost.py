@@ -57,13 +57,14 @@ def cost_model(model, throughput: float, measured_tok_s: Optional[float] = None,
     """The cost model's lines for a flash model (``model.flash``)."""
     fl = model.flash
     L, lay = model.config.num_layers, fl.ffn.layout
-    dense = L * fl.ffn.layer_bytes
+    dense = fl.streamed_layers * fl.ffn.layer_bytes
     per_token = dense if decode_bytes_per_token is None else decode_bytes_per_token
     sizes = fl.reader.stats.sizes
     top = sorted(sizes.items(), key=lambda kv: -kv[0] * kv[1])[:3]
     mb = lambda n: f"{n / 2**20:.1f} MB"  # noqa: E731
     lines = [
-        f"flash cost model ({'bundled' if fl.ffn.bundled else 'unbundled'} file, {L} layers, "
+        f"flash cost model ({'bundled' if fl.ffn.bundled else 'unbundled'} file, {L} layers"
+        + (f" ({len(fl.pinned)} FFNs held in memory by the budget)" if fl.pinned else "") + ", "
         f"{mb(fl.ffn.layer_bytes)} FFN per layer, {lay.count} bundles of {lay.neurons} neurons)",
         f"  bytes read per token: {mb(per_token)} (dense: {mb(dense)})",
         f"  reads: {fl.reader.stats.reads} in {fl.reader.stats.jobs} jobs, mean "
@@ -77,7 +78,7 @@ def cost_model(model, throughput: float, measured_tok_s: Optional[float] = None,
                         f"; measured {measured_tok_s:.2f} tok/s ({100 * measured_tok_s * per_token / throughput:.0f}%)"))
     else:
         lines.append("  no reads per decoded token: what it needs stays in memory (the windows)")
-    for s in sparsities:
+    for s in sparsities if dense else ():   # nothing streamed: the budget holds every layer
         f_ind = bundles_read_fraction(s, lay.neurons)
         lines.append(f"  at {100 * s:.0f}% neuron sparsity: bundles read {100 * f_ind:.1f}% if neurons are "
                      f"active independently -> {throughput / (dense * f_ind):.2f} tok/s; "
