@@ -4,6 +4,7 @@ on a Qwen2.5-1.5B-shaped int4 model whose file is >= 2x the limit.
 
     python bench/flash.py                     # builds the model under --dir the first time
     python bench/flash.py --limit-mb 600 --decode-tokens 16 --threads 2
+    python bench/flash.py --no-budget         # flash streams every FFN layer (no memory_budget_mb)
 
 Per run (a fresh process inside the cgroup, the model file's pages dropped from the page cache
 first: posix_fadvise DONTNEED on the file, or with --drop-caches `echo 3 > drop_caches`):
@@ -38,8 +39,9 @@ def worker(args) -> None:
     from qlinear import llm
 
     sub, memory = MODES[args.worker]
+    budget = {"memory_budget_mb": args.budget_mb} if memory == "flash" and args.budget_mb else {}
     model = llm.load(Path(args.dir) / sub, memory=memory, threads=args.threads,
-                     max_context=args.prompt_tokens + args.decode_tokens + 8, progress=False)
+                     max_context=args.prompt_tokens + args.decode_tokens + 8, progress=False, **budget)
     ids = list(range(100, 100 + args.prompt_tokens))
     model.generate_ids(ids, 1, stop_ids=())        # prefill (and warm up)
     r0, t0 = read_bytes(), time.perf_counter()
@@ -54,6 +56,7 @@ def worker(args) -> None:
     model.prefill(ids)
     prefill_bytes = read_bytes() - r1
     print(json.dumps({"tok_s": args.decode_tokens / dt, "decode_s": dt, "last_token": token,
+                      "held_layers": len(model.info.get("flash_pinned_layers", [])),
                       "bytes_per_token": (r1 - r0 - prefill_bytes) / args.decode_tokens,
                       "peak_rss_mb": model.stats.peak_rss_mb}))
     model.close()
@@ -90,6 +93,10 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--drop-caches", action="store_true", help="echo 3 > /proc/sys/vm/drop_caches before each run")
+    p.add_argument("--no-budget", action="store_true",
+                   help="flash modes without memory_budget_mb (every FFN layer streamed; by default the "
+                        "limit is the budget, and its room holds FFN layers in memory)")
+    p.add_argument("--budget-mb", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker", choices=list(MODES), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -117,18 +124,20 @@ def main() -> None:
         with MemoryCgroup(limit, name=f"qlinear-flash-{os.getpid()}-{mode.replace('+', '-')}") as cg:
             cmd = [sys.executable, __file__, "--worker", mode, "--dir", str(d), "--threads", str(args.threads),
                    "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens)]
+            if not args.no_budget:
+                cmd += ["--budget-mb", str(limit / 2**20)]
             r = cg.run(cmd, capture_output=True, text=True)
             if r.returncode:
                 print(f"{mode}: exit {r.returncode} {r.stderr[-2000:]}")
                 continue
             rows[mode] = {**json.loads(r.stdout.strip().splitlines()[-1]), "cgroup_peak_mb": cg.peak / 2**20}
-    print("\n| mode | decode tok/s | MB read per token | peak RSS MB | peak RSS + cache MB (limit "
-          f"{limit / 2**20:.0f}) | bound: throughput / bytes per token | % of bound |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| mode | FFN layers held | decode tok/s | MB read per token | peak RSS MB | peak RSS + cache MB "
+          f"(limit {limit / 2**20:.0f}) | bound: throughput / bytes per token | % of bound |")
+    print("|---|---|---|---|---|---|---|---|")
     for mode, r in rows.items():
         bound = throughput / r["bytes_per_token"] if r["bytes_per_token"] > 0 else float("inf")
-        print(f"| {mode} | {r['tok_s']:.2f} | {r['bytes_per_token'] / 2**20:.1f} | {r['peak_rss_mb']:.0f} | "
-              f"{r['cgroup_peak_mb']:.0f} | {bound:.2f} | {100 * r['tok_s'] / bound:.0f}% |")
+        print(f"| {mode} | {r['held_layers']} | {r['tok_s']:.2f} | {r['bytes_per_token'] / 2**20:.1f} | "
+              f"{r['peak_rss_mb']:.0f} | {r['cgroup_peak_mb']:.0f} | {bound:.2f} | {100 * r['tok_s'] / bound:.0f}% |")
     if "mmap" in rows and "flash" in rows:
         print(f"\nflash / mmap: {rows['flash']['tok_s'] / rows['mmap']['tok_s']:.2f}x; the same greedy "
               f"tokens: {len({r['last_token'] for r in rows.values()}) == 1}")
