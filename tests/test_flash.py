@@ -242,7 +242,6 @@ def test_predictor_and_sparse_flash(relu_model, tmp_path):
 
 
 def test_cgroup_limited_run(models, tmp_path):
-    import subprocess
     import sys
 
     from qlinear.llm.cgroup import MemoryCgroup, unavailable_reason
@@ -269,18 +268,18 @@ def test_budget_room_holds_ffn_layers(models):
     """A budget with room beyond what flash needs holds whole FFN layers in memory, spread over
     the depth; only the others are read per token; the logits stay the normal mode's."""
     from qlinear._format import tensor_entries
-    from qlinear.llm import converted_source, flash
+    from qlinear.llm import converted_source, flash, flash_plan
     from qlinear.llm.config import ModelConfig
 
     file = models["plain"] / converted_source.MODEL_FILE
     entries, meta = tensor_entries(file)
     cfg = ModelConfig.from_dict(meta["config"])
     ffn = flash.FFNFile(file, entries, meta, cfg)
-    plan = flash.plan_memory(entries, ffn, cfg, 256)
+    plan = flash_plan.plan_memory(entries, ffn, cfg, 256)
     ref = llm.load(models["plain"], progress=False)
     want, want_gen = ref.logits(IDS), ref.generate_ids(IDS[:6], 4)
     for held in (0, 1, 2, 3):
-        budget = (plan.total + flash.PROCESS_RESERVE + held * ffn.layer_bytes + ffn.layer_bytes // 2) / 2**20
+        budget = (plan.total + flash_plan.PROCESS_RESERVE + held * ffn.layer_bytes + ffn.layer_bytes // 2) / 2**20
         with llm.load(models["plain"], memory="flash", memory_budget_mb=budget, max_context=256,
                       progress=False) as m:
             pinned = m.info["flash_pinned_layers"]

@@ -29,33 +29,13 @@ from .._packed import PackedWeight
 from . import converted_source, flash_layout
 from .assemble import build_model
 from .config import ModelConfig
+from .flash_plan import check_budget, pinned_layers, plan_memory
 from .flash_reader import FlashReader, split_reads
 from .layers import Block, Linear, mlp_activation
 from .model import Model
 from .options import Options
 
 FFN_PARTS = ("gate_up", "down")
-
-
-@dataclass
-class MemoryPlan:
-    """Bytes the model holds in memory in flash mode (the budget is checked against the sum)."""
-
-    resident_weights: int       # attention, norms, biases, lm head
-    kv_cache: int
-    ffn_buffers: int            # the two FFN buffers (dense) or the windows (sparse)
-    other: int = 0              # RoPE tables, predictors
-    pinned_ffn: int = 0         # FFN layers the budget holds in memory (not read per token)
-
-    @property
-    def total(self) -> int:
-        return self.resident_weights + self.kv_cache + self.ffn_buffers + self.other + self.pinned_ffn
-
-    def __str__(self) -> str:
-        mb = lambda n: f"{n / 2**20:.1f} MB"  # noqa: E731
-        return (f"{mb(self.total)}: resident weights {mb(self.resident_weights)}, KV cache "
-                f"{mb(self.kv_cache)}, FFN buffers {mb(self.ffn_buffers)}, other {mb(self.other)}"
-                + (f", pinned FFN layers {mb(self.pinned_ffn)}" if self.pinned_ffn else ""))
 
 
 class FFNFile:
@@ -193,50 +173,6 @@ def _copy_resident(t):
     if isinstance(t, np.ndarray):
         return np.array(t)
     return t
-
-
-def _nbytes(t) -> int:
-    return t.nbytes if isinstance(t, (PackedWeight, np.ndarray)) else 0
-
-
-def kv_cache_bytes(cfg: ModelConfig, positions: int) -> int:
-    return 2 * cfg.num_layers * cfg.num_kv_heads * positions * cfg.head_dim * 4
-
-
-def plan_memory(entries: dict, ffn: FFNFile, cfg: ModelConfig, max_context: int,
-                window_bytes: Optional[int] = None) -> MemoryPlan:
-    resident = sum(e["nbytes"] for n, e in entries.items()
-                   if n not in ffn.names and n != converted_source.EMBEDDING and n != "lm_rows")
-    positions = min(max_context, cfg.max_position_embeddings)
-    buffers = 2 * (ffn.layout.gate_up.nbytes + ffn.layout.down.nbytes) if window_bytes is None else window_bytes
-    rope = 2 * positions * (cfg.head_dim // 2) * 4
-    return MemoryPlan(resident, kv_cache_bytes(cfg, positions), buffers, rope)
-
-
-# What the process holds beyond its plan (the interpreter, libraries, heap, activations, reads in
-# flight): the budget's room above plan + this holds FFN layers in memory.
-PROCESS_RESERVE = 128 << 20
-
-
-def pinned_layers(plan: MemoryPlan, budget_mb: Optional[float], layer_bytes: int, num_layers: int) -> list:
-    """The FFN layers that the budget holds in memory (not read per token), spread evenly over the
-    depth, so that the reads of the streamed layers between them stay overlapped with compute.
-    A cyclic scan over more than the memory holds is the worst case of a page cache's LRU (each
-    page is evicted just before it is needed again); a fixed set of layers held is the best."""
-    if budget_mb is None:
-        return []
-    n = min(num_layers, int(max(0, budget_mb * 2**20 - plan.total - PROCESS_RESERVE) // layer_bytes))
-    return sorted({k * num_layers // n for k in range(n)}) if n else []
-
-
-def check_budget(plan: MemoryPlan, budget_mb: Optional[float], path) -> None:
-    if budget_mb is None:
-        return
-    if isinstance(budget_mb, bool) or not isinstance(budget_mb, (int, float)) or budget_mb <= 0:
-        raise ValueError(f"memory_budget_mb must be a positive number, got {budget_mb!r}")
-    if plan.total > budget_mb * 2**20:
-        raise ValueError(f"{path}: memory_budget_mb={budget_mb} is too small for what memory='flash' keeps "
-                         f"resident ({plan}); raise the budget or lower max_context")
 
 
 def load_flash(d: Path, opts: Options, max_context: int, memory_budget_mb: Optional[float] = None,
