@@ -13,6 +13,7 @@
 
 #include "qlinear/cpu.h"
 #include "qlinear/decoder.h"
+#include "qlinear/batch_step.h"
 #include "qlinear/decoder_step.h"
 #include "qlinear/kernels.h"
 #include "qlinear/layout.h"
@@ -690,5 +691,47 @@ PYBIND11_MODULE(_core, m) {
             return out;
           }, py::arg("qkv"), py::arg("cos"), py::arg("sin"), py::arg("start"), py::arg("k_cache"),
           py::arg("v_cache"), py::arg("heads"), py::arg("scale"));
+
+    // Continuous batching: the step of a DecodeStep's model for B sequences, each with its cache.
+    using decoder::BatchStep;
+    py::class_<BatchStep>(m, "BatchStep", py::dynamic_attr())
+        .def("step", [f32](BatchStep& s, const py::array& h_in, const std::vector<int64_t>& pos,
+                           const py::list& k_caches, const py::list& v_caches) {
+               const decoder::StepModel& md = s.model();
+               const int64_t b = static_cast<int64_t>(pos.size());
+               if (b < 1 || static_cast<int64_t>(py::len(k_caches)) != b || static_cast<int64_t>(py::len(v_caches)) != b)
+                 throw py::value_error("BatchStep.step: pos, k_caches and v_caches must hold the same number (>= 1) of rows");
+               py::array h = f32(h_in, "h", {b, md.hidden});
+               const int64_t nl = static_cast<int64_t>(md.layers.size()), kv = md.attn.kv_heads, d = md.attn.head_dim;
+               std::vector<decoder::BatchRow> rows(static_cast<size_t>(b));
+               for (int64_t r = 0; r < b; ++r) {
+                 const std::string what = "row " + std::to_string(r) + " ";
+                 py::array k = f32(k_caches[r], what + "k_cache", {nl, kv, -1, d}, true);
+                 py::array v = f32(v_caches[r], what + "v_cache", {nl, kv, k.shape(2), d}, true);
+                 rows[r] = {pos[r], static_cast<float*>(k.mutable_data()), static_cast<float*>(v.mutable_data()), k.shape(2)};
+                 if (pos[r] < 0 || pos[r] >= k.shape(2) || pos[r] >= md.rope_rows)
+                   throw py::value_error(what + "position " + std::to_string(pos[r]) + " is outside its cache (" +
+                                         std::to_string(k.shape(2)) + ") or the RoPE tables (" +
+                                         std::to_string(md.rope_rows) + ")");
+                 for (int64_t q = 0; q < r; ++q)
+                   if (rows[q].k_cache == rows[r].k_cache || rows[q].v_cache == rows[r].v_cache)
+                     throw py::value_error("BatchStep.step: rows " + std::to_string(q) + " and " + std::to_string(r) +
+                                           " share a cache");
+               }
+               py::array_t<float> logits({b, md.lm_head.w->n});
+               const float* hp = static_cast<const float*>(h.data());
+               float* out = logits.mutable_data();
+               py::gil_scoped_release release;
+               s.run(hp, rows, out);
+               return logits;
+             }, py::arg("h"), py::arg("pos"), py::arg("k_caches"), py::arg("v_caches"),
+             "B tokens: h = their embeddings [B, hidden], row b at position pos[b] over its own caches "
+             "[layers, kv_heads, capacity, head_dim]; returns the logits [B, vocab].");
+    m.def("batch_step", [](py::object step) {
+            if (!py::isinstance<decoder::DecodeStep>(step)) throw py::type_error("batch_step needs a DecodeStep");
+            py::object obj = py::cast(std::make_unique<BatchStep>(step.cast<decoder::DecodeStep&>().model()));
+            obj.attr("_refs") = step;  // the weights, norms and RoPE tables its model points into
+            return obj;
+          }, py::arg("decode_step"), "A BatchStep over the model of a DecodeStep.");
   }
 }

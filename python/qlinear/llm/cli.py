@@ -4,6 +4,7 @@
     qlinear-llm chat MODEL_DIR
     qlinear-llm bench MODEL_DIR --prompt-tokens 64 --decode-tokens 32 --threads 1
     qlinear-llm convert SRC OUT_DIR --bits 4 --group-size 64
+    qlinear-llm serve MODEL_DIR --port 8000 --max-batch 8
     qlinear-llm make-test-model OUT_DIR --arch qwen2 --shape tiny --dtype bfloat16
 """
 
@@ -151,6 +152,20 @@ def cmd_convert(args) -> None:
     print(f"wrote {out} in {time.perf_counter() - t0:.1f} s")
 
 
+def cmd_serve(args) -> None:
+    from pathlib import Path
+
+    try:
+        from .serve import serve
+    except ImportError as e:
+        raise SystemExit(f"qlinear-llm serve needs the serve extra (pip install 'qlinear[serve]'): {e}") from None
+    model = _load(args)
+    name = args.model_name or Path(args.model.rstrip("/")).name
+    print(f"serving {name} on http://{args.host}:{args.port}/v1 (max batch {args.max_batch})", file=sys.stderr)
+    serve(model, name, host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
+          api_key=args.api_key)
+
+
 def cmd_make_test_model(args) -> None:
     from .synthetic import make_checkpoint
 
@@ -195,6 +210,16 @@ def main(argv=None) -> None:
     v.add_argument("--force", action="store_true", help="write into OUT_DIR even if it is not empty")
     v.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     v.set_defaults(run=cmd_convert)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (continuous batching)")
+    _add_load_args(s)
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
+    s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those (then 429)")
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    s.add_argument("--model-name", default=None, help="the model's id in the API (default: MODEL's name)")
+    s.set_defaults(run=cmd_serve)
 
     from .synthetic import DTYPES, SHAPES  # noqa: PLC0415  (no torch import: that happens in make_checkpoint)
 

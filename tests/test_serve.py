@@ -1,0 +1,437 @@
+"""qlinear-llm serve: the OpenAI API over HTTP (the real openai client, raw HTTP for the errors),
+continuous batching (batch invariance against the single-request path), cancellation, auth and
+the bounded queue. Servers run in-process on a loopback port with a tiny synthetic model."""
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("starlette")
+uvicorn = pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pytest.importorskip("transformers")
+
+import qlinear  # noqa: E402
+from qlinear import _core, llm  # noqa: E402
+from qlinear.llm import synthetic  # noqa: E402
+from qlinear.llm.generation import Sampling  # noqa: E402
+from qlinear.llm.layers import KVCache, decode_step  # noqa: E402
+from qlinear.llm.serve import QueueFull, Scheduler, SchedulerClosed, Sequence, create_app  # noqa: E402
+
+NAME = "tiny"
+CONTEXT = 256
+WAIT = 30  # seconds: the bound of every wait below (never reached when things work)
+PROMPTS = ["def main():", "import os\nimport sys", "class Foo(object):", "for i in range(10):",
+           "# Copyright", "return None", "x = [", "while True:"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return synthetic.make_checkpoint(tmp_path_factory.mktemp("serve") / "tiny", shape="tiny", seed=1)
+
+
+def load(checkpoint, max_context=CONTEXT):
+    return llm.load(checkpoint, bits=4, max_context=max_context, progress=False)
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint):
+    """A model of its own for the single-request path (the server's belongs to its scheduler)."""
+    return load(checkpoint)
+
+
+def reference_ids(model, ids, max_tokens, **sampling):
+    model.reset()  # an empty cache: the prompt's prefill in the same chunks as the server's
+    return model.generate_ids(ids, max_tokens, **sampling)
+
+
+@contextlib.contextmanager
+def running_server(model, **options):
+    """The app on a loopback port in a uvicorn thread; yields (base URL, app); bounded shutdown."""
+    app = create_app(model, NAME, **options)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + WAIT
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app
+    finally:
+        server.should_exit = True
+        thread.join(WAIT)
+        sock.close()
+        assert not thread.is_alive(), "the server did not shut down"
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    with running_server(load(checkpoint), max_batch=4, max_queue=16) as (url, app):
+        yield url, app
+
+
+def client(url, **kw):
+    return openai.OpenAI(base_url=url + "/v1", api_key=kw.pop("api_key", "unused"), max_retries=0, timeout=WAIT, **kw)
+
+
+def wait_until(condition, what):
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+# -- batch invariance of the kernels and of the batched step ---------------------------------------
+@pytest.mark.parametrize("bits", [4, 8])
+def test_matmul_rows_equal_single_rows(isa, rng, bits):
+    """Every row of an M-row W4A8 / W8A8 matmul equals the one-row matmul of that row, bit for
+    bit (M 1..16, and 32): what makes a sequence's logits independent of the batch it decodes
+    in. (The float-activation path is not: BatchStep runs its rows one at a time.)"""
+    from qlinear._ops import act_block_size, matmul_array
+
+    k, n = 320, 72
+    for group_size in (32, None):
+        pw = qlinear.pack_weight(rng.standard_normal((n, k)).astype(np.float32), bits=bits, group_size=group_size)
+        bias = rng.standard_normal(n).astype(np.float32)
+        for block in {act_block_size(pw, "group"), act_block_size(pw, None)}:
+            for m in list(range(1, 17)) + [32]:
+                x = rng.standard_normal((m, k)).astype(np.float32)
+                rows = matmul_array(x, pw, bias, None, "int8", block)
+                for i in range(m):
+                    one = matmul_array(np.ascontiguousarray(x[i:i + 1]), pw, bias, None, "int8", block)
+                    assert np.array_equal(rows[i:i + 1], one), (isa, bits, group_size, block, m, i)
+
+
+@pytest.mark.parametrize("act", ["int8", "float"])
+def test_batch_step_rows_equal_the_single_step(isa, checkpoint, reference, act):
+    """_core.BatchStep: each row's logits (and cache writes) equal DecodeStep's on that row alone,
+    whatever the other rows are, at every ISA level (int8 and float activations)."""
+    model = reference if act == "int8" else llm.load(checkpoint, bits=4, act="float", progress=False)
+    rng = np.random.default_rng(5)
+    cfg = model.config
+    single_cache = KVCache(cfg, 64)
+    single = decode_step(model.blocks, model.norm, model.lm_head, single_cache)
+    batch = _core.batch_step(single)
+
+    def random_cache():
+        c = KVCache(cfg, 64)
+        c.k[:] = rng.standard_normal(c.k.shape)
+        c.v[:] = rng.standard_normal(c.v.shape)
+        return c
+
+    caches = [random_cache() for _ in range(9)]
+    tokens, positions = rng.integers(0, cfg.vocab_size, 9).tolist(), [0, 5, 63, 17, 1, 40, 8, 30, 2]
+    expected = []
+    for c, t, p in zip(caches, tokens, positions):
+        single_cache.k[:], single_cache.v[:] = c.k, c.v
+        expected.append((single.step(np.ascontiguousarray(model.embedding([t])[0]), p), single_cache.k.copy()))
+    for rows in ([3], [0, 1], [2, 4, 6, 8], list(range(9)), [8, 5, 0]):
+        batch_caches = [KVCache(cfg, 64) for _ in rows]
+        for c, r in zip(batch_caches, rows):
+            c.k[:], c.v[:] = caches[r].k, caches[r].v
+        h = np.ascontiguousarray(model.embedding([tokens[r] for r in rows]), np.float32)
+        logits = batch.step(h, [positions[r] for r in rows], [c.k for c in batch_caches], [c.v for c in batch_caches])
+        for i, r in enumerate(rows):
+            assert np.array_equal(logits[i:i + 1], expected[r][0]), (isa, rows, r)
+            assert np.array_equal(batch_caches[i].k, expected[r][1])
+
+
+def test_batch_step_checks_its_arguments(reference):
+    model = reference
+    batch = _core.batch_step(decode_step(model.blocks, model.norm, model.lm_head, model.cache))
+    c = KVCache(model.config, 8)
+    h = np.zeros((1, model.config.hidden_size), np.float32)
+    with pytest.raises(ValueError, match="outside its cache"):
+        batch.step(h, [8], [c.k], [c.v])
+    with pytest.raises(ValueError, match="same number"):
+        batch.step(h, [0, 1], [c.k], [c.v])
+    with pytest.raises(ValueError, match="share a cache"):
+        batch.step(np.zeros((2, model.config.hidden_size), np.float32), [0, 1], [c.k, c.k], [c.v, c.v])
+    with pytest.raises(TypeError, match="DecodeStep"):
+        _core.batch_step(object())
+
+
+def run_scheduler(model, jobs, max_batch):
+    """Run (ids, max_tokens, sampling) jobs through a Scheduler at once; their token ids and
+    finish reasons."""
+    scheduler = Scheduler(model, max_batch=max_batch, max_queue=len(jobs))
+    results = [([], []) for _ in jobs]
+    done = threading.Semaphore(0)
+
+    def emit(i):
+        def on(kind, value):
+            results[i][0 if kind == "token" else 1].append(value)
+            if kind != "token":
+                done.release()
+        return on
+
+    for i, (ids, n, sampling) in enumerate(jobs):
+        scheduler.submit(Sequence(ids, n, Sampling(**sampling), emit(i)))
+    scheduler.start()
+    try:
+        for _ in jobs:
+            assert done.acquire(timeout=WAIT)
+    finally:
+        scheduler.stop(WAIT)
+    return results
+
+
+def test_scheduler_equals_single_request_path(checkpoint, reference):
+    """Sequences of different lengths joining and leaving the batch: every one's tokens equal
+    Model.stream_ids' alone (greedy, and sampled with its own seed)."""
+    tok = reference.tokenizer
+    jobs = [(tok.encode(p), 5 + 7 * i, {} if i % 3 else {"temperature": 0.9, "top_p": 0.9, "seed": i})
+            for i, p in enumerate(PROMPTS)]
+    jobs.append((tok.encode("x" * 300)[:200], 30, {}))  # a longer prompt (prefill chunk of its own)
+    results = run_scheduler(load(checkpoint), jobs, max_batch=3)
+    for (ids, n, sampling), (tokens, finish) in zip(jobs, results):
+        assert tokens == reference_ids(reference, ids, n, **sampling)
+        assert finish == ["length"]
+
+
+def test_scheduler_queue_bound_and_closing(reference):
+    scheduler = Scheduler(reference, max_batch=2, max_queue=1)
+    seqs = [Sequence([1, 2, 3], 4, Sampling(), lambda kind, value: None) for _ in range(4)]
+    for seq in seqs[:3]:
+        scheduler.submit(seq)
+    with pytest.raises(QueueFull):
+        scheduler.submit(seqs[3])
+    scheduler.stop()
+    with pytest.raises(SchedulerClosed):
+        scheduler.submit(seqs[3])
+    with pytest.raises(ValueError, match="max_batch"):
+        Scheduler(reference, max_batch=0)
+
+
+# -- the OpenAI API through the openai client -------------------------------------------------------
+def test_models_and_health(server):
+    url, _ = server
+    assert [m.id for m in client(url).models.list().data] == [NAME]
+    health = httpx.get(url + "/health").json()
+    assert health["status"] == "ok" and health["model"] == NAME
+
+
+def test_chat_completion(server, reference):
+    url, _ = server
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+    out = client(url).chat.completions.create(model=NAME, messages=messages, max_tokens=12, temperature=0)
+    ids = reference.tokenizer.prompt_ids(messages)
+    expected = reference_ids(reference, ids, 12)
+    assert out.object == "chat.completion" and out.model == NAME and len(out.choices) == 1
+    assert out.choices[0].message.role == "assistant"
+    assert out.choices[0].message.content == reference.tokenizer.decode(expected)
+    assert out.choices[0].finish_reason == "length"
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ids), 12)
+    assert out.usage.total_tokens == len(ids) + 12
+
+
+def test_completion_and_token_prompt(server, reference):
+    url, _ = server
+    c = client(url)
+    ids = reference.tokenizer.encode(PROMPTS[0])
+    expected = reference.tokenizer.decode(reference_ids(reference, ids, 10))
+    out = c.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=10, temperature=0)
+    assert out.object == "text_completion" and out.choices[0].text == expected
+    assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 10
+    assert c.completions.create(model=NAME, prompt=ids, max_tokens=10, temperature=0).choices[0].text == expected
+
+
+def test_streaming(server, reference):
+    url, _ = server
+    c = client(url)
+    messages = [{"role": "user", "content": "Tell me a story"}]
+    expected = reference.tokenizer.decode(reference_ids(reference, reference.tokenizer.prompt_ids(messages), 20))
+    chunks = list(c.chat.completions.create(model=NAME, messages=messages, max_tokens=20, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert all(ch.object == "chat.completion.chunk" for ch in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == expected
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+
+    pieces = list(c.completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=15, temperature=0, stream=True))
+    expected = reference.tokenizer.decode(reference_ids(reference, reference.tokenizer.encode(PROMPTS[1]), 15))
+    assert "".join(p.choices[0].text for p in pieces) == expected
+    assert pieces[-1].choices[0].finish_reason == "length"
+
+
+def test_stream_ends_with_done(server):
+    url, _ = server
+    with httpx.stream("POST", url + "/v1/completions", timeout=WAIT,
+                      json={"model": NAME, "prompt": "x", "max_tokens": 3, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    assert all(e.startswith("data: ") for e in events)
+    assert [json.loads(e[6:])["choices"][0]["finish_reason"] for e in events[:-1]][-1] == "length"
+
+
+def test_stop_strings(server, reference):
+    url, _ = server
+    full = reference.tokenizer.decode(reference_ids(reference, reference.tokenizer.encode(PROMPTS[2]), 24))
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    cut = full[:full.index(stop)]
+    c = client(url)
+    out = c.completions.create(model=NAME, prompt=PROMPTS[2], max_tokens=24, temperature=0, stop=[stop, "\x00"])
+    assert out.choices[0].text == cut and out.choices[0].finish_reason == "stop"
+    chunks = list(c.completions.create(model=NAME, prompt=PROMPTS[2], max_tokens=24, temperature=0, stop=stop,
+                                       stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks) == cut
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling(server, reference):
+    """temperature / top_p / seed per request: its own generator, the single-request path's draws."""
+    url, _ = server
+    c = client(url)
+    ids = reference.tokenizer.encode(PROMPTS[3])
+    expected = reference.tokenizer.decode(reference_ids(reference, ids, 16, temperature=1.2, top_p=0.8, seed=7))
+    outs = [c.completions.create(model=NAME, prompt=PROMPTS[3], max_tokens=16, temperature=1.2, top_p=0.8, seed=7)
+            for _ in range(2)]
+    assert [o.choices[0].text for o in outs] == [expected, expected]
+
+
+def test_concurrent_requests_equal_single_requests(server, reference):
+    """Batch invariance end to end: 8 concurrent greedy requests (of different lengths, mixed
+    streaming) on a server batching up to 4 give each the single-request output."""
+    url, _ = server
+    c = client(url)
+
+    def ask(i):
+        n = 8 + 5 * i
+        if i % 2:
+            chunks = c.completions.create(model=NAME, prompt=PROMPTS[i], max_tokens=n, temperature=0, stream=True)
+            return "".join(ch.choices[0].text for ch in chunks)
+        return c.completions.create(model=NAME, prompt=PROMPTS[i], max_tokens=n, temperature=0).choices[0].text
+
+    with ThreadPoolExecutor(8) as pool:
+        texts = list(pool.map(ask, range(8)))
+    for i, text in enumerate(texts):
+        ids = reference.tokenizer.encode(PROMPTS[i])
+        assert text == reference.tokenizer.decode(reference_ids(reference, ids, 8 + 5 * i)), i
+
+
+# -- errors -----------------------------------------------------------------------------------------
+BAD_REQUESTS = [
+    ("/v1/chat/completions", b'{"model": "tiny", "messages": [', 400, None),
+    ("/v1/chat/completions", b'[1, 2]', 400, None),
+    ("/v1/chat/completions", {"model": NAME, "messages": "hello"}, 400, "messages"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user"}]}, 400, "messages"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "hi"}],
+                              "max_tokens": "5"}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "hi"}],
+                              "temperature": "hot"}, 400, "temperature"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "hi"}],
+                              "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "max_tokens": -3}, 400, "max_tokens"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "n": 2}, 400, "n"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "stop": [1]}, 400, "stop"),
+    ("/v1/completions", {"model": NAME, "prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"model": NAME, "prompt": [5, 100000]}, 400, "prompt"),
+    ("/v1/completions", {"model": NAME, "prompt": "word " * 400}, 400, "prompt"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "max_tokens": CONTEXT}, 400, "prompt"),
+    ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "model"),
+    ("/v1/completions", {"prompt": "hi"}, 400, "model"),
+    ("/v1/nothing", {}, 404, None),
+]
+
+
+@pytest.mark.parametrize("path,body,status,param", BAD_REQUESTS)
+def test_bad_requests_get_openai_errors(server, path, body, status, param):
+    url, _ = server
+    r = httpx.post(url + path, timeout=WAIT, **({"content": body} if isinstance(body, bytes) else {"json": body}))
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert isinstance(error["message"], str) and error["message"] and "type" in error
+    assert error.get("param") == param
+    # and the server goes on serving
+    ok = httpx.post(url + "/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": 2}, timeout=WAIT)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+def test_errors_through_the_client(server):
+    url, _ = server
+    c = client(url)
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="other", prompt="hi", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="context"):
+        c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "word " * 400}])
+
+
+def test_context_limit_is_prompt_plus_max_tokens(server):
+    url, _ = server
+    body = {"model": NAME, "prompt": [1] * 200, "max_tokens": CONTEXT - 200}
+    assert httpx.post(url + "/v1/completions", json=body, timeout=WAIT).status_code == 200
+    body["max_tokens"] += 1
+    r = httpx.post(url + "/v1/completions", json=body, timeout=WAIT)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+# -- cancellation, auth, the bounded queue ----------------------------------------------------------
+def test_disconnect_cancels_and_frees_the_slot(checkpoint):
+    model = load(checkpoint, max_context=4096)
+    model.tokenizer.stop_ids = set()  # only the client's going away ends these
+    with running_server(model, max_batch=2) as (url, app):
+        scheduler = app.state.scheduler
+        decode = scheduler._decode
+        scheduler._decode = lambda: (time.sleep(0.002), decode())  # 4000 tokens take > 8 s
+        for stream in (True, False):
+            body = {"model": NAME, "prompt": "hello", "max_tokens": 4000, "stream": stream}
+            with httpx.Client(timeout=WAIT) as http:
+                if stream:
+                    with http.stream("POST", url + "/v1/completions", json=body) as r:
+                        next(line for line in r.iter_lines() if line.startswith("data: "))
+                else:
+                    with pytest.raises(httpx.ReadTimeout):
+                        http.post(url + "/v1/completions", json=body, timeout=0.3)
+            wait_until(lambda: scheduler.running == 0 and scheduler.waiting == 0, "the slot was not freed")
+        assert scheduler.decoded_tokens < 2 * 4000
+        r = httpx.post(url + "/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": 3}, timeout=WAIT)
+        assert r.status_code == 200
+
+
+def test_api_key(checkpoint):
+    with running_server(load(checkpoint), api_key="sesame") as (url, _):
+        body = {"model": NAME, "prompt": "hi", "max_tokens": 2}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
+            r = httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=WAIT)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(url + "/v1/models", timeout=WAIT).status_code == 401
+        with pytest.raises(openai.AuthenticationError):
+            client(url, api_key="wrong").models.list()
+        assert client(url, api_key="sesame").completions.create(model=NAME, prompt="hi", max_tokens=2).usage
+        assert httpx.get(url + "/health", timeout=WAIT).status_code == 200
+
+
+def test_queue_overflow_gets_429(checkpoint):
+    with running_server(load(checkpoint), max_batch=1, max_queue=1) as (url, app):
+        scheduler, gate = app.state.scheduler, threading.Event()
+        model, forward = scheduler.model, scheduler.model._forward
+        model._forward = lambda *a, **kw: (gate.wait(WAIT), forward(*a, **kw))[1]  # hold the first prefill
+        body = {"model": NAME, "prompt": "hi", "max_tokens": 3}
+        with ThreadPoolExecutor(2) as pool:
+            held = [pool.submit(httpx.post, url + "/v1/completions", json=body, timeout=WAIT)]
+            wait_until(lambda: scheduler.running == 1, "the first request did not start")
+            held.append(pool.submit(httpx.post, url + "/v1/completions", json=body, timeout=WAIT))
+            wait_until(lambda: scheduler.waiting == 1, "the second request did not queue")
+            r = httpx.post(url + "/v1/completions", json=body, timeout=WAIT)
+            assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+            with pytest.raises(openai.RateLimitError):
+                client(url).completions.create(model=NAME, prompt="hi", max_tokens=3)
+            gate.set()
+            assert [f.result().status_code for f in held] == [200, 200]
