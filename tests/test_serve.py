@@ -201,6 +201,23 @@ def test_scheduler_equals_single_request_path(checkpoint, reference):
         assert finish == ["length"]
 
 
+def test_stop_tokens_and_ignore_eos(checkpoint, reference):
+    """The model's stop tokens end a sequence ("stop", the token not emitted) unless ignore_eos."""
+    ids = reference.tokenizer.encode(PROMPTS[4])
+    expected = reference_ids(reference, ids, 6)
+    model = load(checkpoint)
+    model.tokenizer.stop_ids = {expected[2]}
+    for ignore_eos, tokens, finish in ((False, expected[:2], "stop"), (True, expected, "length")):
+        got = []
+        scheduler = Scheduler(model)
+        scheduler.submit(Sequence(ids, 6, Sampling(), lambda kind, value: got.append((kind, value)),
+                                  ignore_eos=ignore_eos))
+        scheduler.start()
+        wait_until(lambda: got and got[-1][0] == "done", "the sequence did not finish")
+        scheduler.stop(WAIT)
+        assert got == [("token", t) for t in tokens] + [("done", finish)]
+
+
 def test_scheduler_queue_bound_and_closing(reference):
     scheduler = Scheduler(reference, max_batch=2, max_queue=1)
     seqs = [Sequence([1, 2, 3], 4, Sampling(), lambda kind, value: None) for _ in range(4)]
@@ -361,7 +378,7 @@ def test_bad_requests_get_openai_errors(server, path, body, status, param):
     assert error.get("param") == param
     # and the server goes on serving
     ok = httpx.post(url + "/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": 2}, timeout=WAIT)
-    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2, ok.text
 
 
 def test_errors_through_the_client(server):

@@ -101,7 +101,8 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         seq = Sequence(ids, req.max_tokens or max_context - len(ids),
                        Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed),
-                       emit=lambda kind, value: loop.call_soon_threadsafe(events.put_nowait, (kind, value)))
+                       emit=lambda kind, value: loop.call_soon_threadsafe(events.put_nowait, (kind, value)),
+                       ignore_eos=req.ignore_eos)
         try:
             scheduler.submit(seq)
         except QueueFull as e:

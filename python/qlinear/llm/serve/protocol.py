@@ -37,6 +37,7 @@ class GenerationRequest:
     top_p: float = 1.0
     seed: Optional[int] = None
     stop: list = field(default_factory=list)
+    ignore_eos: bool = False          # vLLM's extension: generate max_tokens whatever comes (benchmarks)
 
 
 def parse_json(raw: bytes) -> dict:
@@ -146,7 +147,7 @@ def parse_request(body: dict, chat: bool, model_name: str) -> GenerationRequest:
         include_usage=_typed(options, "include_usage", (bool,), "a boolean", False),
         max_tokens=max_tokens, temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
         top_p=_number(body, "top_p", 0.0, 1.0, 1.0, lo_open=True), seed=_typed(body, "seed", (int,), "an integer"),
-        stop=stop)
+        stop=stop, ignore_eos=_typed(body, "ignore_eos", (bool,), "a boolean", False))
 
 
 # -- responses ----------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Continuous batching: one thread owns the model and runs its sequences together.
 
-Each loop of the scheduler admits at most one waiting request (its prompt's prefill runs as a
-chunk of its own, into the sequence's own KV cache), drops the cancelled sequences (their caches
-are freed), and runs one decode step for every running sequence: one B-row matmul per weight
+Each loop of the scheduler admits waiting requests (up to a budget of prompt tokens; each
+prompt's prefill runs as a chunk of its own, into the sequence's own KV cache), drops the
+cancelled sequences (their caches are freed), and runs one decode step for every running sequence: one B-row matmul per weight
 (``_core.BatchStep``), attention per sequence over its own cache at its own position. Every
 row's logits are bit-identical to the single-sequence decode step's (the kernels compute each
 row of a GEMM as the one-row GEMV; norms, attention and sampling are per row), so a sequence's
@@ -36,7 +36,8 @@ class Sequence:
     ("token", id) per generated token, then ("done", "stop" | "length" | "cancelled") or
     ("error", message)."""
 
-    def __init__(self, ids: Seq[int], max_tokens: int, sampling: Sampling, emit: Callable[[str, object], None]):
+    def __init__(self, ids: Seq[int], max_tokens: int, sampling: Sampling, emit: Callable[[str, object], None],
+                 ignore_eos: bool = False):
         if not len(ids):
             raise ValueError("the prompt is empty")
         if max_tokens < 1:
@@ -45,6 +46,7 @@ class Sequence:
         self.max_tokens = max_tokens
         self.sampler = Sampler(sampling)
         self.stop_ids = set(sampling.stop_ids)
+        self.ignore_eos = ignore_eos  # the model's stop tokens do not end it
         self.emit = emit
         self.cancelled = False
         self.cache: Optional[KVCache] = None
@@ -97,7 +99,8 @@ class Scheduler:
                 raise SchedulerClosed("the server is shutting down")
             if len(self._running) + len(self._waiting) >= self.max_batch + self.max_queue:
                 raise QueueFull(f"{self.max_batch} requests are running and {self.max_queue} waiting already")
-            seq.stop_ids |= self._stop_ids
+            if not seq.ignore_eos:
+                seq.stop_ids |= self._stop_ids
             self._waiting.append(seq)
             self._cond.notify()
 
@@ -120,11 +123,9 @@ class Scheduler:
                 gone = [s for s in self._waiting if s.cancelled]
                 for seq in gone:
                     self._waiting.remove(seq)
-                new = self._waiting.popleft() if self._waiting and len(self._running) < self.max_batch else None
             for seq in gone:
                 self._finish(seq, "done", "cancelled")
-            if new is not None:
-                self._start(new)
+            self._admit()
             for seq in [s for s in self._running if s.cancelled]:
                 self._finish(seq, "done", "cancelled")
             if self._running:
@@ -133,6 +134,18 @@ class Scheduler:
             left = list(self._running) + list(self._waiting)
         for seq in left:
             self._finish(seq, "done", "cancelled")
+
+    def _admit(self) -> None:
+        """Start waiting sequences while there is room, up to PREFILL_CHUNK prompt tokens (at least
+        one sequence) between two decode steps: the running ones wait for those prefills."""
+        budget = PREFILL_CHUNK
+        while budget > 0:
+            with self._cond:
+                if not self._waiting or len(self._running) >= self.max_batch:
+                    return
+                seq = self._waiting.popleft()
+            budget -= len(seq.ids)
+            self._start(seq)
 
     def _emit(self, seq: Sequence, kind: str, value) -> None:
         try:
