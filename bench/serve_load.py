@@ -1,5 +1,7 @@
 """qlinear-llm serve under load: a server process on loopback, clients in this process.
 
+step        the batched decode step alone (_core.BatchStep, in this process): ms per step and
+            tok/s of B = 1, 4, 8 sequences: the ceiling of what batching gives on this machine.
 throughput  aggregate decode tok/s of 1, 4 and 8 concurrent streaming clients (the same prompt
             and length each), time to first token, on a Qwen2.5-0.5B-shaped model (int4 group
             64, vocabulary 4096; built into ~/.cache/qlinear-bench as bench/test_llm.py does).
@@ -7,6 +9,7 @@ load        N requests from C concurrent clients: streaming, non-streaming, canc
             and malformed ones; every valid one must complete well-formed, every invalid one get
             its 4xx, none be lost, and the server's RSS return to its idle level.
 
+    python bench/serve_load.py step [--threads 2] [--clients 1 4 8]
     python bench/serve_load.py throughput [--threads 2] [--clients 1 4 8] [--tokens 64]
     python bench/serve_load.py load [--requests 200] [--concurrency 16]
     python bench/serve_load.py all --model DIR      # any model qlinear.llm.load opens
@@ -117,6 +120,31 @@ def stream_completion(http: httpx.Client, url: str, body: dict, cancel_after: in
     return {"status": 200, "t0": t0, "times": times, "text": "".join(text), "finish": finish, "done": done}
 
 
+# -- the step alone ----------------------------------------------------------------------------
+def step_alone(model_dir, threads: int, batches, position: int = 64, repeats: int = 20) -> list:
+    import numpy as np
+
+    from qlinear import _core, llm
+    from qlinear.llm.layers import KVCache, decode_step
+
+    model = llm.load(model_dir, threads=threads, max_context=position + repeats + 1, progress=False)
+    batch = _core.batch_step(decode_step(model.blocks, model.norm, model.lm_head, model.cache))
+    rows = []
+    for b in batches:
+        caches = [KVCache(model.config, position + repeats + 1) for _ in range(b)]
+        h = np.ascontiguousarray(model.embedding([11] * b), np.float32)
+        times = []
+        for i in range(repeats + 1):
+            t0 = time.perf_counter()
+            batch.step(h, [position + i] * b, [c.k for c in caches], [c.v for c in caches])
+            times.append(time.perf_counter() - t0)
+        ms = 1000 * float(np.median(times[1:]))
+        rows.append({"batch": b, "ms_per_step": ms, "tok_s": 1000 * b / ms})
+        print(f"B={b}: {ms:.1f} ms per step, {1000 * b / ms:.1f} tok/s "
+              f"({rows[-1]['tok_s'] / rows[0]['tok_s']:.2f}x B={batches[0]})", flush=True)
+    return rows
+
+
 # -- throughput ---------------------------------------------------------------------------------
 def throughput(model, threads: int, clients_list, tokens: int, prompt_tokens: int) -> list:
     rows = []
@@ -164,7 +192,8 @@ def check_complete(r: dict, body: dict) -> None:
     (choice,) = r["choices"]
     assert isinstance(choice["text"], str) and choice["finish_reason"] in ("stop", "length"), r
     u = r["usage"]
-    assert 0 < u["completion_tokens"] <= body["max_tokens"] and u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+    assert 0 <= u["completion_tokens"] <= body["max_tokens"], r  # 0: a stop token came first
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] and u["prompt_tokens"] > 0, r
     assert choice["finish_reason"] == "stop" or u["completion_tokens"] == body["max_tokens"], r
 
 
@@ -180,11 +209,6 @@ def load_test(model, threads: int, requests: int, concurrency: int, max_batch: i
             prompt = " ".join(rng.choice(words) for _ in range(8 + i % 40))
             return {"model": NAME, "prompt": prompt, "max_tokens": 8 + (i * 7) % 40, "temperature": (i % 3) * 0.5,
                     "seed": i}
-
-        with httpx.Client(timeout=600) as http:  # warm up, then the idle level
-            check_complete(http.post(url + "/v1/completions", json=body_of(0)).json(), body_of(0))
-        time.sleep(1)
-        idle_rss = server.rss_mb()
 
         def run(i):
             kind, body = kinds[i], body_of(i)
@@ -207,35 +231,43 @@ def load_test(model, threads: int, requests: int, concurrency: int, max_batch: i
                         assert r["done"] and r["finish"] in ("stop", "length"), r
             return kind
 
+        def wave(indices) -> list:
+            with ThreadPoolExecutor(concurrency) as pool:
+                futures = [pool.submit(run, i) for i in indices]
+                outcomes = []
+                for f in futures:
+                    try:
+                        outcomes.append(f.result())
+                    except Exception as e:  # noqa: BLE001  (counted: a failed or lost request)
+                        outcomes.append(f"FAILED {type(e).__name__}: {e}"[:300])
+            deadline = time.monotonic() + 30
+            while (h := server.health())["running"] or h["waiting"]:  # cancelled ones leave at the next step
+                assert time.monotonic() < deadline, h
+                time.sleep(0.2)
+            time.sleep(1)
+            return outcomes
+
+        wave(range(concurrency))  # warm-up (buffers, allocator pools): the idle level is after it
+        idle_rss = server.rss_mb()
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(concurrency) as pool:
-            futures = [pool.submit(run, i) for i in range(requests)]
-            outcomes = []
-            for f in futures:
-                try:
-                    outcomes.append(f.result())
-                except Exception as e:  # noqa: BLE001  (counted: a failed or lost request)
-                    outcomes.append(f"FAILED {type(e).__name__}: {e}"[:300])
+        outcomes = wave(range(requests))
         seconds = time.perf_counter() - t0
-        deadline = time.monotonic() + 30
-        while (h := server.health())["running"] or h["waiting"]:  # cancelled ones leave at the next step
-            assert time.monotonic() < deadline, h
-            time.sleep(0.2)
-        time.sleep(1)
         after_rss = server.rss_mb()
     failed = [o for o in outcomes if o.startswith("FAILED")]
     counts = {k: outcomes.count(k) for k in ("plain", "stream", "cancel", "malformed")}
     print(f"{requests} requests from {concurrency} clients in {seconds:.1f} s: {counts}, failed {len(failed)}")
     for f in failed[:10]:
         print("  ", f)
-    print(f"server RSS idle {idle_rss:.0f} MB, after the load {after_rss:.0f} MB", flush=True)
+    back = after_rss <= idle_rss * 1.02 + 4
+    print(f"server RSS idle {idle_rss:.0f} MB, after the load {after_rss:.0f} MB "
+          f"({'back to idle' if back else 'NOT back to idle'}: within 2% + 4 MB)", flush=True)
     return {"requests": requests, "concurrency": concurrency, "seconds": seconds, "counts": counts,
-            "failed": failed, "idle_rss_mb": idle_rss, "after_rss_mb": after_rss}
+            "failed": failed, "idle_rss_mb": idle_rss, "after_rss_mb": after_rss, "rss_back_to_idle": back}
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["throughput", "load", "all"])
+    p.add_argument("what", choices=["step", "throughput", "load", "all"])
     p.add_argument("--model", default=None, help="model directory (default: the Qwen2.5-0.5B-shaped bench model)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
@@ -248,13 +280,15 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     model = args.model or default_model()
     out = {}
+    if args.what in ("step", "all"):
+        out["step"] = step_alone(model, args.threads, args.clients)
     if args.what in ("throughput", "all"):
         out["throughput"] = throughput(model, args.threads, args.clients, args.tokens, args.prompt_tokens)
     if args.what in ("load", "all"):
         out["load"] = load_test(model, args.threads, args.requests, args.concurrency, args.max_batch)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
-    if out.get("load", {}).get("failed"):
+    if out.get("load", {}).get("failed") or not out.get("load", {}).get("rss_back_to_idle", True):
         raise SystemExit(1)
 
 

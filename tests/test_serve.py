@@ -452,3 +452,16 @@ def test_queue_overflow_gets_429(checkpoint):
                 client(url).completions.create(model=NAME, prompt="hi", max_tokens=3)
             gate.set()
             assert [f.result().status_code for f in held] == [200, 200]
+
+
+def test_command_line(checkpoint, monkeypatch):
+    """qlinear-llm serve MODEL ...: the model loaded with the load options, served as asked."""
+    from qlinear.llm import cli, serve
+
+    seen = {}
+    monkeypatch.setattr(serve, "serve", lambda model, name, **kw: seen.update(model=model, name=name, **kw))
+    cli.main(["serve", str(checkpoint), "--port", "8123", "--max-batch", "3", "--max-queue", "5",
+              "--api-key", "k", "--max-context", "128"])
+    assert seen["name"] == checkpoint.name and seen["model"].max_context == 128
+    assert {k: seen[k] for k in ("host", "port", "max_batch", "max_queue", "api_key")} == {
+        "host": "127.0.0.1", "port": 8123, "max_batch": 3, "max_queue": 5, "api_key": "k"}

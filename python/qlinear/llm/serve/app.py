@@ -110,7 +110,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
                            kind="rate_limit_error") from None
         except SchedulerClosed as e:
             raise ApiError(503, str(e), kind="server_error") from None
-        answer = protocol.Response(chat, model_name)
+        answer = protocol.Answer(chat, model_name)
         text = TextStream(tokenizer, req.stop)
         if req.stream:
             return StreamingResponse(stream(seq, events, text, answer, req, len(ids)), media_type="text/event-stream",

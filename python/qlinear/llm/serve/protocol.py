@@ -151,7 +151,7 @@ def parse_request(body: dict, chat: bool, model_name: str) -> GenerationRequest:
 
 
 # -- responses ----------------------------------------------------------------------------------
-class Response:
+class Answer:
     """The pieces of one request's answer, in the chat or the completions shape."""
 
     def __init__(self, chat: bool, model: str):
