@@ -132,7 +132,8 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         return JSONResponse(answer.complete("".join(pieces), finish, protocol.usage(len(ids), count)))
 
     async def events_of(seq: Sequence, events: asyncio.Queue, text: TextStream) -> AsyncIterator[tuple]:
-        """("token", text piece) per token, then ("done", finish_reason) or ("error", message)."""
+        """("token", its text) per token, ("piece", text held back till the end) if any, then
+        ("done", finish_reason) or ("error", message). A stop string ends it (and the sequence)."""
         while True:
             kind, value = await events.get()
             if kind == "token":
