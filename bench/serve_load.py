@@ -166,6 +166,8 @@ def throughput(model, threads: int, clients_list, tokens: int, prompt_tokens: in
             assert all(r["status"] == 200 and len(r["times"]) >= tokens - 1 for r in results), results
             # decode: from the last client's first token to the first client's last (all decoding)
             first, last = max(r["times"][0] for r in results), min(r["times"][-1] for r in results)
+            if last <= first:
+                raise SystemExit("the clients never decoded all at once: give them more --tokens")
             steps = sum(sum(first <= t <= last for t in r["times"]) - 1 for r in results)  # intervals
             ttft = [r["times"][0] - r["t0"] for r in results]
             rows.append({"clients": clients, "decode_tok_s": steps / (last - first),
