@@ -63,9 +63,9 @@ class Scheduler:
     at most ``max_queue`` more wait for a place (submit raises QueueFull beyond that)."""
 
     def __init__(self, model: Model, max_batch: int = 8, max_queue: int = 64):
-        for name, v in (("max_batch", max_batch), ("max_queue", max_queue)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "max_batch" else 0):
-                raise ValueError(f"{name} must be an int >= {1 if name == 'max_batch' else 0}, got {v!r}")
+        for name, value, least in (("max_batch", max_batch, 1), ("max_queue", max_queue, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
         self.model, self.max_batch, self.max_queue = model, max_batch, max_queue
         step = decode_step(model.blocks, model.norm, model.lm_head, model.cache) if model.compiled_decode else None
         self._batch = None if step is None else _core.batch_step(step)
