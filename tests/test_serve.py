@@ -466,3 +466,74 @@ def test_command_line(checkpoint, monkeypatch):
     assert seen["name"] == checkpoint.name and seen["model"].max_context == 128
     assert {k: seen[k] for k in ("host", "port", "max_batch", "max_queue", "api_key")} == {
         "host": "127.0.0.1", "port": 8123, "max_batch": 3, "max_queue": 5, "api_key": "k"}
+
+
+# -- text: incremental decoding and stop strings ----------------------------------------------------
+def spm_style_tokenizer():
+    """A SentencePiece-style tokenizer (byte fallback, U+2581 spaces, one leading space stripped),
+    as gguf_tokenizer builds for Llama vocabularies."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, normalizers
+
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}}
+    for piece in ["\u2581", "a", "b", "\u2581a", "\u2581b", "ab", "\u2581ab", "c", "\u2581c", "é"]:
+        vocab[piece] = len(vocab)
+    hf = HFTokenizer(models.BPE(vocab, [], unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    hf.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                    decoders.Strip(" ", 1, 0)])
+    return llm.Tokenizer(hf)
+
+
+def test_stream_decoder_pieces_make_the_text(reference):
+    """Pieces (multi-byte characters held back until complete) add up to decode(ids), for a
+    byte-level BPE and a SentencePiece-style tokenizer; each push decodes a bounded window."""
+    from qlinear.llm.tokenizer import StreamDecoder
+
+    rng = np.random.default_rng(3)
+    alphabet = ["a", "b", " ", "é", "日本", "🙂", "c", " ab", "\n"]
+    for tok in (reference.tokenizer, spm_style_tokenizer()):
+        for _ in range(100):
+            text = "".join(rng.choice(alphabet, rng.integers(1, 30)))
+            ids = tok.encode(text)
+            dec = StreamDecoder(tok)
+            pieces = [dec.push(i) for i in ids]
+            assert "".join(pieces) + dec.flush() == tok.decode(ids) == text, (text, pieces)
+            assert all("\ufffd" not in p for p in pieces)
+        lengths, decode = [], tok.decode
+        tok.decode = lambda ids: (lengths.append(len(ids)), decode(ids))[1]
+        try:
+            dec = StreamDecoder(tok)
+            "".join(dec.push(i) for i in tok.encode("ab c " * 400))
+        finally:
+            del tok.decode
+        assert max(lengths) <= 8
+
+
+class PieceTokenizer:
+    """Token i is PIECES[i]: text streams with known pieces."""
+
+    PIECES = ["al", "pha", " be", "ta", " gam", "ma", " del", "ta"]
+
+    def decode(self, ids):
+        return "".join(self.PIECES[i] for i in ids)
+
+
+def test_text_stream_stop_strings():
+    from qlinear.llm.serve.app import TextStream
+
+    ids = list(range(len(PieceTokenizer.PIECES)))
+    for stop, pieces, stopped in (
+            (["gamma"], ["al", "pha", " be", "ta", " ", ""], True),      # "gam" held back, then cut
+            (["zzz", "ta g"], ["al", "pha", " be", "", ""], True),        # "ta" held, "ta gam" has it
+            (["pha b"], ["al", "", ""], True),
+            (["nope"], ["al", "pha", " be", "ta", " gam", "ma", " del", "ta"], False),
+            (["a "], ["al", "ph", ""], True)):
+        text = TextStream(PieceTokenizer(), stop)
+        got = []
+        for i in ids:
+            got.append(text.push(i))
+            if text.stopped:
+                break
+        assert got == pieces and text.stopped == stopped, (stop, got)
+        assert text.flush() == ""

@@ -42,9 +42,7 @@ class TextStream:
 
     def flush(self) -> str:
         """The rest, at the end (an incomplete character included, as decode gives it)."""
-        text = self.decoder.tok.decode(self.decoder.ids)
-        self.pending += text[self.decoder.emitted:]
-        self.decoder.emitted = len(text)
+        self.pending += self.decoder.flush()
         return self._release(hold_back=False)
 
     def _release(self, hold_back: bool) -> str:
