@@ -218,6 +218,21 @@ def test_stop_tokens_and_ignore_eos(checkpoint, reference):
         assert got == [("token", t) for t in tokens] + [("done", finish)]
 
 
+def test_a_failing_sequence_leaves_the_others(checkpoint, reference):
+    ids = reference.tokenizer.encode(PROMPTS[5])
+    events = [[], []]
+    scheduler = Scheduler(load(checkpoint))
+    seqs = [Sequence(ids, 8, Sampling(), lambda kind, value, i=i: events[i].append((kind, value))) for i in range(2)]
+    seqs[0].sampler = lambda logits, context: 1 // 0
+    for seq in seqs:
+        scheduler.submit(seq)
+    scheduler.start()
+    wait_until(lambda: all(e and e[-1][0] != "token" for e in events), "the sequences did not finish")
+    scheduler.stop(WAIT)
+    assert events[0] == [("error", "ZeroDivisionError: integer division or modulo by zero")]
+    assert events[1] == [("token", t) for t in reference_ids(reference, ids, 8)] + [("done", "length")]
+
+
 def test_scheduler_queue_bound_and_closing(reference):
     scheduler = Scheduler(reference, max_batch=2, max_queue=1)
     seqs = [Sequence([1, 2, 3], 4, Sampling(), lambda kind, value: None) for _ in range(4)]

@@ -125,11 +125,15 @@ class Scheduler:
                     self._waiting.remove(seq)
             for seq in gone:
                 self._finish(seq, "done", "cancelled")
-            self._admit()
-            for seq in [s for s in self._running if s.cancelled]:
-                self._finish(seq, "done", "cancelled")
-            if self._running:
-                self._decode()
+            try:
+                self._admit()
+                for seq in [s for s in self._running if s.cancelled]:
+                    self._finish(seq, "done", "cancelled")
+                if self._running:
+                    self._decode()
+            except Exception as e:  # noqa: BLE001  (a fault of the step itself: answer, go on serving)
+                for seq in list(self._running):
+                    self._finish(seq, "error", f"{type(e).__name__}: {e}")
         with self._cond:
             left = list(self._running) + list(self._waiting)
         for seq in left:
@@ -198,7 +202,10 @@ class Scheduler:
     def _accept(self, seq: Sequence, logits: np.ndarray) -> None:
         """Sample the next token (as Model.stream_ids does): a stop token ends the sequence;
         otherwise it is emitted, and the sequence ends at max_tokens or a full cache."""
-        token = self._to_token(seq.sampler(logits, ()))
+        try:
+            token = self._to_token(seq.sampler(logits, ()))
+        except Exception as e:  # noqa: BLE001  (e.g. NaN logits: this sequence fails, not the batch)
+            return self._finish(seq, "error", f"{type(e).__name__}: {e}")
         if token in seq.stop_ids:
             return self._finish(seq, "done", "stop")
         seq.generated += 1
