@@ -188,14 +188,16 @@ def run_scheduler(model, jobs, max_batch):
     return results
 
 
-def test_scheduler_equals_single_request_path(checkpoint, reference):
+def test_scheduler_equals_single_request_path(checkpoint):
     """Sequences of different lengths joining and leaving the batch: every one's tokens equal
     Model.stream_ids' alone (greedy, and sampled with its own seed)."""
+    reference = load(checkpoint, max_context=1024)
     tok = reference.tokenizer
     jobs = [(tok.encode(p), 5 + 7 * i, {} if i % 3 else {"temperature": 0.9, "top_p": 0.9, "seed": i})
             for i, p in enumerate(PROMPTS)]
-    jobs.append((tok.encode("x" * 300)[:200], 30, {}))  # a longer prompt (prefill chunk of its own)
-    results = run_scheduler(load(checkpoint), jobs, max_batch=3)
+    long_prompt = [int(t) for t in np.random.default_rng(2).integers(3, 1000, 700)]  # two prefill chunks
+    jobs += [(tok.encode("x" * 300)[:200], 30, {}), (long_prompt, 20, {})]
+    results = run_scheduler(load(checkpoint, max_context=1024), jobs, max_batch=3)
     for (ids, n, sampling), (tokens, finish) in zip(jobs, results):
         assert tokens == reference_ids(reference, ids, n, **sampling)
         assert finish == ["length"]
