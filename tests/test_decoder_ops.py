@@ -399,3 +399,74 @@ def test_decode_step_threads(rng, threads):
         qlinear.set_num_threads(prev)
     np.testing.assert_array_equal(out, ref)
     np.testing.assert_array_equal(m["k_cache"], k)
+
+
+# -- the decode step of several sequences (continuous batching) -----------------------------------
+
+@pytest.mark.parametrize("bits, act", [(4, "int8"), (8, "int8"), (4, "float")])
+def test_batch_step_rows_equal_the_single_step(isa, rng, bits, act):
+    """_core.BatchStep: each row's logits and cache writes are DecodeStep's on that row alone,
+    whatever the other rows (their number, order, positions and caches), at every ISA level."""
+    m = _step_model(rng, bits, act, True)
+    single = _core.decode_step(**m)
+    batch = _core.batch_step(single)
+    caches = [(rng.standard_normal(m["k_cache"].shape).astype(np.float32),
+               rng.standard_normal(m["v_cache"].shape).astype(np.float32)) for _ in range(9)]
+    h = rng.standard_normal((9, 128)).astype(np.float32)
+    positions = [0, 5, 23, 17, 1, 20, 8, 11, 2]
+    expected = []
+    for (k, v), x, p in zip(caches, h, positions):
+        m["k_cache"][:], m["v_cache"][:] = k, v
+        expected.append((single.step(x, p), m["k_cache"].copy(), m["v_cache"].copy()))
+    for rows in ([3], [0, 1], [2, 4, 6, 8], list(range(9)), [8, 5, 0]):
+        ks, vs = [caches[r][0].copy() for r in rows], [caches[r][1].copy() for r in rows]
+        logits = batch.step(np.ascontiguousarray(h[rows]), [positions[r] for r in rows], ks, vs)
+        assert logits.shape == (len(rows), 96)
+        for i, r in enumerate(rows):
+            np.testing.assert_array_equal(logits[i:i + 1], expected[r][0])
+            np.testing.assert_array_equal(ks[i], expected[r][1])
+            np.testing.assert_array_equal(vs[i], expected[r][2])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batch_step_threads_and_long_context(rng, threads):
+    """Heads split over the pool (a long context) and a wide MLP: rows as the single step's."""
+    import qlinear
+    m = _step_model(rng, 4, "int8", True, heads=8, kv_heads=2, d=64, hidden=256, inter=4160, layers=1, cap=300)
+    caches = [(rng.standard_normal(m["k_cache"].shape).astype(np.float32),
+               rng.standard_normal(m["v_cache"].shape).astype(np.float32)) for _ in range(3)]
+    h, positions = rng.standard_normal((3, 256)).astype(np.float32), [290, 7, 150]
+    prev = qlinear.get_num_threads()
+    try:
+        qlinear.set_num_threads(threads)
+        single = _core.decode_step(**m)
+        expected = []
+        for (k, v), x, p in zip(caches, h, positions):
+            m["k_cache"][:], m["v_cache"][:] = k, v
+            expected.append(single.step(x, p))
+        out = _core.batch_step(single).step(h, positions, [k for k, _ in caches], [v for _, v in caches])
+    finally:
+        qlinear.set_num_threads(prev)
+    for i in range(3):
+        np.testing.assert_array_equal(out[i:i + 1], expected[i])
+
+
+def test_batch_step_rejects_bad_input(rng):
+    m = _step_model(rng, 4, "int8", True)
+    batch = _core.batch_step(_core.decode_step(**m))
+    k, v = m["k_cache"], m["v_cache"]
+    h = np.zeros((1, 128), np.float32)
+    with pytest.raises(ValueError, match="outside its cache"):
+        batch.step(h, [24], [k], [v])
+    with pytest.raises(ValueError, match="same number"):
+        batch.step(h, [0, 1], [k], [v])
+    with pytest.raises(ValueError, match="share a cache"):
+        batch.step(np.zeros((2, 128), np.float32), [0, 1], [k, k], [v, v.copy()])
+    with pytest.raises(ValueError):
+        batch.step(np.zeros((2, 128), np.float32), [0], [k], [v])            # h's rows
+    with pytest.raises(ValueError):
+        batch.step(h, [0], [k[:, :1]], [v])                                   # kv heads
+    with pytest.raises(TypeError):
+        batch.step(h, [0], [k.astype(np.float64)], [v])
+    with pytest.raises(TypeError, match="DecodeStep"):
+        _core.batch_step(object())

@@ -19,11 +19,9 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 pytest.importorskip("transformers")
 
-import qlinear  # noqa: E402
-from qlinear import _core, llm  # noqa: E402
+from qlinear import llm  # noqa: E402
 from qlinear.llm import synthetic  # noqa: E402
 from qlinear.llm.generation import Sampling  # noqa: E402
-from qlinear.llm.layers import KVCache, decode_step  # noqa: E402
 from qlinear.llm.serve import QueueFull, Scheduler, SchedulerClosed, Sequence, create_app  # noqa: E402
 
 NAME = "tiny"
@@ -93,76 +91,8 @@ def wait_until(condition, what):
         time.sleep(0.01)
 
 
-# -- batch invariance of the kernels and of the batched step ---------------------------------------
-@pytest.mark.parametrize("bits", [4, 8])
-def test_matmul_rows_equal_single_rows(isa, rng, bits):
-    """Every row of an M-row W4A8 / W8A8 matmul equals the one-row matmul of that row, bit for
-    bit (M 1..16, and 32): what makes a sequence's logits independent of the batch it decodes
-    in. (The float-activation path is not: BatchStep runs its rows one at a time.)"""
-    from qlinear._ops import act_block_size, matmul_array
-
-    k, n = 320, 72
-    for group_size in (32, None):
-        pw = qlinear.pack_weight(rng.standard_normal((n, k)).astype(np.float32), bits=bits, group_size=group_size)
-        bias = rng.standard_normal(n).astype(np.float32)
-        for block in {act_block_size(pw, "group"), act_block_size(pw, None)}:
-            for m in list(range(1, 17)) + [32]:
-                x = rng.standard_normal((m, k)).astype(np.float32)
-                rows = matmul_array(x, pw, bias, None, "int8", block)
-                for i in range(m):
-                    one = matmul_array(np.ascontiguousarray(x[i:i + 1]), pw, bias, None, "int8", block)
-                    assert np.array_equal(rows[i:i + 1], one), (isa, bits, group_size, block, m, i)
-
-
-@pytest.mark.parametrize("act", ["int8", "float"])
-def test_batch_step_rows_equal_the_single_step(isa, checkpoint, reference, act):
-    """_core.BatchStep: each row's logits (and cache writes) equal DecodeStep's on that row alone,
-    whatever the other rows are, at every ISA level (int8 and float activations)."""
-    model = reference if act == "int8" else llm.load(checkpoint, bits=4, act="float", progress=False)
-    rng = np.random.default_rng(5)
-    cfg = model.config
-    single_cache = KVCache(cfg, 64)
-    single = decode_step(model.blocks, model.norm, model.lm_head, single_cache)
-    batch = _core.batch_step(single)
-
-    def random_cache():
-        c = KVCache(cfg, 64)
-        c.k[:] = rng.standard_normal(c.k.shape)
-        c.v[:] = rng.standard_normal(c.v.shape)
-        return c
-
-    caches = [random_cache() for _ in range(9)]
-    tokens, positions = rng.integers(0, cfg.vocab_size, 9).tolist(), [0, 5, 63, 17, 1, 40, 8, 30, 2]
-    expected = []
-    for c, t, p in zip(caches, tokens, positions):
-        single_cache.k[:], single_cache.v[:] = c.k, c.v
-        expected.append((single.step(np.ascontiguousarray(model.embedding([t])[0]), p), single_cache.k.copy()))
-    for rows in ([3], [0, 1], [2, 4, 6, 8], list(range(9)), [8, 5, 0]):
-        batch_caches = [KVCache(cfg, 64) for _ in rows]
-        for c, r in zip(batch_caches, rows):
-            c.k[:], c.v[:] = caches[r].k, caches[r].v
-        h = np.ascontiguousarray(model.embedding([tokens[r] for r in rows]), np.float32)
-        logits = batch.step(h, [positions[r] for r in rows], [c.k for c in batch_caches], [c.v for c in batch_caches])
-        for i, r in enumerate(rows):
-            assert np.array_equal(logits[i:i + 1], expected[r][0]), (isa, rows, r)
-            assert np.array_equal(batch_caches[i].k, expected[r][1])
-
-
-def test_batch_step_checks_its_arguments(reference):
-    model = reference
-    batch = _core.batch_step(decode_step(model.blocks, model.norm, model.lm_head, model.cache))
-    c = KVCache(model.config, 8)
-    h = np.zeros((1, model.config.hidden_size), np.float32)
-    with pytest.raises(ValueError, match="outside its cache"):
-        batch.step(h, [8], [c.k], [c.v])
-    with pytest.raises(ValueError, match="same number"):
-        batch.step(h, [0, 1], [c.k], [c.v])
-    with pytest.raises(ValueError, match="share a cache"):
-        batch.step(np.zeros((2, model.config.hidden_size), np.float32), [0, 1], [c.k, c.k], [c.v, c.v])
-    with pytest.raises(TypeError, match="DecodeStep"):
-        _core.batch_step(object())
-
-
+# -- the scheduler (batch invariance of the batched step itself: tests/test_decoder_ops.py; of the
+# kernels' rows: tests/test_matmul.py) -----------------------------------------------------------------
 def run_scheduler(model, jobs, max_batch):
     """Run (ids, max_tokens, sampling) jobs through a Scheduler at once; their token ids and
     finish reasons."""
