@@ -9,12 +9,21 @@ checkpoint of bench/test_llm.py with llama.cpp's own `convert_hf_to_gguf.py` (to
 the synthetic tokenizer's pre-tokenizer is not in the script's list of known ones and is taken as
 qwen2's) and `llama-quantize` (Q4_0, Q4_K_M).
 
+    python bench/llamacpp_vs.py --build                     # build llama.cpp's tools only
     python bench/llamacpp_vs.py [--quants Q4_0 Q8_0 Q4_K_M] [--threads 1 2] [--rounds 3]
-    python bench/llamacpp_vs.py --logits [--quants ...]    # needs llama-cpp-python installed
+    python bench/llamacpp_vs.py --logits [--arch qwen2 llama] [--quants ...]   # needs llama-cpp-python
+    python bench/llamacpp_vs.py --tokenizer [--arch qwen2 llama]               # needs llama-cpp-python
 
 --logits compares teacher-forced logits over 160 positions of a random prompt: llama.cpp through
 its Python bindings (`pip install llama_cpp_python-*.tar.gz` from the cache folder) against
-qlinear.llm on the same file, per position cosine and top-1 agreement.
+qlinear.llm on the same file, per position cosine and top-1 agreement, the latter also with
+near-ties set aside: positions where llama.cpp's two leading logits are closer than the two
+engines' own difference on them (the order of such a pair is decided by rounding, not by the
+weights). --tokenizer encodes strings with special tokens, unicode and emoji with llama.cpp's
+tokenizer and with the one qlinear rebuilds from the same file. The speed table also gives each
+engine's peak RSS, each in a process of its own (`qlinear-llm bench FILE --vs llamacpp`).
+The Llama files come from a Llama-architecture checkpoint of the same shape (llama.cpp's
+converter permutes its Q / K rows; qlinear puts them back).
 
 llama.cpp's figures are `llama-bench -p 64 -n 32` (its prompt of random tokens, then generation
 from it); qlinear's are the same token counts through `qlinear.llm.load(FILE.gguf)` (W4A8 for the
@@ -81,34 +90,74 @@ def build() -> None:
     subprocess.run(["cmake", "--build", str(BUILD), "-t", "llama-bench", "llama-quantize"], check=True)
 
 
-def gguf_file(quant: str) -> Path:
+def checkpoint(arch: str) -> Path:
+    """The synthetic Qwen2.5-0.5B-shaped checkpoint of bench/test_llm.py, or a Llama one of the
+    same shape; "llama-spm": a small Llama with a SentencePiece tokenizer (tokenizer.model, BPE
+    with byte fallback) trained here, for the tokenizer comparison."""
+    from test_llm import ROOT, VOCAB, _checkpoint
+    if arch == "qwen2":
+        return _checkpoint()
+    if arch == "llama-spm":
+        return _spm_checkpoint(ROOT / "llama-small-spm")
+    hf = ROOT / f"llama-0.5b-v{VOCAB}"
+    if not (hf / "model.safetensors").is_file():
+        from qlinear.llm import synthetic
+        synthetic.make_checkpoint(hf, arch="llama", shape="qwen2.5-0.5b", vocab_size=VOCAB, dtype="bfloat16",
+                                  tokenizer_vocab=min(VOCAB, 4096), force=True)
+    return hf
+
+
+def _spm_checkpoint(hf: Path) -> Path:
+    if (hf / "tokenizer.model").is_file():
+        return hf
+    import sentencepiece as spm
+    from qlinear.llm import synthetic
+    synthetic.make_checkpoint(hf, arch="llama", shape="small", vocab_size=2048, force=True)
+    corpus = hf / "corpus.txt"
+    corpus.write_text("\n".join(synthetic.local_text(2_000_000)) + "\n" + "\n".join(TOKENIZER_TEXTS) * 20)
+    spm.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(hf / "sp"), vocab_size=2048, model_type="bpe", byte_fallback=True,
+        normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
+        character_coverage=0.9995, minloglevel=2)
+    corpus.unlink()
+    (hf / "sp.model").rename(hf / "tokenizer.model")
+    for name in ("tokenizer.json", "sp.vocab"):
+        (hf / name).unlink(missing_ok=True)
+    return hf
+
+
+def gguf_file(quant: str, arch: str = "qwen2") -> Path:
     """The synthetic checkpoint as a GGUF file of the given type (made once)."""
-    from test_llm import VOCAB, _checkpoint
-    out = CACHE / f"qwen2.5-0.5b-v{VOCAB}-{quant}.gguf"
+    from test_llm import VOCAB
+    name = {"qwen2": f"qwen2.5-0.5b-v{VOCAB}", "llama": f"llama-0.5b-v{VOCAB}", "llama-spm": "llama-small-spm"}[arch]
+    out = CACHE / f"{name}-{quant}.gguf"
     if out.exists():
         return out
     env = dict(os.environ, PYTHONPATH=str(SRC / "gguf-py"))
     wrapper = CACHE / "convert_wrapper.py"
     wrapper.write_text(_CONVERT_WRAPPER)
     if quant in ("Q8_0", "BF16"):
-        subprocess.run([sys.executable, str(wrapper), str(SRC), str(_checkpoint()), "--outtype", quant.lower(),
+        subprocess.run([sys.executable, str(wrapper), str(SRC), str(checkpoint(arch)), "--outtype", quant.lower(),
                         "--outfile", str(out)], check=True, env=env)
     else:
-        subprocess.run([str(tool("llama-quantize")), str(gguf_file("BF16")), str(out), quant], check=True)
+        subprocess.run([str(tool("llama-quantize")), str(gguf_file("BF16", arch)), str(out), quant], check=True)
     return out
 
 
 def llamacpp_speed(path: Path, threads: int) -> dict:
-    """llama-bench's pp64 and tg32 tok/s (one repetition)."""
-    r = subprocess.run([str(tool("llama-bench")), "-m", str(path), "-p", str(PROMPT), "-n", str(DECODE),
-                        "-t", str(threads), "-r", "1", "-o", "json"], check=True, capture_output=True, text=True)
-    rows = json.loads(r.stdout)
-    out = {}
-    for row in rows:
-        phase = "prefill" if row["n_prompt"] > 0 else "decode"
-        out[phase] = float(row["avg_ts"])
-        out["backend"] = f"{row.get('backends', '')} {row.get('cpu_info', '')}".strip()
-    return out
+    """llama-bench's pp64 and tg32 tok/s (one repetition), its peak RSS and CPU path."""
+    from qlinear.llm import llamacpp
+    r = llamacpp.bench(path, PROMPT, DECODE, threads, 1, where=str(BUILD / "bin"))
+    return {"prefill": r["prefill_tok_s"], "decode": r["decode_tok_s"], "rss": r["peak_rss_mb"],
+            "backend": r["cpu_path"]}
+
+
+def qlinear_rss(path: Path, threads: int) -> float:
+    """qlinear's peak RSS on ``path`` in a process of its own (the CLI bench: load, prefill, decode)."""
+    r = subprocess.run([sys.executable, "-m", "qlinear.llm", "bench", str(path), "--threads", str(threads),
+                        "--prompt-tokens", str(PROMPT), "--decode-tokens", str(DECODE), "--json"],
+                       check=True, capture_output=True, text=True)
+    return float(json.loads(r.stdout)["peak_rss_mb"])
 
 
 class Qlinear:
@@ -134,23 +183,69 @@ class Qlinear:
         return {"prefill": PROMPT / (t1 - t0), "decode": DECODE / (t2 - t1)}
 
 
-def compare_logits(quants, positions: int = 160) -> None:
+def near_ties(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+    """Positions where llama.cpp's two leading logits are closer than the engines' difference on
+    those two tokens: which of them wins there is decided by rounding, not by the weights."""
+    rows = np.arange(len(theirs))
+    top2 = np.argsort(theirs, axis=1)[:, -2:]
+    margin = theirs[rows, top2[:, 1]] - theirs[rows, top2[:, 0]]
+    diff = np.abs(ours - theirs)
+    noise = diff[rows, top2[:, 1]] + diff[rows, top2[:, 0]]
+    return margin < noise
+
+
+def compare_logits(quants, archs, positions: int = 160) -> None:
     from llama_cpp import Llama
     from qlinear import llm
     ids = [int(t) for t in np.random.default_rng(1).integers(0, 4096, positions)]
     print(f"teacher-forced logits over {positions} positions, qlinear (W4A8 / W8A8) vs llama.cpp on the same file")
-    print("| file | cosine mean | cosine min | top-1 agreement |")
-    print("|---|---|---|---|")
-    for quant in quants:
-        path = gguf_file(quant)
-        ref = Llama(model_path=str(path), n_ctx=positions + 8, logits_all=True, n_threads=2, verbose=False)
-        ref.eval(ids)
-        theirs = np.array(ref.scores[:positions], dtype=np.float64)
-        del ref
-        ours = llm.load(path, max_context=positions + 8, progress=False).logits(ids).astype(np.float64)
-        cos = (ours * theirs).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1))
-        top1 = float(np.mean(ours.argmax(1) == theirs.argmax(1)))
-        print(f"| {quant} | {cos.mean():.5f} | {cos.min():.5f} | {top1:.1%} |", flush=True)
+    print("| model | file | cosine mean | cosine min | top-1 agreement | near-ties set aside | top-1 on the rest |")
+    print("|---|---|---|---|---|---|---|")
+    for arch in archs:
+        for quant in quants:
+            path = gguf_file(quant, arch)
+            ref = Llama(model_path=str(path), n_ctx=positions + 8, logits_all=True, n_threads=2, verbose=False)
+            ref.eval(ids)
+            theirs = np.array(ref.scores[:positions], dtype=np.float64)
+            del ref
+            ours = llm.load(path, max_context=positions + 8, progress=False).logits(ids).astype(np.float64)
+            cos = (ours * theirs).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1))
+            same = ours.argmax(1) == theirs.argmax(1)
+            ties = near_ties(ours, theirs)
+            print(f"| {arch} | {quant} | {cos.mean():.5f} | {cos.min():.5f} | {same.mean():.1%} | "
+                  f"{ties.sum()} | {same[~ties].mean():.1%} |", flush=True)
+
+
+TOKENIZER_TEXTS = [
+    "Hello world", "def main():\n    return 0\n", "  leading spaces\tand tabs\n\n", "numbers 1234567 and 3.14159",
+    "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n", "<|endoftext|>after<|im_end|>",
+    "naïve café — déjà vu", "日本語のテキストと中文字符", "Привет, мир! Ελληνικά", "emoji 😀🎉👍🏽 and 👨‍👩‍👧 family",
+    "mixed: tab\there, CRLF\r\nand ünïcödé ✓ ∑ ∞", "’quotes’ “double” «guillemets»", "a" * 50 + " " + "🙂" * 5,
+    "<s>a sentence</s> and </s><s>", " a leading space", "ǅ rare ☃ bytes 𝄞",
+]
+
+
+def compare_tokenizers(archs) -> bool:
+    """Token ids of llama.cpp's tokenizer and of qlinear's (rebuilt from the same file) on TOKENIZER_TEXTS."""
+    from llama_cpp import Llama
+    from qlinear import llm
+    ok = True
+    for arch in archs:
+        path = gguf_file("Q8_0", arch)
+        ref = Llama(model_path=str(path), vocab_only=True, verbose=False)
+        tok = llm.load(path, progress=False).tokenizer
+        same = 0
+        for text in TOKENIZER_TEXTS:
+            theirs = ref.tokenize(text.encode(), add_bos=False, special=True)
+            ours = tok.encode(text)
+            if ours == theirs:
+                same += 1
+            else:
+                ok = False
+                print(f"  {arch}: differs on {text!r}:\n    qlinear   {ours}\n    llama.cpp {theirs}")
+        print(f"{arch} ({path.name}, {tok.hf.get_vocab_size()} tokens): {same} of {len(TOKENIZER_TEXTS)} strings "
+              "encode to the same ids", flush=True)
+    return ok
 
 
 def main() -> None:
@@ -158,38 +253,54 @@ def main() -> None:
     ap.add_argument("--quants", nargs="+", default=["Q4_0", "Q8_0"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--arch", nargs="+", default=["qwen2"], choices=["qwen2", "llama", "llama-spm"],
+                    help="llama-spm: a small Llama with a SentencePiece tokenizer (for --tokenizer)")
     ap.add_argument("--logits", action="store_true", help="compare logits instead of speed")
+    ap.add_argument("--tokenizer", action="store_true", help="compare tokenizers instead of speed")
+    ap.add_argument("--build", action="store_true", help="build llama.cpp's tools, then stop")
     a = ap.parse_args()
     build()
+    if a.build:
+        print(f"llama.cpp tools in {BUILD / 'bin'}")
+        return
+    if a.tokenizer:
+        sys.exit(0 if compare_tokenizers(a.arch) else 1)
     if a.logits:
-        compare_logits(a.quants)
+        compare_logits(a.quants, a.arch)
         return
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     import qlinear
     print(f"{cpu}, qlinear level {qlinear.cpu_info()['active_isa']}; {PROMPT}-token prompt, {DECODE} decoded tokens; "
           f"medians (best) of {a.rounds} interleaved rounds, tok/s")
-    print("| file | phase | threads | qlinear | llama.cpp | qlinear / llama.cpp |")
+    print("| model | file | phase | threads | qlinear | llama.cpp | qlinear / llama.cpp |")
+    print("|---|---|---|---|---|---|---|")
+    backend, rss = "", []
+    for arch in a.arch:
+        for quant in a.quants:
+            path = gguf_file(quant, arch)
+            for t in a.threads:
+                q = Qlinear(path, t)
+                q.speed()  # warm-up: builds the decode step, maps the weights
+                runs = {"qlinear": [], "llama.cpp": []}
+                for _ in range(a.rounds):
+                    runs["qlinear"].append(q.speed())
+                    lc = llamacpp_speed(path, t)
+                    backend = lc.pop("backend")
+                    runs["llama.cpp"].append(lc)
+                for phase in ("prefill", "decode"):
+                    v = {e: [r[phase] for r in rs] for e, rs in runs.items()}
+                    med = {e: float(np.median(x)) for e, x in v.items()}
+                    print(f"| {arch} | {quant} | {phase} | {t} | {med['qlinear']:.1f} ({max(v['qlinear']):.1f}) | "
+                          f"{med['llama.cpp']:.1f} ({max(v['llama.cpp']):.1f}) | "
+                          f"{med['qlinear'] / med['llama.cpp']:.2f}x |", flush=True)
+                rss.append((arch, quant, t, qlinear_rss(path, t), max(r["rss"] for r in runs["llama.cpp"])))
+                del q
+    print(f"\nllama.cpp CPU path: {backend}\n")
+    print("peak RSS, MB, each engine in a process of its own (qlinear: `qlinear-llm bench`; llama.cpp: llama-bench)")
+    print("| model | file | threads | qlinear | llama.cpp | qlinear / llama.cpp |")
     print("|---|---|---|---|---|---|")
-    backend = ""
-    for quant in a.quants:
-        path = gguf_file(quant)
-        for t in a.threads:
-            q = Qlinear(path, t)
-            q.speed()  # warm-up: builds the decode step, maps the weights
-            runs = {"qlinear": [], "llama.cpp": []}
-            for _ in range(a.rounds):
-                runs["qlinear"].append(q.speed())
-                lc = llamacpp_speed(path, t)
-                backend = lc.pop("backend")
-                runs["llama.cpp"].append(lc)
-            for phase in ("prefill", "decode"):
-                v = {e: [r[phase] for r in rs] for e, rs in runs.items()}
-                med = {e: float(np.median(x)) for e, x in v.items()}
-                print(f"| {quant} | {phase} | {t} | {med['qlinear']:.1f} ({max(v['qlinear']):.1f}) | "
-                      f"{med['llama.cpp']:.1f} ({max(v['llama.cpp']):.1f}) | {med['qlinear'] / med['llama.cpp']:.2f}x |",
-                      flush=True)
-            del q
-    print(f"llama.cpp backend: {backend}")
+    for arch, quant, t, ours, theirs in rss:
+        print(f"| {arch} | {quant} | {t} | {ours:.0f} | {theirs:.0f} | {ours / theirs:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """qlinear-llm serve under load: a server process on loopback, clients in this process.
 
-step        the batched decode step alone (_core.BatchStep, in this process): ms per step and
+step        the batched decode step alone (DecodeStep.step_batch, in this process): ms per step and
             tok/s of B = 1, 4, 8 sequences: the ceiling of what batching gives on this machine.
 throughput  aggregate decode tok/s of 1, 4 and 8 concurrent streaming clients (the same prompt
             and length each), time to first token, on a Qwen2.5-0.5B-shaped model (int4 group
@@ -124,11 +124,11 @@ def stream_completion(http: httpx.Client, url: str, body: dict, cancel_after: in
 def step_alone(model_dir, threads: int, batches, position: int = 64, repeats: int = 20) -> list:
     import numpy as np
 
-    from qlinear import _core, llm
+    from qlinear import llm
     from qlinear.llm.layers import KVCache, decode_step
 
     model = llm.load(model_dir, threads=threads, max_context=position + repeats + 1, progress=False)
-    batch = _core.batch_step(decode_step(model.blocks, model.norm, model.lm_head, model.cache))
+    step = decode_step(model.blocks, model.norm, model.lm_head, model.cache)
     rows = []
     for b in batches:
         caches = [KVCache(model.config, position + repeats + 1) for _ in range(b)]
@@ -136,7 +136,8 @@ def step_alone(model_dir, threads: int, batches, position: int = 64, repeats: in
         times = []
         for i in range(repeats + 1):
             t0 = time.perf_counter()
-            batch.step(h, [position + i] * b, [c.k for c in caches], [c.v for c in caches])
+            step.step_batch(h, [position + i] * b, [c.k for c in caches], [c.v for c in caches],
+                            [c.capacity for c in caches])
             times.append(time.perf_counter() - t0)
         ms = 1000 * float(np.median(times[1:]))
         rows.append({"batch": b, "ms_per_step": ms, "tok_s": 1000 * b / ms})

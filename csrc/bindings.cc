@@ -13,7 +13,6 @@
 
 #include "qlinear/cpu.h"
 #include "qlinear/decoder.h"
-#include "qlinear/batch_step.h"
 #include "qlinear/decoder_step.h"
 #include "qlinear/kernels.h"
 #include "qlinear/layout.h"
@@ -430,8 +429,32 @@ F32Array py_silu_mul(const py::array& gu_in) {
   return y;
 }
 
+F32Array py_gelu_tanh_mul(const py::array& gu_in) {
+  F32Array gu = checked_f32(gu_in, "gate_up", 2);
+  if (gu.shape(1) % 2) throw py::value_error("gelu_tanh_mul: gate_up must have an even number of columns");
+  const int64_t n = gu.shape(1) / 2;
+  F32Array y({gu.shape(0), n});
+  const float* gp = gu.data();
+  float* yp = y.mutable_data();
+  py::gil_scoped_release release;
+  rows_in_parallel(gu.shape(0), 8 * n, [&](int64_t r0, int64_t r1) {
+    decoder::gelu_tanh_mul(gp + r0 * 2 * n, r1 - r0, n, yp + r0 * n);
+  });
+  return y;
+}
+
+F32Array py_softcap(const py::array& x_in, float cap) {
+  if (!(cap > 0.f)) throw py::value_error("softcap: cap must be > 0");
+  F32Array x = checked_f32(x_in, "x", 2);
+  F32Array y({x.shape(0), x.shape(1)});
+  std::copy(x.data(), x.data() + x.size(), y.mutable_data());
+  decoder::softcap(y.mutable_data(), y.size(), cap);
+  return y;
+}
+
 F32Array py_attend_one(const py::array& qkv_in, const py::array& cos_in, const py::array& sin_in,
-                       int64_t pos, const py::array& k_in, const py::array& v_in, int64_t heads, float scale) {
+                       int64_t pos, const py::array& k_in, const py::array& v_in, int64_t heads, float scale,
+                       int64_t window, float softcap) {
   F32Array qkv = checked_f32(qkv_in, "qkv", 2), cs = checked_f32(cos_in, "cos", 2), sn = checked_f32(sin_in, "sin", 2);
   F32Array k = checked_f32(k_in, "k_cache", 3), v = checked_f32(v_in, "v_cache", 3);
   const int64_t kv = k.shape(0), cap = k.shape(1), d = k.shape(2);
@@ -441,11 +464,15 @@ F32Array py_attend_one(const py::array& qkv_in, const py::array& cos_in, const p
     throw py::value_error("attend_one: bad head counts or head_dim");
   if (qkv.shape(0) != 1 || qkv.shape(1) != (heads + 2 * kv) * d)
     throw py::value_error("attend_one: qkv must have shape [1, (heads + 2 * kv_heads) * head_dim]");
-  if (pos < 0 || pos >= cap || pos >= cs.shape(0) || cs.shape(1) != d / 2 || sn.shape(0) != cs.shape(0) ||
-      sn.shape(1) != d / 2)
+  if (window != 0 && window != cap)
+    throw py::value_error("attend_one: a sliding window's cache holds `window` positions (a ring)");
+  if (softcap < 0.f) throw py::value_error("attend_one: softcap must be >= 0");
+  if (pos < 0 || (window == 0 && pos >= cap) || pos >= cs.shape(0) || cs.shape(1) != d / 2 ||
+      sn.shape(0) != cs.shape(0) || sn.shape(1) != d / 2)
     throw py::value_error("attend_one: position outside the cache or the RoPE tables");
   F32Array out({int64_t(1), heads * d});
-  const decoder::AttentionShape shape{heads, kv, d, cap};
+  decoder::AttentionShape shape{heads, kv, d, cap};
+  shape.softcap = softcap;
   {
     py::gil_scoped_release release;
     decoder::attend_one(qkv.data(), cs.data() + pos * (d / 2), sn.data() + pos * (d / 2), pos, shape, scale,
@@ -516,8 +543,11 @@ PYBIND11_MODULE(_core, m) {
   m.def("quantize_activation", &quantize_activation, py::arg("x"), py::arg("block"));
   m.def("rms_norm", &py_rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"));
   m.def("silu_mul", &py_silu_mul, py::arg("gate_up"));
+  m.def("gelu_tanh_mul", &py_gelu_tanh_mul, py::arg("gate_up"));
+  m.def("softcap", &py_softcap, py::arg("x"), py::arg("cap"));
   m.def("attend_one", &py_attend_one, py::arg("qkv"), py::arg("cos"), py::arg("sin"), py::arg("pos"),
-        py::arg("k_cache"), py::arg("v_cache"), py::arg("heads"), py::arg("scale"));
+        py::arg("k_cache"), py::arg("v_cache"), py::arg("heads"), py::arg("scale"), py::arg("window") = 0,
+        py::arg("softcap") = 0.f);
   m.def("kernel_info", &kernel_info, py::arg("w"), py::arg("m") = py::none());
   m.def("_ukernels", &ukernels);
   m.def("_run_ukernel", &run_ukernel_py, py::arg("isa"), py::arg("family"), py::arg("name"), py::arg("x"),
@@ -601,8 +631,64 @@ PYBIND11_MODULE(_core, m) {
                return logits;
              }, py::arg("h"), py::arg("pos"),
              "One token: h = its embedding [hidden] at position pos; returns the logits [1, vocab].")
+        .def("step_batch", [f32](DecodeStep& s, const py::array& h_in, const std::vector<int64_t>& pos,
+                                 const py::list& k_caches, const py::list& v_caches,
+                                 const std::vector<int64_t>& contexts) {
+               const decoder::StepModel& md = s.model();
+               const std::vector<decoder::LayerCache>& own = s.caches();
+               const int64_t b = static_cast<int64_t>(pos.size()), nl = static_cast<int64_t>(own.size());
+               const int64_t kv = md.attn.kv_heads, d = md.attn.head_dim;
+               if (b < 1 || static_cast<int64_t>(py::len(k_caches)) != b ||
+                   static_cast<int64_t>(py::len(v_caches)) != b || static_cast<int64_t>(contexts.size()) != b)
+                 throw py::value_error("step_batch: pos, k_caches, v_caches and contexts must hold the same number "
+                                       "(>= 1) of rows");
+               py::array h = f32(h_in, "h", {b, md.hidden});
+               py::list keep;  // the layers' arrays (views of a [layers, ...] cache) for the call
+               std::vector<decoder::LayerCache> caches(static_cast<size_t>(b * nl));
+               std::vector<decoder::StepRow> rows(static_cast<size_t>(b));
+               for (int64_t r = 0; r < b; ++r) {
+                 const std::string what = "row " + std::to_string(r) + " ";
+                 const int64_t ctx = contexts[r];
+                 if (ctx < 1 || ctx > md.attn.capacity)
+                   throw py::value_error(what + "context " + std::to_string(ctx) + " is not in 1.." +
+                                         std::to_string(md.attn.capacity));
+                 if (pos[r] < 0 || pos[r] >= ctx || pos[r] >= md.rope_rows)
+                   throw py::value_error(what + "position " + std::to_string(pos[r]) + " is outside its context (" +
+                                         std::to_string(ctx) + ") or the RoPE tables (" +
+                                         std::to_string(md.rope_rows) + ")");
+                 py::object ks = k_caches[r], vs = v_caches[r];
+                 if (static_cast<int64_t>(py::len(ks)) != nl || static_cast<int64_t>(py::len(vs)) != nl)
+                   throw py::value_error(what + "caches must hold " + std::to_string(nl) + " layers");
+                 for (int64_t i = 0; i < nl; ++i) {
+                   // a layer's cache holds the context, or its window's ring (the step's own is one)
+                   const int64_t cap = own[i].capacity < md.attn.capacity ? std::min(ctx, own[i].capacity) : ctx;
+                   const std::string layer = what + "layer " + std::to_string(i) + " ";
+                   py::array k = f32(ks[py::int_(i)], layer + "k_cache", {kv, cap, d}, true);
+                   py::array v = f32(vs[py::int_(i)], layer + "v_cache", {kv, cap, d}, true);
+                   keep.append(k), keep.append(v);
+                   caches[r * nl + i] = {static_cast<float*>(k.mutable_data()), static_cast<float*>(v.mutable_data()), cap};
+                   for (int64_t q = 0; q < r; ++q) {
+                     const decoder::LayerCache& o = caches[q * nl + i];
+                     if (o.k == caches[r * nl + i].k || o.v == caches[r * nl + i].v)
+                       throw py::value_error("step_batch: rows " + std::to_string(q) + " and " + std::to_string(r) +
+                                             " share a cache");
+                   }
+                 }
+                 rows[r] = {pos[r], caches.data() + r * nl};
+               }
+               py::array_t<float> logits({b, md.lm_head.w->n});
+               const float* hp = static_cast<const float*>(h.data());
+               float* out = logits.mutable_data();
+               py::gil_scoped_release release;
+               s.run(hp, rows.data(), b, out);
+               return logits;
+             }, py::arg("h"), py::arg("pos"), py::arg("k_caches"), py::arg("v_caches"), py::arg("contexts"),
+             "B tokens of B sequences (continuous batching): h = their embeddings [B, hidden], row r at position "
+             "pos[r] of a sequence of contexts[r] positions over its own caches: k_caches[r][layer] / "
+             "v_caches[r][layer] [kv_heads, capacity, head_dim] (a sliding layer's capacity: min(context, window)); "
+             "returns the logits [B, vocab], each row's the bits of that sequence's step alone.")
         .def("run_matmuls", [](DecodeStep& s) {
-               std::vector<float> logits(static_cast<size_t>(s.model().lm_head.w->n));
+               std::vector<float> logits(static_cast<size_t>(s.last_rows() * s.model().lm_head.w->n));
                py::gil_scoped_release release;
                s.run_matmuls(logits.data());
              }, "The step's matmuls alone (for timing the rest of the step).")
@@ -611,35 +697,49 @@ PYBIND11_MODULE(_core, m) {
               return py::make_tuple(s.last_seconds(), s.last_matmul_seconds());
             }, "(seconds of the last step, seconds of its matmuls), clocked inside the step");
     m.def("decode_step", [f32, linear](const py::list& layers, const py::array& final_norm, const py::tuple& lm_head,
-                                       const py::array& k_cache, const py::array& v_cache, const py::array& cos,
-                                       const py::array& sin, int64_t heads, double eps, double scale) {
+                                       int64_t heads, double eps, double scale, bool gelu, double attn_softcap,
+                                       double final_softcap, int64_t context) {
             py::list refs;
-            py::array kc = f32(k_cache, "k_cache", {-1, -1, -1, -1}, true);
-            const int64_t nl = kc.shape(0), kv = kc.shape(1), cap = kc.shape(2), d = kc.shape(3);
-            py::array vc = f32(v_cache, "v_cache", {nl, kv, cap, d}, true);
-            if (nl < 1 || static_cast<int64_t>(py::len(layers)) != nl)
-              throw py::value_error("the caches hold " + std::to_string(nl) + " layers, " +
-                                    std::to_string(py::len(layers)) + " were given");
-            if (kv < 1 || heads < 1 || heads % kv || d < 2 || d % 2 || d > decoder::kMaxHeadDim || cap < 1)
-              throw py::value_error("bad head counts or head_dim");
+            if (py::len(layers) < 1) throw py::value_error("decode_step: no layers");
+            if (attn_softcap < 0 || final_softcap < 0) throw py::value_error("decode_step: soft-caps must be >= 0");
             py::array fn = f32(final_norm, "final_norm", {-1});
             const int64_t hidden = fn.shape(0);
-            py::array cs = f32(cos, "cos", {-1, d / 2}), sn = f32(sin, "sin", {cs.shape(0), d / 2});
             decoder::StepModel md;
+            std::vector<decoder::LayerCache> caches;
             md.hidden = hidden;
-            md.attn = decoder::AttentionShape{heads, kv, d, cap};
             md.eps = static_cast<float>(eps);
             md.scale = static_cast<float>(scale);
-            md.cos = static_cast<const float*>(cs.data());
-            md.sin = static_cast<const float*>(sn.data());
-            md.rope_rows = cs.shape(0);
+            md.gelu = gelu;
+            md.final_softcap = static_cast<float>(final_softcap);
             md.final_norm = static_cast<const float*>(fn.data());
             md.lm_head = linear(lm_head, "lm_head", -1, hidden, refs);
+            const auto optional = [&](const py::dict& o, const char* key, const std::string& what, int64_t n) {
+              if (!o.contains(key) || o[key].is_none()) return static_cast<const float*>(nullptr);
+              return static_cast<const float*>(f32(o[key], what + key, {n}).data());
+            };
             for (size_t i = 0; i < py::len(layers); ++i) {
               const std::string p = "layer " + std::to_string(i) + " ";
-              if (!py::isinstance<py::tuple>(layers[i]) || py::len(layers[i]) != 6)
-                throw py::type_error(p + "must be a tuple (qkv, o, gate_up, down, input_norm, post_norm)");
+              if (!py::isinstance<py::tuple>(layers[i]) || py::len(layers[i]) != 11)
+                throw py::type_error(p + "must be a tuple (qkv, o, gate_up, down, input_norm, post_norm, k_cache, "
+                                         "v_cache, cos, sin, options dict)");
               py::tuple t = layers[i].cast<py::tuple>();
+              py::array kc = f32(t[6], p + "k_cache", {-1, -1, -1}, true);
+              const int64_t kv = kc.shape(0), cap = kc.shape(1), d = kc.shape(2);
+              py::array vc = f32(t[7], p + "v_cache", {kv, cap, d}, true);
+              if (kv < 1 || heads < 1 || heads % kv || d < 2 || d % 2 || d > decoder::kMaxHeadDim || cap < 1 ||
+                  (i > 0 && (kv != md.attn.kv_heads || d != md.attn.head_dim)))
+                throw py::value_error(p + "bad head counts or head_dim");
+              md.attn = decoder::AttentionShape{heads, kv, d, std::max(md.attn.capacity, cap)};
+              md.attn.softcap = static_cast<float>(attn_softcap);
+              py::array cs = f32(t[8], p + "cos", {-1, d / 2}), sn = f32(t[9], p + "sin", {cs.shape(0), d / 2});
+              md.rope_rows = i == 0 ? cs.shape(0) : std::min(md.rope_rows, cs.shape(0));
+              if (!py::isinstance<py::dict>(t[10])) throw py::type_error(p + "options must be a dict");
+              py::dict o = t[10].cast<py::dict>();
+              for (auto item : o) {
+                const std::string key = py::str(item.first);
+                if (key != "q_norm" && key != "k_norm" && key != "attn_out_norm" && key != "mlp_out_norm")
+                  throw py::value_error(p + "unknown option '" + key + "'");
+              }
               decoder::StepLayer L;
               L.qkv = linear(t[0], p + "qkv", (heads + 2 * kv) * d, hidden, refs);
               L.o = linear(t[1], p + "o", hidden, heads * d, refs);
@@ -651,24 +751,38 @@ PYBIND11_MODULE(_core, m) {
               L.down = linear(t[3], p + "down", hidden, inter, refs);
               L.input_norm = static_cast<const float*>(f32(t[4], p + "input_norm", {hidden}).data());
               L.post_norm = static_cast<const float*>(f32(t[5], p + "post_norm", {hidden}).data());
+              L.q_norm = optional(o, "q_norm", p, d);
+              L.k_norm = optional(o, "k_norm", p, d);
+              L.attn_out_norm = optional(o, "attn_out_norm", p, hidden);
+              L.mlp_out_norm = optional(o, "mlp_out_norm", p, hidden);
+              caches.push_back({static_cast<float*>(kc.mutable_data()), static_cast<float*>(vc.mutable_data()), cap});
+              L.cos = static_cast<const float*>(cs.data());
+              L.sin = static_cast<const float*>(sn.data());
               refs.append(t);
-              L.k_cache = static_cast<float*>(kc.mutable_data()) + i * kv * cap * d;
-              L.v_cache = static_cast<float*>(vc.mutable_data()) + i * kv * cap * d;
+              for (py::handle a : {py::handle(kc), py::handle(vc), py::handle(cs), py::handle(sn)}) refs.append(a);
               md.layers.push_back(L);
             }
-            for (py::handle a : {py::handle(kc), py::handle(vc), py::handle(cs), py::handle(sn), py::handle(fn)})
-              refs.append(a);
-            py::object obj = py::cast(std::make_unique<DecodeStep>(std::move(md)));
+            if (context < 0) throw py::value_error("decode_step: context must be >= 0");
+            if (context > 0) {  // every layer's cache holds the context or is a ring of fewer positions
+              for (const decoder::LayerCache& c : caches)
+                if (c.capacity > context) throw py::value_error("decode_step: a layer's cache is longer than the context");
+              md.attn.capacity = context;
+            }
+            refs.append(fn);
+            py::object obj = py::cast(std::make_unique<DecodeStep>(std::move(md), std::move(caches)));
             obj.attr("_refs") = refs;
             return obj;
-          }, py::arg("layers"), py::arg("final_norm"), py::arg("lm_head"), py::arg("k_cache"), py::arg("v_cache"),
-          py::arg("cos"), py::arg("sin"), py::arg("heads"), py::arg("eps"), py::arg("scale"),
-          "A DecodeStep over packed weights: layers = [(qkv, o, gate_up, down, input_norm, post_norm)], "
-          "each linear (PackedWeightHandle, bias or None, act_int8, act_block); caches [layers, kv_heads, "
-          "capacity, head_dim].");
+          }, py::arg("layers"), py::arg("final_norm"), py::arg("lm_head"), py::arg("heads"), py::arg("eps"),
+          py::arg("scale"), py::arg("gelu") = false, py::arg("attn_softcap") = 0.0, py::arg("final_softcap") = 0.0,
+          py::arg("context") = 0,
+          "A DecodeStep over packed weights: layers = [(qkv, o, gate_up, down, input_norm, post_norm, k_cache, "
+          "v_cache, cos, sin, options)], each linear (PackedWeightHandle, bias or None, act_int8, act_block), "
+          "caches [kv_heads, capacity, head_dim] (a layer's cache shorter than the context, by default the "
+          "longest cache, is a sliding window's ring), RoPE tables [rows, head_dim / 2], options {q_norm, k_norm, attn_out_norm, "
+          "mlp_out_norm} (arrays or None).");
     m.def("attend_prefill", [f32](const py::array& qkv_in, const py::array& cos_in, const py::array& sin_in,
                                   int64_t start, const py::array& k_in, const py::array& v_in, int64_t heads,
-                                  double scale) {
+                                  double scale, int64_t window, double softcap) {
             py::array k = f32(k_in, "k_cache", {-1, -1, -1}, true);
             const int64_t kv = k.shape(0), cap = k.shape(1), d = k.shape(2);
             py::array v = f32(v_in, "v_cache", {kv, cap, d}, true);
@@ -681,7 +795,10 @@ PYBIND11_MODULE(_core, m) {
               throw py::value_error("attend_prefill: positions " + std::to_string(start) + ".." +
                                     std::to_string(start + rows - 1) + " are outside the cache or the RoPE tables");
             py::array_t<float> out({rows, heads * d});
-            const decoder::AttentionShape sh{heads, kv, d, cap};
+            if (window < 0 || softcap < 0) throw py::value_error("attend_prefill: window and softcap must be >= 0");
+            decoder::AttentionShape sh{heads, kv, d, cap};
+            sh.window = window;
+            sh.softcap = static_cast<float>(softcap);
             const float *qp = static_cast<const float*>(qkv.data()), *cp = static_cast<const float*>(cs.data()),
                         *sp = static_cast<const float*>(sn.data());
             float *kp = static_cast<float*>(k.mutable_data()), *vp = static_cast<float*>(v.mutable_data()),
@@ -690,48 +807,6 @@ PYBIND11_MODULE(_core, m) {
             decoder::attend_prefill(qp, rows, cp, sp, start, sh, static_cast<float>(scale), kp, vp, op);
             return out;
           }, py::arg("qkv"), py::arg("cos"), py::arg("sin"), py::arg("start"), py::arg("k_cache"),
-          py::arg("v_cache"), py::arg("heads"), py::arg("scale"));
-
-    // Continuous batching: the step of a DecodeStep's model for B sequences, each with its cache.
-    using decoder::BatchStep;
-    py::class_<BatchStep>(m, "BatchStep", py::dynamic_attr())
-        .def("step", [f32](BatchStep& s, const py::array& h_in, const std::vector<int64_t>& pos,
-                           const py::list& k_caches, const py::list& v_caches) {
-               const decoder::StepModel& md = s.model();
-               const int64_t b = static_cast<int64_t>(pos.size());
-               if (b < 1 || static_cast<int64_t>(py::len(k_caches)) != b || static_cast<int64_t>(py::len(v_caches)) != b)
-                 throw py::value_error("BatchStep.step: pos, k_caches and v_caches must hold the same number (>= 1) of rows");
-               py::array h = f32(h_in, "h", {b, md.hidden});
-               const int64_t nl = static_cast<int64_t>(md.layers.size()), kv = md.attn.kv_heads, d = md.attn.head_dim;
-               std::vector<decoder::BatchRow> rows(static_cast<size_t>(b));
-               for (int64_t r = 0; r < b; ++r) {
-                 const std::string what = "row " + std::to_string(r) + " ";
-                 py::array k = f32(k_caches[r], what + "k_cache", {nl, kv, -1, d}, true);
-                 py::array v = f32(v_caches[r], what + "v_cache", {nl, kv, k.shape(2), d}, true);
-                 rows[r] = {pos[r], static_cast<float*>(k.mutable_data()), static_cast<float*>(v.mutable_data()), k.shape(2)};
-                 if (pos[r] < 0 || pos[r] >= k.shape(2) || pos[r] >= md.rope_rows)
-                   throw py::value_error(what + "position " + std::to_string(pos[r]) + " is outside its cache (" +
-                                         std::to_string(k.shape(2)) + ") or the RoPE tables (" +
-                                         std::to_string(md.rope_rows) + ")");
-                 for (int64_t q = 0; q < r; ++q)
-                   if (rows[q].k_cache == rows[r].k_cache || rows[q].v_cache == rows[r].v_cache)
-                     throw py::value_error("BatchStep.step: rows " + std::to_string(q) + " and " + std::to_string(r) +
-                                           " share a cache");
-               }
-               py::array_t<float> logits({b, md.lm_head.w->n});
-               const float* hp = static_cast<const float*>(h.data());
-               float* out = logits.mutable_data();
-               py::gil_scoped_release release;
-               s.run(hp, rows, out);
-               return logits;
-             }, py::arg("h"), py::arg("pos"), py::arg("k_caches"), py::arg("v_caches"),
-             "B tokens: h = their embeddings [B, hidden], row b at position pos[b] over its own caches "
-             "[layers, kv_heads, capacity, head_dim]; returns the logits [B, vocab].");
-    m.def("batch_step", [](py::object step) {
-            if (!py::isinstance<decoder::DecodeStep>(step)) throw py::type_error("batch_step needs a DecodeStep");
-            py::object obj = py::cast(std::make_unique<BatchStep>(step.cast<decoder::DecodeStep&>().model()));
-            obj.attr("_refs") = step;  // the weights, norms and RoPE tables its model points into
-            return obj;
-          }, py::arg("decode_step"), "A BatchStep over the model of a DecodeStep.");
+          py::arg("v_cache"), py::arg("heads"), py::arg("scale"), py::arg("window") = 0, py::arg("softcap") = 0.0);
   }
 }

@@ -135,8 +135,8 @@ def test_levels_and_threads_agree_exactly(rng, threads):
 
 # -- prefill attention -------------------------------------------------------------------------
 
-def _rope_tables(cap, d):
-    ang = np.arange(cap)[:, None] * (1.0 / 10000 ** (np.arange(0, d, 2) / d))[None, :]
+def _rope_tables(cap, d, base=10000.0):
+    ang = np.arange(cap)[:, None] * (1.0 / base ** (np.arange(0, d, 2) / d))[None, :]
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
@@ -267,20 +267,33 @@ def test_attend_one_long_context(rng, heads, kv_heads, d):
 # -- the whole decode step ------------------------------------------------------------------------
 
 def _step_model(rng, bits, act, bias, heads=4, kv_heads=2, d=32, hidden=128, inter=160, layers=2,
-                vocab=96, cap=24):
-    """Random packed weights and norms of a small decoder, and the specs _core.decode_step takes."""
+                vocab=96, cap=24, arch=None):
+    """Random packed weights and norms of a small decoder, and the specs _core.decode_step takes.
+    arch "qwen3": RMSNorms of the query and key heads; "gemma2": RMSNorms of the attention's and
+    the MLP's outputs, GELU-tanh, soft-capped scores and logits, and layer 0 a sliding window of
+    8 positions (its cache a ring) with RoPE tables of its own."""
     def linear(n, k, with_bias):
         h = _core.quantize_and_pack((rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32), bits, 32, False)
         b = (rng.standard_normal(n) * 0.1).astype(np.float32) if with_bias else None
         return (h, b, act == "int8", 32 if act == "int8" else k)
-    norm = lambda: (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)  # noqa: E731
+    norm = lambda n=hidden: (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)  # noqa: E731
+    tables, caps, extra = [_rope_tables(cap, d)] * layers, [cap] * layers, {}
+    options = {None: lambda: {}, "qwen3": lambda: {"q_norm": norm(d), "k_norm": norm(d)},
+               "gemma2": lambda: {"attn_out_norm": norm(), "mlp_out_norm": norm()}}[arch]
+    if arch == "gemma2":
+        tables[0], caps[0] = _rope_tables(cap, d, base=100.0), 8
+        extra = dict(gelu=True, attn_softcap=2.0, final_softcap=1.5, context=cap)
+    if len(set(caps)) == 1:
+        k = np.zeros((layers, kv_heads, cap, d), np.float32)
+    else:
+        k = [np.zeros((kv_heads, c, d), np.float32) for c in caps]
+    v = [a.copy() for a in k] if isinstance(k, list) else k.copy()
     specs = [(linear((heads + 2 * kv_heads) * d, hidden, bias), linear(hidden, heads * d, False),
-              linear(2 * inter, hidden, False), linear(hidden, inter, False), norm(), norm())
-             for _ in range(layers)]
-    cos, sin = _rope_tables(cap, d)
-    k = np.zeros((layers, kv_heads, cap, d), np.float32)
-    return dict(layers=specs, final_norm=norm(), lm_head=linear(vocab, hidden, False), k_cache=k,
-                v_cache=k.copy(), cos=cos, sin=sin, heads=heads, eps=1e-6, scale=1 / np.sqrt(d))
+              linear(2 * inter, hidden, False), linear(hidden, inter, False), norm(), norm(), k[i], v[i],
+              *tables[i], options())
+             for i in range(layers)]
+    return dict(layers=specs, final_norm=norm(), lm_head=linear(vocab, hidden, False),
+                heads=heads, eps=1e-6, scale=1 / np.sqrt(d), **extra), k, v
 
 
 def _python_step(m, k, v, h, pos):
@@ -289,8 +302,8 @@ def _python_step(m, k, v, h, pos):
         w, b, int8, block = spec
         return (_core.matmul_int8 if int8 else _core.matmul_float)(x, w, b, None, block if int8 else w.k)
     h = h.reshape(1, -1)
-    for i, (qkv, o, gate_up, down, n1, n2) in enumerate(m["layers"]):
-        a = _core.attend_one(lin(qkv, _core.rms_norm(h, n1, m["eps"])), m["cos"], m["sin"], pos, k[i], v[i],
+    for i, (qkv, o, gate_up, down, n1, n2, _, _, cos, sin, _) in enumerate(m["layers"]):
+        a = _core.attend_one(lin(qkv, _core.rms_norm(h, n1, m["eps"])), cos, sin, pos, k[i], v[i],
                              m["heads"], m["scale"])
         h = h + lin(o, a)
         h = h + lin(down, _core.silu_mul(lin(gate_up, _core.rms_norm(h, n2, m["eps"]))))
@@ -303,16 +316,16 @@ def _python_step(m, k, v, h, pos):
 def test_decode_step_equals_ops(rng, bits, act, bias, heads, kv_heads):
     """The compiled step gives the bits of the same operations called one by one, at several
     positions, and fills the caches the same way."""
-    m = _step_model(rng, bits, act, bias, heads=heads, kv_heads=kv_heads)
+    m, k_cache, v_cache = _step_model(rng, bits, act, bias, heads=heads, kv_heads=kv_heads)
     step = _core.decode_step(**m)
-    k, v = m["k_cache"].copy(), m["v_cache"].copy()
+    k, v = k_cache.copy(), v_cache.copy()
     for pos in range(12):
         h = rng.standard_normal(128).astype(np.float32)
         logits = step.step(h, pos)
         assert logits.shape == (1, 96) and logits.dtype == np.float32
         np.testing.assert_array_equal(logits, _python_step(m, k, v, h, pos))
-    np.testing.assert_array_equal(m["k_cache"], k)
-    np.testing.assert_array_equal(m["v_cache"], v)
+    np.testing.assert_array_equal(k_cache, k)
+    np.testing.assert_array_equal(v_cache, v)
     total, in_matmuls = step.last_timing
     assert 0 < in_matmuls <= total
     step.run_matmuls()
@@ -320,11 +333,10 @@ def test_decode_step_equals_ops(rng, bits, act, bias, heads, kv_heads):
 
 def test_decode_step_keeps_its_arrays_alive(rng):
     import gc
-    m = _step_model(rng, 4, "int8", True)
+    m, k, _ = _step_model(rng, 4, "int8", True)
     step = _core.decode_step(**m)
     h = rng.standard_normal(128).astype(np.float32)
     first = step.step(h, 3)
-    k = m["k_cache"]
     del m
     gc.collect()
     np.testing.assert_array_equal(step.step(h, 3), first)
@@ -332,7 +344,7 @@ def test_decode_step_keeps_its_arrays_alive(rng):
 
 
 def test_decode_step_rejects_bad_input(rng):
-    m = _step_model(rng, 4, "int8", True)
+    m = _step_model(rng, 4, "int8", True)[0]
     step = _core.decode_step(**m)
     h = np.zeros(128, np.float32)
     for args in ((h, 24), (h, -1), (h[:-1], 0), (h.astype(np.float64), 0), (np.zeros(256, np.float32)[::2], 0)):
@@ -341,13 +353,13 @@ def test_decode_step_rejects_bad_input(rng):
     lay = m["layers"][0]
     qkv_w, qkv_b = lay[0][0], lay[0][1]
     swaps = {  # a bad part -> the error it raises
-        "k_cache": (m["k_cache"][:1], ValueError),
-        "v_cache": (m["v_cache"][:, :1], ValueError),
         "final_norm": (m["final_norm"][:-1], ValueError),
         "heads": (3, ValueError),
-        "cos": (m["cos"][:, :3], ValueError),
         "lm_head": ((m["lm_head"][0], None, True, 7), ValueError),
+        "attn_softcap": (-1.0, ValueError),
     }
+    ro = lay[6].copy()
+    ro.flags.writeable = False
     layer_swaps = [
         (0, (qkv_w, qkv_b[:-1], True, 32), ValueError),
         (0, (qkv_w, qkv_b.astype(np.float64), True, 32), TypeError),
@@ -357,6 +369,13 @@ def test_decode_step_rejects_bad_input(rng):
         (0, (qkv_w, qkv_b), TypeError),
         (4, m["final_norm"][:-1], ValueError),
         (5, [1.0] * 128, TypeError),
+        (6, lay[6][:1], ValueError),                               # k_cache of other heads than v_cache
+        (7, lay[7][:, :1], ValueError),
+        (6, ro, ValueError),
+        (8, lay[8][:, :3], ValueError),                            # cos of the wrong width
+        (10, {"q_norm": np.ones(31, np.float32)}, ValueError),     # [head_dim] expected
+        (10, {"bias": None}, ValueError),                          # unknown option
+        (10, None, TypeError),
     ]
     for name, (bad, err) in swaps.items():
         with pytest.raises(err):
@@ -367,13 +386,11 @@ def test_decode_step_rejects_bad_input(rng):
         with pytest.raises(err):
             _core.decode_step(**{**m, "layers": layers})
     with pytest.raises(ValueError):
-        _core.decode_step(**{**m, "layers": m["layers"][:1]})
+        _core.decode_step(**{**m, "layers": []})
     with pytest.raises(TypeError):
         _core.decode_step(**{**m, "layers": [m["layers"][0], None]})
-    ro = m["k_cache"].copy()
-    ro.flags.writeable = False
-    with pytest.raises(ValueError):
-        _core.decode_step(**{**m, "k_cache": ro})
+    with pytest.raises(TypeError):
+        _core.decode_step(**{**m, "layers": [m["layers"][0][:10]]})
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -381,12 +398,13 @@ def test_decode_step_threads(rng, threads):
     """A wide MLP (its SiLU split over the pool) and a context long enough to split the heads:
     the bits of the ops called one by one on one thread."""
     import qlinear
-    m = _step_model(rng, 4, "int8", True, heads=8, kv_heads=2, d=64, hidden=256, inter=4160, layers=1, cap=300)
-    k, v = m["k_cache"].copy(), m["v_cache"].copy()
+    m, k_cache, v_cache = _step_model(rng, 4, "int8", True, heads=8, kv_heads=2, d=64, hidden=256, inter=4160,
+                                      layers=1, cap=300)
+    k, v = k_cache.copy(), v_cache.copy()
     rng_cache = rng.standard_normal(k.shape).astype(np.float32)
-    for a in (m["k_cache"], k):
+    for a in (k_cache, k):
         a[:] = rng_cache
-    for a in (m["v_cache"], v):
+    for a in (v_cache, v):
         a[:] = rng_cache[..., ::-1]
     h = rng.standard_normal(256).astype(np.float32)
     prev = qlinear.get_num_threads()
@@ -398,75 +416,110 @@ def test_decode_step_threads(rng, threads):
     finally:
         qlinear.set_num_threads(prev)
     np.testing.assert_array_equal(out, ref)
-    np.testing.assert_array_equal(m["k_cache"], k)
+    np.testing.assert_array_equal(k_cache, k)
 
 
 # -- the decode step of several sequences (continuous batching) -----------------------------------
 
+def _row_caches(rng, m, context):
+    """Random caches of one sequence of `context` positions for the model `m` (a layer whose
+    cache in `m` is shorter than its context: a ring of that size)."""
+    caps = [min(context, lay[6].shape[1]) if lay[6].shape[1] < m.get("context", 0) else context for lay in m["layers"]]
+    shape = lambda c: (m["layers"][0][6].shape[0], c, m["layers"][0][6].shape[2])  # noqa: E731
+    return ([rng.standard_normal(shape(c)).astype(np.float32) for c in caps],
+            [rng.standard_normal(shape(c)).astype(np.float32) for c in caps])
+
+
+def _single_step(m, k, v, context, h, pos):
+    """The step of one sequence alone: a DecodeStep over its caches (copies); logits, caches."""
+    k, v = [a.copy() for a in k], [a.copy() for a in v]
+    layers = [lay[:6] + (k[i], v[i]) + lay[8:] for i, lay in enumerate(m["layers"])]
+    step = _core.decode_step(**{**m, "layers": layers, "context": context})
+    return step.step(h, pos), k, v
+
+
+@pytest.mark.parametrize("arch", [None, "qwen3", "gemma2"])
 @pytest.mark.parametrize("bits, act", [(4, "int8"), (8, "int8"), (4, "float")])
-def test_batch_step_rows_equal_the_single_step(isa, rng, bits, act):
-    """_core.BatchStep: each row's logits and cache writes are DecodeStep's on that row alone,
-    whatever the other rows (their number, order, positions and caches), at every ISA level."""
-    m = _step_model(rng, bits, act, True)
-    single = _core.decode_step(**m)
-    batch = _core.batch_step(single)
-    caches = [(rng.standard_normal(m["k_cache"].shape).astype(np.float32),
-               rng.standard_normal(m["v_cache"].shape).astype(np.float32)) for _ in range(9)]
+def test_step_batch_rows_equal_the_single_step(isa, rng, bits, act, arch):
+    """DecodeStep.step_batch: each row's logits and cache writes are the step of that sequence
+    alone, whatever the other rows (their number, order, positions, contexts and caches), at every
+    ISA level; with q / k norms (Qwen3), and with sandwich norms, GELU-tanh, soft-caps and a
+    sliding layer whose ring wraps (Gemma 2)."""
+    m = _step_model(rng, bits, act, True, arch=arch)[0]
+    step = _core.decode_step(**m)
+    contexts = [24, 24, 12, 24, 3, 24, 20, 24, 24]
+    positions = [0, 5, 11, 17, 1, 23, 19, 9, 2]
+    caches = [_row_caches(rng, m, c) for c in contexts]
     h = rng.standard_normal((9, 128)).astype(np.float32)
-    positions = [0, 5, 23, 17, 1, 20, 8, 11, 2]
-    expected = []
-    for (k, v), x, p in zip(caches, h, positions):
-        m["k_cache"][:], m["v_cache"][:] = k, v
-        expected.append((single.step(x, p), m["k_cache"].copy(), m["v_cache"].copy()))
+    expected = [_single_step(m, k, v, c, x, p) for (k, v), c, x, p in zip(caches, contexts, h, positions)]
     for rows in ([3], [0, 1], [2, 4, 6, 8], list(range(9)), [8, 5, 0]):
-        ks, vs = [caches[r][0].copy() for r in rows], [caches[r][1].copy() for r in rows]
-        logits = batch.step(np.ascontiguousarray(h[rows]), [positions[r] for r in rows], ks, vs)
+        ks, vs = [[a.copy() for a in caches[r][0]] for r in rows], [[a.copy() for a in caches[r][1]] for r in rows]
+        logits = step.step_batch(np.ascontiguousarray(h[rows]), [positions[r] for r in rows], ks, vs,
+                                 [contexts[r] for r in rows])
         assert logits.shape == (len(rows), 96)
         for i, r in enumerate(rows):
             np.testing.assert_array_equal(logits[i:i + 1], expected[r][0])
-            np.testing.assert_array_equal(ks[i], expected[r][1])
-            np.testing.assert_array_equal(vs[i], expected[r][2])
+            for got, want in zip(ks[i] + vs[i], expected[r][1] + expected[r][2]):
+                np.testing.assert_array_equal(got, want)
+
+
+def test_step_batch_is_the_single_step_of_the_own_cache(rng):
+    """A batch of one row over the step's own caches ([layers, ...] views) is step() itself."""
+    m, k, v = _step_model(rng, 4, "int8", True)
+    step = _core.decode_step(**m)
+    k[:], v[:] = rng.standard_normal(k.shape), rng.standard_normal(v.shape)
+    k0, v0, h = k.copy(), v.copy(), rng.standard_normal(128).astype(np.float32)
+    one = step.step(h, 7)
+    k1, v1 = k.copy(), v.copy()
+    k[:], v[:] = k0, v0
+    np.testing.assert_array_equal(step.step_batch(h[None], [7], [k], [v], [24]), one)
+    np.testing.assert_array_equal(k, k1)
+    np.testing.assert_array_equal(v, v1)
+    step.run_matmuls()
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_batch_step_threads_and_long_context(rng, threads):
+def test_step_batch_threads_and_long_context(rng, threads):
     """Heads split over the pool (a long context) and a wide MLP: rows as the single step's."""
     import qlinear
-    m = _step_model(rng, 4, "int8", True, heads=8, kv_heads=2, d=64, hidden=256, inter=4160, layers=1, cap=300)
-    caches = [(rng.standard_normal(m["k_cache"].shape).astype(np.float32),
-               rng.standard_normal(m["v_cache"].shape).astype(np.float32)) for _ in range(3)]
+    m = _step_model(rng, 4, "int8", True, heads=8, kv_heads=2, d=64, hidden=256, inter=4160, layers=1, cap=300)[0]
+    caches = [_row_caches(rng, m, 300) for _ in range(3)]
     h, positions = rng.standard_normal((3, 256)).astype(np.float32), [290, 7, 150]
     prev = qlinear.get_num_threads()
     try:
         qlinear.set_num_threads(threads)
-        single = _core.decode_step(**m)
-        expected = []
-        for (k, v), x, p in zip(caches, h, positions):
-            m["k_cache"][:], m["v_cache"][:] = k, v
-            expected.append(single.step(x, p))
-        out = _core.batch_step(single).step(h, positions, [k for k, _ in caches], [v for _, v in caches])
+        expected = [_single_step(m, k, v, 300, x, p)[0] for (k, v), x, p in zip(caches, h, positions)]
+        out = _core.decode_step(**m).step_batch(h, positions, [k for k, _ in caches], [v for _, v in caches], [300] * 3)
     finally:
         qlinear.set_num_threads(prev)
     for i in range(3):
         np.testing.assert_array_equal(out[i:i + 1], expected[i])
 
 
-def test_batch_step_rejects_bad_input(rng):
-    m = _step_model(rng, 4, "int8", True)
-    batch = _core.batch_step(_core.decode_step(**m))
-    k, v = m["k_cache"], m["v_cache"]
+def test_step_batch_rejects_bad_input(rng):
+    m = _step_model(rng, 4, "int8", True, arch="gemma2")[0]
+    step = _core.decode_step(**m)
+    k, v = _row_caches(rng, m, 24)
     h = np.zeros((1, 128), np.float32)
-    with pytest.raises(ValueError, match="outside its cache"):
-        batch.step(h, [24], [k], [v])
+    with pytest.raises(ValueError, match="outside its context"):
+        step.step_batch(h, [24], [k], [v], [24])
+    with pytest.raises(ValueError, match="outside its context"):
+        step.step_batch(h, [12], [k], [v], [12])
+    with pytest.raises(ValueError, match="context 25"):
+        step.step_batch(h, [0], [k], [v], [25])
     with pytest.raises(ValueError, match="same number"):
-        batch.step(h, [0, 1], [k], [v])
+        step.step_batch(h, [0, 1], [k], [v], [24, 24])
     with pytest.raises(ValueError, match="share a cache"):
-        batch.step(np.zeros((2, 128), np.float32), [0, 1], [k, k], [v, v.copy()])
+        step.step_batch(np.zeros((2, 128), np.float32), [0, 1], [k, k], [v, [a.copy() for a in v]], [24, 24])
+    with pytest.raises(ValueError, match="layer 0 k_cache"):  # a sliding layer's ring of the wrong size
+        step.step_batch(h, [0], [[k[1], k[1]]], [v], [24])
+    with pytest.raises(ValueError, match="layer 1 k_cache"):  # a cache shorter than the context
+        step.step_batch(h, [0], [k], [v], [20])
+    with pytest.raises(ValueError, match="2 layers"):
+        step.step_batch(h, [0], [k[:1]], [v[:1]], [24])
     with pytest.raises(ValueError):
-        batch.step(np.zeros((2, 128), np.float32), [0], [k], [v])            # h's rows
+        step.step_batch(np.zeros((2, 128), np.float32), [0], [k], [v], [24])       # h's rows
     with pytest.raises(ValueError):
-        batch.step(h, [0], [k[:, :1]], [v])                                   # kv heads
+        step.step_batch(h, [0], [[a[:1] for a in k]], [v], [24])                    # kv heads
     with pytest.raises(TypeError):
-        batch.step(h, [0], [k.astype(np.float64)], [v])
-    with pytest.raises(TypeError, match="DecodeStep"):
-        _core.batch_step(object())
+        step.step_batch(h, [0], [[a.astype(np.float64) for a in k]], [v], [24])

@@ -3,6 +3,7 @@ writer: logits against numpy float math on the file's dequantized weights, codes
 the rebuilt tokenizer, W4A8 generation, hostile files."""
 
 import json
+import os
 import struct
 
 import numpy as np
@@ -78,6 +79,9 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
     w.add_head_count_kv(cfg["num_key_value_heads"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_rope_freq_base(cfg["rope_theta"])
+    if "head_dim" in cfg:
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
     vocab = tj["model"]["vocab"]
     tokens = [None] * cfg["vocab_size"]
     for t, i in vocab.items():
@@ -108,7 +112,8 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
     types = types or {}
     for name, a in st.items():
         a = np.ascontiguousarray(a, np.float32)
@@ -300,6 +305,33 @@ def test_w4a8_generation_runs(files, arch):
     assert 1 <= len(out) <= 8
 
 
+def _mapped_kb(path) -> int:
+    """Resident KB of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, current = 0, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and not head[0].endswith(":"):
+                current = head[-1] if len(head) >= 6 else None
+            elif head and head[0] == "Rss:" and current == str(path):
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc/self/smaps")
+def test_loading_leaves_no_pages_of_the_file_resident(checkpoints, tmp_path):
+    """The codes moved out of the mapped file live in the packed weights: the file's pages are
+    released as layers are repacked (else the peak would hold the model twice), and no view of
+    the mapping survives in the model. (A quantized embedding keeps the file mapped.)"""
+    path = write_gguf(checkpoints["qwen2"], tmp_path / "m.gguf", T.Q4_0, embd=T.Q8_0)
+    model = llm.load(path, progress=False)
+    file_kb = os.path.getsize(path) // 1024
+    assert file_kb > 512
+    assert _mapped_kb(path) < file_kb // 4, (_mapped_kb(path), file_kb)  # metadata and the last reads
+    model.generate_ids([1, 2, 3], 2)  # embedding rows are read from the mapping as needed
+    assert _mapped_kb(path) < file_kb // 4, (_mapped_kb(path), file_kb)
+
+
 TEXTS = ["def main():\n    return 0", "<|im_start|>user\nhi<|im_end|>\n", "naïve café — 日本語 ✓",
          "emoji 😀🎉 and \t tabs  and   spaces", "<|endoftext|>x<|im_end|>"]
 
@@ -433,3 +465,77 @@ def test_hostile_files_raise_value_error(good, tmp_path, case):
     finally:
         tracemalloc.stop()
     assert peak < 64 << 20, peak   # no allocation sized by the file's claims (the file is ~1.4 MB)
+
+
+# -- llama.cpp as a peer (qlinear-llm bench FILE.gguf --vs llamacpp) ------------------------------
+# llama.cpp itself is built by bench/llamacpp_vs.py, not here: a stand-in llama-bench checks the
+# plumbing (its JSON, the CPU path from its log, its peak RSS read from the kernel).
+_FAKE_LLAMA_BENCH = '''#!{python}
+import json, sys
+a = sys.argv
+p, n, t = (int(a[a.index(f) + 1]) for f in ("-p", "-n", "-t"))
+ballast = bytearray(80 << 20)  # resident: every page written
+for i in range(0, len(ballast), 4096):
+    ballast[i] = 1
+sys.stderr.write("load_tensors:   CPU_REPACK model buffer size = 1.00 MiB\\n"
+                 "repack: repack tensor blk.0.attn_q.weight with q4_0_8x8\\n"
+                 "repack: repack tensor blk.0.ffn_up.weight with q4_0_8x8\\n")
+row = {{"backends": "CPU", "model_type": "qwen2 Q4_0", "build_commit": "x", "n_threads": t}}
+print(json.dumps([dict(row, n_prompt=p, n_gen=0, avg_ts=100.0 * t), dict(row, n_prompt=0, n_gen=n, avg_ts=50.0 * t)]))
+'''
+
+
+def test_bench_vs_llamacpp_reports_both_engines(files, tmp_path):
+    import subprocess
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "llama-bench"
+    tool.write_text(_FAKE_LLAMA_BENCH.format(python=sys.executable))
+    tool.chmod(0o755)
+    r = subprocess.run([sys.executable, "-m", "qlinear.llm", "bench", str(files["qwen2", "Q4_0"]), "--vs", "llamacpp",
+                        "--llamacpp", str(bin_dir), "--prompt-tokens", "8", "--decode-tokens", "3", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [row["threads"] for row in rows] == [1, 2]       # threads 1 and 2 by default
+    for row in rows:
+        peer, t = row["llamacpp"], row["threads"]
+        assert (peer["prefill_tok_s"], peer["decode_tok_s"]) == (100.0 * t, 50.0 * t)
+        assert peer["cpu_path"] == "CPU; repacked q4_0_8x8 (2 tensors)"
+        assert 80 <= peer["peak_rss_mb"] < 400, peer["peak_rss_mb"]   # the child's own peak
+        assert row["decode_tokens"] == 3 and row["bits"] == "4"
+    text = subprocess.run([sys.executable, "-m", "qlinear.llm", "bench", str(files["qwen2", "Q4_0"]), "--vs",
+                           "llamacpp", "--llamacpp", str(bin_dir), "--prompt-tokens", "8", "--decode-tokens", "3",
+                           "--threads", "1"], capture_output=True, text=True, timeout=300)
+    assert text.returncode == 0, text.stderr
+    assert "ratio qlinear/llama.cpp: prefill" in text.stdout and "threads 2" not in text.stdout
+
+
+def test_bench_vs_llamacpp_errors(files, checkpoints, tmp_path):
+    import subprocess
+    import sys
+
+    from qlinear.llm import llamacpp
+
+    with pytest.raises(ValueError, match="llama-bench was not found in .*nowhere"):
+        llamacpp.find_tool("llama-bench", str(tmp_path / "nowhere"))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "qlinear.llm", "bench", *a, "--prompt-tokens", "4",  # noqa: E731
+                                     "--decode-tokens", "1", "--threads", "1"], capture_output=True, text=True, timeout=300)
+    r = run(str(files["qwen2", "Q4_0"]), "--vs", "llamacpp", "--llamacpp", str(tmp_path / "nowhere"))
+    assert r.returncode != 0 and "llama-bench was not found" in r.stderr and "Traceback" not in r.stderr
+    r = run(str(checkpoints["qwen2"]), "--vs", "llamacpp", "--llamacpp", str(tmp_path))
+    assert r.returncode != 0 and "--vs llamacpp needs a GGUF file" in r.stderr
+
+
+def test_qwen3_file_matches_its_checkpoint(tmp_path):
+    """Qwen3 (per-head q / k norms): a GGUF file of F32 tensors gives the checkpoint's logits."""
+    ckpt = synthetic.make_checkpoint(tmp_path / "q3", arch="qwen3", seed=3, norm_noise=0.1, **SHAPE)
+    path = write_gguf(ckpt, tmp_path / "q3.gguf", T.F32, embd=T.F32)
+    ids = list(range(5, 45))
+    a = llm.load(path, bits=None, act="float", max_context=64, progress=False)
+    assert a.config.qk_norm and a.config.arch == "qwen3"
+    b = llm.load(ckpt, bits=None, act="float", max_context=64, progress=False)
+    ref = b.logits(ids)
+    np.testing.assert_allclose(a.logits(ids), ref, rtol=0, atol=1e-5 * np.abs(ref).max())

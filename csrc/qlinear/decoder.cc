@@ -3,6 +3,7 @@
 #define QLINEAR_DECODER_IMPL generic
 #include "decoder_impl.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "kernels.h"
@@ -15,6 +16,9 @@ namespace avx2 {
 void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int64_t n, float* y);
 void silu_mul(const float* gu, int64_t rows, int64_t n, float* out);
 void silu_mul_cols(const float* gu, int64_t n, int64_t c0, int64_t c1, float* out);
+void gelu_tanh_mul(const float* gu, int64_t rows, int64_t n, float* out);
+void gelu_tanh_mul_cols(const float* gu, int64_t n, int64_t c0, int64_t c1, float* out);
+void softcap(float* x, int64_t n, float cap);
 void store_kv(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
               const AttentionShape& sh, float* k_cache, float* v_cache);
 void attend_heads(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
@@ -40,25 +44,44 @@ void silu_mul(const float* gu, int64_t rows, int64_t n, float* out) {
   QLINEAR_DECODER_CALL(silu_mul, gu, rows, n, out);
 }
 
-void silu_mul_row(const float* gu, int64_t n, float* out) {
+namespace {
+template <typename F>
+void columns_in_parallel(int64_t n, F&& cols) {
   constexpr int64_t kMinColumns = 2048;  // per thread: ~2 us of work, worth a pool job
-  const auto cols = [&](int64_t c0, int64_t c1) { QLINEAR_DECODER_CALL(silu_mul_cols, gu, n, c0, c1, out); };
-  if (n < 2 * kMinColumns || ThreadPool::global().num_threads() < 2) cols(0, n);
+  if (n < 2 * kMinColumns || ThreadPool::global().num_threads() < 2) cols(int64_t{0}, n);
   else ThreadPool::global().parallel_for(n, kMinColumns, cols);
 }
+}  // namespace
+
+void silu_mul_row(const float* gu, int64_t n, float* out) {
+  columns_in_parallel(n, [&](int64_t c0, int64_t c1) { QLINEAR_DECODER_CALL(silu_mul_cols, gu, n, c0, c1, out); });
+}
+
+void gelu_tanh_mul(const float* gu, int64_t rows, int64_t n, float* out) {
+  QLINEAR_DECODER_CALL(gelu_tanh_mul, gu, rows, n, out);
+}
+
+void gelu_tanh_mul_row(const float* gu, int64_t n, float* out) {
+  columns_in_parallel(n, [&](int64_t c0, int64_t c1) {
+    QLINEAR_DECODER_CALL(gelu_tanh_mul_cols, gu, n, c0, c1, out);
+  });
+}
+
+void softcap(float* x, int64_t n, float cap) { QLINEAR_DECODER_CALL(softcap, x, n, cap); }
 
 void attend_one(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
                 const AttentionShape& sh, float scale, float* k_cache, float* v_cache, float* out) {
   QLINEAR_DECODER_CALL(store_kv, qkv, cos_row, sin_row, pos, sh, k_cache, v_cache);
   // Heads split over the pool once a long context makes them worth a job (~100 us of work).
+  const int64_t n = std::min(pos + 1, sh.capacity);  // keys attended
   const auto heads = [&](int64_t h0, int64_t h1) {
     thread_local std::vector<float> scratch;
-    scratch.resize(static_cast<size_t>(kAttendBatch * (sh.head_dim + attend_scores_stride(pos))));
+    scratch.resize(static_cast<size_t>(kAttendBatch * (sh.head_dim + attend_scores_stride(n - 1))));
     QLINEAR_DECODER_CALL(attend_heads, qkv, cos_row, sin_row, pos, sh, scale, k_cache, v_cache, h0, h1,
                          out, scratch.data());
   };
   constexpr int64_t kMinParallelWork = 1 << 17;  // multiply-adds
-  if (sh.heads * (pos + 1) * sh.head_dim * 2 < kMinParallelWork) heads(0, sh.heads);
+  if (sh.heads * n * sh.head_dim * 2 < kMinParallelWork) heads(0, sh.heads);
   else ThreadPool::global().parallel_for(sh.heads, 1, heads);
 }
 

@@ -19,8 +19,20 @@ void silu_mul(const float* gu, int64_t rows, int64_t n, float* out);
 // One row of silu_mul, its columns split over the thread pool when it is wide (a decode step).
 void silu_mul_row(const float* gu, int64_t n, float* out);
 
+// GeGLU (Gemma): out[i] = gelu_tanh(gate[i]) * up[i], gelu_tanh(x) = x * sigmoid(2u) with
+// u = sqrt(2 / pi) (x + 0.044715 x^3) (the same as 0.5 x (1 + tanh u), without tanh's cancellation).
+void gelu_tanh_mul(const float* gu, int64_t rows, int64_t n, float* out);
+void gelu_tanh_mul_row(const float* gu, int64_t n, float* out);
+
+// Soft-capping (Gemma 2's attention scores and final logits): x = cap * tanh(x / cap), in place.
+void softcap(float* x, int64_t n, float cap);
+
 struct AttentionShape {
   int64_t heads, kv_heads, head_dim, capacity;  // capacity: positions the cache holds
+  // Sliding window: a position sees the keys of the last `window` positions, its own included
+  // (0: all before it). Prefill only; a decode step's window is its cache: see attend_one.
+  int64_t window = 0;
+  float softcap = 0.f;  // attention scores soft-capped (0: not)
 };
 
 constexpr int64_t kAttendBatch = 16;   // decode: query heads of one KV head attended together
@@ -33,8 +45,9 @@ constexpr int64_t kMaxHeadDim = 512;
 inline int64_t attend_scores_stride(int64_t pos) { return (pos + 1 + 15) / 16 * 16 + 16; }
 
 // One token at position `pos`: rotate q and k (rotate-half RoPE with the tables' row `pos`),
-// store k and v into the caches ([kv_heads, capacity, head_dim] each) at `pos`, and attend over
-// positions 0..pos (grouped-query: head h reads KV head h / (heads / kv_heads)); heads are split
+// store k and v into the caches ([kv_heads, capacity, head_dim] each) at row pos % capacity, and
+// attend over the rows filled (0..pos, or all of them once pos >= capacity: a cache of `window`
+// rows used as a ring is a sliding window's) (grouped-query: head h reads KV head h / (heads / kv_heads)); heads are split
 // over the thread pool when the context is long.
 // qkv: [heads + 2 * kv_heads, head_dim]; out: [heads, head_dim].
 void attend_one(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
@@ -42,8 +55,8 @@ void attend_one(const float* qkv, const float* cos_row, const float* sin_row, in
 
 
 // A prompt of `rows` tokens at positions start.. (prefill): RoPE on the queries and keys, the
-// keys and values stored into the caches at start.., and causal attention of every row over the
-// positions up to its own (keys in blocks of 64 with an online softmax: no [rows, positions]
+// keys and values stored into the caches at start.. (start + rows <= capacity), and causal
+// attention of every row over the positions up to its own (the last s.window ones, when set) (keys in blocks of 64 with an online softmax: no [rows, positions]
 // score matrix is held). Tasks of (head, 16 query rows) run on the thread pool.
 // qkv: [rows, (heads + 2 * kv_heads) * head_dim]; cos / sin: the full RoPE tables
 // [>= start + rows, head_dim / 2]; out: [rows, heads * head_dim].

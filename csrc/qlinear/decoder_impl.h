@@ -64,6 +64,25 @@ void silu_mul(const float* gu, int64_t rows, int64_t n, float* out) {
     for (int64_t i = 0; i < n; ++i) out[i] = gu[i] / (1.f + exp_poly(-gu[i])) * gu[n + i];
 }
 
+inline float gelu_tanh(float x) {
+  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return x / (1.f + exp_poly(-2.f * u));
+}
+
+void gelu_tanh_mul_cols(const float* gu, int64_t n, int64_t c0, int64_t c1, float* out) {
+  for (int64_t i = c0; i < c1; ++i) out[i] = gelu_tanh(gu[i]) * gu[n + i];
+}
+
+void gelu_tanh_mul(const float* gu, int64_t rows, int64_t n, float* out) {
+  for (int64_t r = 0; r < rows; ++r, gu += 2 * n, out += n) gelu_tanh_mul_cols(gu, n, 0, n, out);
+}
+
+// cap * tanh(x / cap), tanh(y) = 2 / (1 + e^-2y) - 1 (absolute error ~1e-7 cap)
+void softcap(float* x, int64_t n, float cap) {
+  const float inv = 1.f / cap;
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * (2.f / (1.f + exp_poly(-2.f * (x[i] * inv))) - 1.f);
+}
+
 // Dot product in 8 lanes (lane j: the products i = j mod 8, in order of i), the lanes added as
 // ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) (the order of the vector reduction in dot8), then
 // the products past the last multiple of 8, in order.
@@ -221,9 +240,10 @@ void store_kv(const float* qkv, const float* cos_row, const float* sin_row, int6
   const int64_t d = sh.head_dim;
   const float* k_in = qkv + sh.heads * d;
   const float* v_in = k_in + sh.kv_heads * d;
+  const int64_t row = pos % sh.capacity;  // a ring once the positions pass the capacity
   for (int64_t g = 0; g < sh.kv_heads; ++g) {
-    rope(k_in + g * d, cos_row, sin_row, d, k_cache + (g * sh.capacity + pos) * d);
-    std::memcpy(v_cache + (g * sh.capacity + pos) * d, v_in + g * d, sizeof(float) * d);
+    rope(k_in + g * d, cos_row, sin_row, d, k_cache + (g * sh.capacity + row) * d);
+    std::memcpy(v_cache + (g * sh.capacity + row) * d, v_in + g * d, sizeof(float) * d);
   }
 }
 
@@ -235,11 +255,11 @@ void store_kv(const float* qkv, const float* cos_row, const float* sin_row, int6
 void attend_heads(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
                   const AttentionShape& sh, float scale, const float* k_cache, const float* v_cache,
                   int64_t h0, int64_t h1, float* out, float* scratch) {
-  const int64_t d = sh.head_dim, group = sh.heads / sh.kv_heads, n = pos + 1;
+  const int64_t d = sh.head_dim, group = sh.heads / sh.kv_heads, n = std::min(pos + 1, sh.capacity);
   constexpr int64_t kRows = 64;  // value rows per pass over the heads (16 KiB at d = 64: L1)
   float* q = scratch;                   // [kAttendBatch, d]
   float* p = scratch + kAttendBatch * d;  // [kAttendBatch, ldp]
-  const int64_t ldp = attend_scores_stride(pos);
+  const int64_t ldp = attend_scores_stride(n - 1);
   bool bad[kAttendBatch];
   for (int64_t hb = h0; hb < h1;) {
     const int64_t g = hb / group;
@@ -259,6 +279,7 @@ void attend_heads(const float* qkv, const float* cos_row, const float* sin_row, 
       for (int64_t j = 0; j < nq; ++j) p[j * ldp + t] = dot(q + j * d, kc + t * d, d);
     for (int64_t j = 0; j < nq; ++j) {
       float* pj = p + j * ldp;
+      if (sh.softcap > 0.f) softcap(pj, n, sh.softcap);
       bool nan = false;
       const float top = max_of(pj, n, &nan);
       float* o = out + (hb + j) * d;
@@ -351,25 +372,29 @@ void attend_rows_d(const float* q, int64_t ldq, int64_t start, const AttentionSh
   }
   std::fill(acc, acc + rows * d, 0.f);
   const int64_t last = start + r1;  // keys [0, last) are seen by some row of the block
-  for (int64_t t0 = 0; t0 < last; t0 += kKeyBlock) {
+  // row r (position p = start + r0 + r) sees keys [first(p), p]
+  const auto first = [&](int64_t p) { return sh.window > 0 ? std::max<int64_t>(0, p - sh.window + 1) : 0; };
+  for (int64_t t0 = first(start + r0) / kKeyBlock * kKeyBlock; t0 < last; t0 += kKeyBlock) {
     const int64_t kb = std::min(kKeyBlock, last - t0);
     block_scores<D>(qs, rows, kc + t0 * d, kb, d, kt, s);
     for (int64_t r = 0; r < rows; ++r) {
-      // row r (position start + r0 + r) sees keys up to its own position
       nk[r] = std::max<int64_t>(0, std::min(kb, start + r0 + r + 1 - t0));
+      const int64_t lo = std::min(nk[r], std::max<int64_t>(0, first(start + r0 + r) - t0));
       float* sr = s + r * kKeyBlock;
+      if (nk[r] > lo && sh.softcap > 0.f) softcap(sr + lo, nk[r] - lo, sh.softcap);
       bool nan = false;
-      const float top = std::max(m[r], max_of(sr, nk[r], &nan));
-      bad[r] = bad[r] || nan || std::isinf(top);
-      if (bad[r] || nk[r] == 0) {
+      const float top = nk[r] > lo ? std::max(m[r], max_of(sr + lo, nk[r] - lo, &nan)) : m[r];
+      bad[r] = bad[r] || (nk[r] > lo && (nan || std::isinf(top)));
+      if (bad[r] || nk[r] == lo) {
         nk[r] = 0;
         alpha[r] = 1.f;
         continue;
       }
       alpha[r] = exp_poly(m[r] - top);  // 0 on the first block (m = -inf, clamped)
-      for (int64_t t = 0; t < nk[r]; ++t) sr[t] = exp_poly(sr[t] - top);
+      std::fill(sr, sr + lo, 0.f);  // keys before the window weigh nothing
+      for (int64_t t = lo; t < nk[r]; ++t) sr[t] = exp_poly(sr[t] - top);
       float sum = 0.f;
-      for (int64_t t = 0; t < nk[r]; ++t) sum += sr[t];
+      for (int64_t t = lo; t < nk[r]; ++t) sum += sr[t];
       l[r] = l[r] * alpha[r] + sum;
       m[r] = top;
     }

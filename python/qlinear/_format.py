@@ -14,7 +14,7 @@ Layout of a file (little-endian)::
 A packed-weight entry: shape [N, K], bits, group_size, symmetric, layout, scale_dtype
 ("float16"), offset, nbytes, crc32 (of the packed bytes). An array entry (version 2: the float
 tensors a model needs besides its packed weights, e.g. norms and a bf16 embedding table):
-kind "array", dtype (float32 / float16 / bfloat16 / int32), shape (any rank), offset, nbytes,
+kind "array", dtype (float32 / float16 / bfloat16 / int32 / uint8: e.g. FFN neuron bundles), shape (any rank), offset, nbytes,
 crc32. Loading checks the magic, version, header CRC, every field's type and range, that the
 sizes match the geometry and lie inside the file, and (verify=True) the data CRCs, reading them
 with pread so that checking does not make the file resident in the process. A file packed for
@@ -62,7 +62,8 @@ class BFloat16Array(NamedTuple):
 
 
 Tensor = Union[PackedWeight, np.ndarray, BFloat16Array]
-_ARRAY_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32, "bfloat16": np.uint16}
+_ARRAY_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32, "uint8": np.uint8,
+                 "bfloat16": np.uint16}
 
 
 def _tensor_bytes(name: str, t) -> tuple[dict, np.ndarray]:
@@ -77,7 +78,7 @@ def _tensor_bytes(name: str, t) -> tuple[dict, np.ndarray]:
     elif isinstance(t, np.ndarray):
         dtype, arr = str(t.dtype), t
         if dtype not in _ARRAY_DTYPES or dtype == "bfloat16":
-            raise TypeError(f"{name}: arrays must be float32, float16 or int32, got {t.dtype}")
+            raise TypeError(f"{name}: arrays must be float32, float16, int32 or uint8, got {t.dtype}")
     else:
         raise TypeError(f"{name}: expected a PackedWeight, a numpy array or a BFloat16Array, "
                         f"got {type(t).__name__}")
@@ -178,6 +179,32 @@ def array_location(path, name: str) -> tuple[int, str, tuple]:
     if not isinstance(e, dict) or e.get("kind") != "array":
         _fail(path, f"no array tensor {name!r}")
     return data_start + _int(e, "offset", path, name), e.get("dtype"), tuple(e.get("shape"))
+
+
+def tensor_entries(path) -> tuple[dict[str, dict], dict]:
+    """({name: header entry with "start", the absolute byte offset in the file}, metadata) of a
+    file, its header checked, no tensor data read: for readers that pread tensors themselves."""
+    with open(path, "rb") as f:
+        size, _, header, data_start = _read_header(f, path)
+    out = {}
+    for name, e in header["tensors"].items():
+        if not isinstance(e, dict):
+            _fail(path, f"tensor {name!r} entry is not an object")
+        start = data_start + _int(e, "offset", path, name)
+        if start + _int(e, "nbytes", path, name) > size:
+            _fail(path, f"tensor {name!r}: data lies outside the file (truncated?)")
+        out[name] = {**e, "start": start}
+    return out, header.get("metadata", {})
+
+
+def check_crc(path, entry: dict) -> None:
+    """Check one entry's (from ``tensor_entries``) data CRC-32, read with pread."""
+    fd = os.open(os.fspath(path), os.O_RDONLY)
+    try:
+        if _crc_of_range(fd, entry["start"], entry["nbytes"]) != entry.get("crc32"):
+            _fail(path, "data checksum mismatch (corrupt file)")
+    finally:
+        os.close(fd)
 
 
 def load_weights(path, mmap_mode: bool = True, verify: bool = True) -> tuple[dict[str, Tensor], dict]:

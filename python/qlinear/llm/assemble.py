@@ -7,8 +7,8 @@ import numpy as np
 
 from .. import _core
 from .._packed import PackedWeight
-from .embedding import DiskEmbedding
-from .layers import Attention, Block, Linear, Rope
+from .embedding import DiskEmbedding, ScaledEmbedding, embed_scale
+from .layers import Attention, Block, CappedLinear, Linear, Rope
 from .model import Model
 from .options import Options
 from .source import Source
@@ -28,7 +28,7 @@ def build_model(source: Source, opts: Options, max_context: int) -> Model:
             raise ValueError(f"model has no tensor {name!r}")
         return tensors[name]
 
-    def linear(name, shape):
+    def linear(name, shape, cls=Linear, **extra):
         w = need(name)
         if tuple(w.shape) != shape:
             raise ValueError(f"tensor {name!r} has shape {tuple(w.shape)}, expected {shape}")
@@ -40,8 +40,8 @@ def build_model(source: Source, opts: Options, max_context: int) -> Model:
             if bias.shape != (shape[0],):
                 raise ValueError(f"tensor {name + '.bias'!r} has shape {bias.shape}, expected ({shape[0]},)")
         if not isinstance(w, PackedWeight):
-            return Linear(np.asarray(w, np.float32), bias, act="float")
-        return Linear(w, bias, act=act, act_block=opts.act_block)
+            return cls(np.asarray(w, np.float32), bias, act="float", **extra)
+        return cls(w, bias, act=act, act_block=opts.act_block, **extra)
 
     def vector(name, n):
         v = np.array(need(name), dtype=np.float32)
@@ -49,22 +49,31 @@ def build_model(source: Source, opts: Options, max_context: int) -> Model:
             raise ValueError(f"tensor {name!r} has shape {v.shape}, expected ({n},)")
         return v
 
-    H, I = cfg.hidden_size, cfg.intermediate_size
+    H, I, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     rope = Rope(cfg, max_context, source.rope_inv_freq)
+    # sliding layers with a RoPE of their own (Gemma 3)
+    local_rope = Rope(cfg, max_context, local=True) if cfg.rope_local_theta is not None else rope
     blocks = []
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
+        qk = (vector(p + "q_norm", d), vector(p + "k_norm", d)) if cfg.qk_norm else ()
         attn = Attention(cfg, i, linear(p + "qkv", (cfg.q_size + 2 * cfg.kv_size, H)),
-                         linear(p + "o", (H, cfg.q_size)), rope)
+                         linear(p + "o", (H, cfg.q_size)), local_rope if cfg.window(i) else rope, *qk)
+        out_norms = (vector(p + "attn_out_norm", H), vector(p + "mlp_out_norm", H)) if cfg.sandwich_norms else ()
         blocks.append(Block(cfg, attn, linear(p + "gate_up", (2 * I, H)), linear(p + "down", (H, I)),
-                            vector(p + "input_norm", H), vector(p + "post_norm", H)))
+                            vector(p + "input_norm", H), vector(p + "post_norm", H), *out_norms))
     rows = tensors.get("lm_rows")
     rows = None if rows is None else np.asarray(rows, np.int64)
-    lm_head = linear("lm_head", (cfg.vocab_size if rows is None else len(rows), H))
+    head_shape = (cfg.vocab_size if rows is None else len(rows), H)
+    lm_head = (linear("lm_head", head_shape, CappedLinear, softcap=cfg.final_softcap) if cfg.final_softcap
+               else linear("lm_head", head_shape))
     norm = vector("norm", H)
     embedding = source.embedding.open(on_disk=opts.disk_embedding)
+    on_disk = isinstance(embedding, DiskEmbedding)
+    if cfg.embed_scale:
+        embedding = ScaledEmbedding(embedding, embed_scale(H, source.embedding.dtype))
     info = {"source": source.kind, "path": str(source.path), **source.info,
             "bits": source.quantization.get("bits"), "group_size": source.quantization.get("group_size"),
-            "act": act, "memory": opts.memory, "disk_embedding": isinstance(embedding, DiskEmbedding),
+            "act": act, "memory": opts.memory, "disk_embedding": on_disk,
             "threads": _core.get_num_threads()}
     return Model(cfg, source.tokenizer, embedding, blocks, norm, lm_head, rows, max_context, info)

@@ -1,5 +1,5 @@
 """``qlinear-llm bench``: prefill and decode speed of a loaded model, and MNN.llm on the same
-export side by side."""
+export or llama.cpp on the same GGUF file side by side."""
 
 from __future__ import annotations
 
@@ -34,6 +34,15 @@ def bench(model, prompt_tokens: int = 64, decode_tokens: int = 32, repeats: int 
     return best
 
 
+def weight_bits(model) -> str:
+    """The bits of the model's weights: "4", "8", "4+8" (e.g. a GGUF file's int8 lm head) or "float"."""
+    from .layers import Linear
+
+    parts = [model.lm_head] + [p for b in model.blocks for p in (*vars(b).values(), *vars(b.attention).values())]
+    bits = sorted({getattr(m.weight, "bits", None) or 32 for m in parts if isinstance(m, Linear)})
+    return "+".join("float" if b == 32 else str(b) for b in bits)
+
+
 def bench_text(row: dict) -> str:
     lines = [f"threads {row['threads']}  bits {row['bits']}  act {row['act']}",
              f"prefill {row['prompt_tokens']} tokens: {row['prefill_tok_s']:.1f} tok/s",
@@ -46,6 +55,16 @@ def bench_text(row: dict) -> str:
                   f"ratio qlinear/MNN: prefill {row['prefill_tok_s'] / mnn['prefill_tok_s']:.2f}x, "
                   f"decode {row['decode_tok_s'] / mnn['decode_tok_s']:.2f}x",
                   f"greedy tokens agree: the first {mnn['agree_tokens']} of {mnn['compared_tokens']}"]
+    peer = row.get("llamacpp")
+    if peer:
+        lines += [f"llama.cpp prefill {peer['prefill_tok_s']:.1f} tok/s, decode {peer['decode_tok_s']:.1f} tok/s, "
+                  f"peak RSS {peer['peak_rss_mb']:.0f} MB (llama-bench, {peer['cpu_path']})",
+                  f"ratio qlinear/llama.cpp: prefill {row['prefill_tok_s'] / peer['prefill_tok_s']:.2f}x, "
+                  f"decode {row['decode_tok_s'] / peer['decode_tok_s']:.2f}x, "
+                  f"peak RSS {row['peak_rss_mb'] / peer['peak_rss_mb']:.2f}x",
+                  "greedy tokens agree: " + (f"the first {peer['agree_tokens']} of {peer['compared_tokens']}"
+                                             if "agree_tokens" in peer else
+                                             "not compared (llama-cpp-python is not installed)")]
     return "\n".join(lines)
 
 
@@ -56,7 +75,25 @@ def bench_vs_mnn(export_dir, model, row: dict, decode_tokens: int) -> dict:
     from .mnn.engine import bench_in_subprocess
 
     mnn = bench_in_subprocess(export_dir, row["prompt_ids"], decode_tokens, threads=row["threads"])
-    ours, theirs = row["tokens"], mnn.get("tokens", [])
-    agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-    mnn["agree_tokens"], mnn["compared_tokens"] = agree, min(len(ours), len(theirs))
+    mnn.update(_agreement(row["tokens"], mnn.get("tokens", [])))
     return mnn
+
+
+def _agreement(ours: list, theirs: list) -> dict:
+    agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    return {"agree_tokens": agree, "compared_tokens": min(len(ours), len(theirs))}
+
+
+def bench_vs_llamacpp(gguf_path, model, row: dict, decode_tokens: int, repeats: int = 1, where=None) -> dict:
+    """llama.cpp on the same GGUF file: ``llama-bench`` (its own prompt of the same length; best
+    of ``repeats``) and, with llama-cpp-python installed, the greedy tokens of our prompt."""
+    if model.info.get("source") != "gguf":
+        raise ValueError("--vs llamacpp needs a GGUF file")
+    from . import llamacpp
+
+    peer = llamacpp.bench(gguf_path, row["prompt_tokens"], decode_tokens, row["threads"], repeats, where)
+    tokens = llamacpp.greedy_tokens(gguf_path, row["prompt_ids"], len(row["tokens"]), row["threads"])
+    if tokens is not None:
+        peer["tokens"] = tokens
+        peer.update(_agreement(row["tokens"], tokens))
+    return peer

@@ -3,6 +3,7 @@
     qlinear-llm generate MODEL_DIR "Once upon a time" -n 64
     qlinear-llm chat MODEL_DIR
     qlinear-llm bench MODEL_DIR --prompt-tokens 64 --decode-tokens 32 --threads 1
+    qlinear-llm bench MODEL.gguf --vs llamacpp
     qlinear-llm convert SRC OUT_DIR --bits 4 --group-size 64
     qlinear-llm serve MODEL_DIR --port 8000 --max-batch 8
     qlinear-llm make-test-model OUT_DIR --arch qwen2 --shape tiny --dtype bfloat16
@@ -40,7 +41,11 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
     _add_quant_args(p, "when quantizing a checkpoint at load")
     p.add_argument("--act", default="int8", choices=["int8", "float"], help="activations: int8 (W4A8/W8A8) or float")
     p.add_argument("--act-block", default="group", choices=["group", "row"], help="activation scale granularity")
-    p.add_argument("--memory", default="low", choices=["low", "normal"])
+    p.add_argument("--memory", default="low", choices=["low", "normal", "flash"],
+                   help="flash: FFN weights read from the converted model file per token")
+    p.add_argument("--memory-budget-mb", type=float, default=None, help="memory=flash: refuse to load beyond it; its room holds FFN layers in memory")
+    p.add_argument("--predictor", default=None, help="memory=flash, ReLU models: activation predictor file")
+    p.add_argument("--window", type=int, default=5, help="memory=flash with --predictor: tokens a bundle stays")
     p.add_argument("--no-disk-embedding", action="store_true", help="hold the embedding table in memory")
     p.add_argument("--slim-vocab", action="store_true", help="lm head over the tokenizer's ids only")
     p.add_argument("--threads", type=int, default=None)
@@ -65,7 +70,9 @@ def _load(args):
                 act="float" if bits is None else args.act, memory=args.memory,
                 disk_embedding=not args.no_disk_embedding, threads=args.threads,
                 max_context=args.max_context, slim_vocab=args.slim_vocab,
-                act_block=None if args.act_block == "row" else "group", progress=sys.stderr.isatty())
+                act_block=None if args.act_block == "row" else "group", progress=sys.stderr.isatty(),
+                **({"memory_budget_mb": args.memory_budget_mb, "predictor": args.predictor, "window": args.window}
+                   if args.memory == "flash" else {}))
 
 
 def _sampling(args) -> dict:
@@ -124,22 +131,41 @@ def cmd_chat(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from .. import get_num_threads
+    from .. import get_num_threads, set_num_threads
 
-    from .benchmark import bench, bench_text, bench_vs_mnn
+    from .benchmark import bench, bench_text, bench_vs_llamacpp, bench_vs_mnn, weight_bits
 
+    if args.vs == "llamacpp" and args.threads is None:
+        args.threads = 1  # then 2: llama.cpp's peer figures are per thread count
+        thread_counts = [1, 2]
+    else:
+        thread_counts = [None]
     model = _load(args)
     model.tokenizer.stop_ids = set()  # decode exactly --decode-tokens tokens
-    row = bench(model, args.prompt_tokens, args.decode_tokens, args.repeats)
-    row.update(threads=get_num_threads(), **{k: model.info[k] for k in ("bits", "act", "group_size")})
-    if args.vs == "mnn":
-        row["mnn"] = bench_vs_mnn(args.model, model, row, args.decode_tokens)
+    rows = []
+    for threads in thread_counts:
+        if threads is not None:
+            set_num_threads(threads)
+        row = bench(model, args.prompt_tokens, args.decode_tokens, args.repeats)
+        row.update(threads=get_num_threads(), bits=weight_bits(model),
+                   **{k: model.info[k] for k in ("act", "group_size")})
+        if args.vs == "mnn":
+            row["mnn"] = bench_vs_mnn(args.model, model, row, args.decode_tokens)
+        elif args.vs == "llamacpp":
+            row["llamacpp"] = bench_vs_llamacpp(args.model, model, row, args.decode_tokens, args.repeats,
+                                                args.llamacpp)
+        if model.info["memory"] == "flash":
+            from .flash_cost import flash_bench
+            row["flash"] = flash_bench(model, row, args.decode_tokens)
+        rows.append(row)
     if not args.json:
-        print(bench_text(row))
+        print("\n\n".join(bench_text(row) + ("\n" + row["flash"]["cost_model"] if "flash" in row else "")
+                          for row in rows))
         return
-    for r in (row, row.get("mnn") or {}):
-        r.pop("prompt_ids", None)
-    print(json.dumps(row, indent=2))
+    for row in rows:
+        for r in (row, row.get("mnn") or {}, row.get("llamacpp") or {}):
+            r.pop("prompt_ids", None)
+    print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
 
 
 def cmd_convert(args) -> None:
@@ -148,7 +174,7 @@ def cmd_convert(args) -> None:
     bits = None if args.bits == "none" else int(args.bits)
     t0 = time.perf_counter()
     out = convert(args.src, args.out_dir, bits=bits, group_size=args.group_size, symmetric=args.symmetric,
-                  slim_vocab=args.slim_vocab, progress=not args.no_progress, force=args.force)
+                  slim_vocab=args.slim_vocab, progress=not args.no_progress, force=args.force, flash=args.flash)
     print(f"wrote {out} in {time.perf_counter() - t0:.1f} s")
 
 
@@ -166,10 +192,29 @@ def cmd_serve(args) -> None:
           api_key=args.api_key)
 
 
+def cmd_train_predictor(args) -> None:
+    from . import load, sparsity
+    from .synthetic import local_text
+
+    model = load(args.model, progress=False)
+    ids = model.tokenizer.encode("".join(local_text(4 * args.prompts * args.tokens)))
+    seqs = [ids[i:i + args.tokens] for i in range(0, len(ids) - args.tokens, args.tokens)][:args.prompts + args.held_out]
+    if len(seqs) < args.prompts + args.held_out:
+        raise ValueError(f"only {len(seqs)} calibration sequences of {args.tokens} tokens")
+    preds = sparsity.train(model, seqs[:args.prompts], rank=args.rank, recall=args.recall)
+    sparsity.save(args.out, preds)
+    held = sparsity.evaluate(preds, sparsity.collect(model, seqs[args.prompts:]))
+    print(f"wrote {args.out}; held-out ({args.held_out} x {args.tokens} tokens): recall {held['recall']:.4f}, "
+          f"precision {held['precision']:.4f}, neuron sparsity {held['sparsity']:.3f}, "
+          f"predicted active {held['predicted_active']:.3f}")
+
+
 def cmd_make_test_model(args) -> None:
     from .synthetic import make_checkpoint
 
     extra = {} if args.vocab_size is None else {"vocab_size": args.vocab_size}
+    if args.hidden_act != "silu":
+        extra["hidden_act"] = args.hidden_act
     out = make_checkpoint(args.out_dir, args.arch, args.shape, args.seed, dtype=args.dtype,
                           force=args.force, **extra)
     print(out)
@@ -197,7 +242,11 @@ def main(argv=None) -> None:
     b.add_argument("--prompt-tokens", type=int, default=64)
     b.add_argument("--decode-tokens", type=int, default=32)
     b.add_argument("--repeats", type=int, default=1)
-    b.add_argument("--vs", choices=["mnn"], default=None, help="also run MNN.llm on the same MNN export")
+    b.add_argument("--vs", choices=["mnn", "llamacpp"], default=None,
+                   help="also run MNN.llm on the same MNN export, or llama.cpp on the same GGUF file "
+                        "(threads 1 and 2 unless --threads is given)")
+    b.add_argument("--llamacpp", default=None, metavar="DIR",
+                   help="bin folder of a llama.cpp build (default: $QLINEAR_LLAMACPP_BIN, ~/.cache/qlinear-llamacpp)")
     b.add_argument("--json", action="store_true")
     b.set_defaults(run=cmd_bench)
 
@@ -208,6 +257,7 @@ def main(argv=None) -> None:
     v.add_argument("--symmetric", action="store_true", help="symmetric weights (no offsets)")
     v.add_argument("--slim-vocab", action="store_true", help="lm head over the tokenizer's ids only")
     v.add_argument("--force", action="store_true", help="write into OUT_DIR even if it is not empty")
+    v.add_argument("--flash", action="store_true", help="store each layer's FFN as neuron bundles (memory=flash)")
     v.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     v.set_defaults(run=cmd_convert)
 
@@ -221,19 +271,30 @@ def main(argv=None) -> None:
     s.add_argument("--model-name", default=None, help="the model's id in the API (default: MODEL's name)")
     s.set_defaults(run=cmd_serve)
 
-    from .synthetic import DTYPES, SHAPES  # noqa: PLC0415  (no torch import: that happens in make_checkpoint)
+    from .synthetic import ARCHS, DTYPES, SHAPES  # noqa: PLC0415  (no torch import: that happens in make_checkpoint)
 
     m = sub.add_parser("make-test-model", help="write a random-initialized checkpoint (needs torch, transformers)")
     m.add_argument("out_dir", help="directory to write (config.json, model.safetensors, tokenizer files)")
-    m.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"])
+    m.add_argument("--arch", default="qwen2", choices=list(ARCHS))
     m.add_argument("--shape", default="tiny", choices=list(SHAPES),
                    help="; ".join(f"{k}: hidden {v['hidden_size']}, {v['num_hidden_layers']} layers, "
                                   f"vocab {v['vocab_size']}" for k, v in SHAPES.items()))
     m.add_argument("--dtype", default="float32", choices=list(DTYPES), help="weights' dtype in the file")
     m.add_argument("--vocab-size", type=int, default=None, help="override the shape's vocabulary size")
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--hidden-act", default="silu", choices=["silu", "relu"], help="MLP activation (relu: llama only)")
     m.add_argument("--force", action="store_true", help="write into OUT_DIR even if it is not empty")
     m.set_defaults(run=cmd_make_test_model)
+
+    t = sub.add_parser("train-predictor", help="fit the activation predictor of a ReLU model (memory=flash)")
+    t.add_argument("model", help="the ReLU model (converted or checkpoint)")
+    t.add_argument("out", help="predictor file to write")
+    t.add_argument("--rank", type=int, default=32)
+    t.add_argument("--recall", type=float, default=0.99, help="target recall on the calibration data")
+    t.add_argument("--prompts", type=int, default=32, help="calibration sequences (local text)")
+    t.add_argument("--held-out", type=int, default=8)
+    t.add_argument("--tokens", type=int, default=64, help="tokens per sequence")
+    t.set_defaults(run=cmd_train_predictor)
 
     args = p.parse_args(argv)
     try:

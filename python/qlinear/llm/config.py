@@ -1,18 +1,21 @@
-"""The shape of a decoder-only model, read from a Hugging Face ``config.json``."""
+"""The shape of a decoder-only model, read from a Hugging Face ``config.json``: the shared
+geometry, and the features its architecture switches on (see ``archs``)."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
-ROPE_TYPES = ("default", "llama3", "linear")
+from . import archs
+
+ROPE_TYPES = ("default", "llama3", "linear", "longrope")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    arch: str                      # "qwen2" or "llama"
+    arch: str                      # config.json's model_type (a key of archs.ARCHS)
     hidden_size: int
     intermediate_size: int
     num_layers: int
@@ -29,6 +32,17 @@ class ModelConfig:
     rope_scaling: Optional[dict] = None
     bos_token_id: Optional[int] = None
     eos_token_id: Optional[Any] = None   # int or list of ints
+    # -- architecture features (the defaults are Qwen2's / Llama's block) --
+    hidden_act: str = "silu"               # MLP: "silu" (SwiGLU), "gelu_tanh" (GeGLU) or "relu" (ReLU Llama)
+    qk_norm: bool = False                  # RMSNorm of each query / key head before RoPE
+    sandwich_norms: bool = False           # RMSNorm of the attention's / MLP's output too
+    embed_scale: bool = False              # embeddings times sqrt(hidden_size)
+    attn_scale: Optional[float] = None     # queries' scale (None: head_dim ** -0.5)
+    attn_softcap: Optional[float] = None   # attention scores soft-capped: c * tanh(s / c)
+    final_softcap: Optional[float] = None  # logits soft-capped
+    layer_types: Optional[tuple] = None    # "sliding" / "full" per layer (None: all full)
+    sliding_window: Optional[int] = None   # positions a sliding layer sees, its own included
+    rope_local_theta: Optional[float] = None  # sliding layers' own RoPE base, unscaled (Gemma 3)
 
     @property
     def q_size(self) -> int:
@@ -37,6 +51,12 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    def window(self, layer: int) -> int:
+        """Positions layer ``layer`` attends over (0: all before it)."""
+        if self.layer_types is None or self.layer_types[layer] != "sliding":
+            return 0
+        return int(self.sliding_window)
 
     @classmethod
     def from_hf(cls, hf: dict, where: str = "config.json") -> "ModelConfig":
@@ -47,11 +67,8 @@ class ModelConfig:
                 raise ValueError(f"{where}: field {key!r} is missing or invalid ({v!r})")
             return v
 
-        model_type = hf.get("model_type")
-        if model_type not in ARCHITECTURES:
-            raise ValueError(f"{where}: model_type {model_type!r} is not supported "
-                             f"(supported: {', '.join(ARCHITECTURES)})")
-        hidden, heads = need("hidden_size"), need("num_attention_heads")
+        arch = archs.get(hf.get("model_type"), where)
+        hidden, heads, layers = need("hidden_size"), need("num_attention_heads"), need("num_hidden_layers")
         kv_heads = hf.get("num_key_value_heads") or heads
         head_dim = hf.get("head_dim") or hidden // heads
         if heads % kv_heads:
@@ -62,23 +79,26 @@ class ModelConfig:
         scaling = hf.get("rope_scaling")
         if scaling is None and rope.get("rope_type", "default") != "default":
             scaling = rope
+        max_positions = int(hf.get("max_position_embeddings", 4096))
         if scaling is not None:
             kind = scaling.get("rope_type", scaling.get("type", "default"))
+            kind = "longrope" if kind == "su" else kind  # Phi-3's first name for it
             if kind not in ROPE_TYPES:
                 raise ValueError(f"{where}: rope scaling {kind!r} is not supported ({', '.join(ROPE_TYPES)})")
-        if hf.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"{where}: activation {hf.get('hidden_act')!r} is not supported (silu)")
+            if kind == "longrope":
+                scaling = _longrope(scaling, hf, max_positions, head_dim, where)
+        features = arch.features(hf, where)
+        bias = arch.attention_bias if arch.attention_bias is not None else bool(hf.get("attention_bias", False))
         return cls(
-            arch=model_type, hidden_size=hidden, intermediate_size=need("intermediate_size"),
-            num_layers=need("num_hidden_layers"), num_heads=heads, num_kv_heads=int(kv_heads),
+            arch=arch.model_type, hidden_size=hidden, intermediate_size=need("intermediate_size"),
+            num_layers=layers, num_heads=heads, num_kv_heads=int(kv_heads),
             head_dim=int(head_dim), vocab_size=need("vocab_size"),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             rope_theta=float(theta),
-            max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
-            mlp_bias=bool(hf.get("mlp_bias", False)), rope_scaling=scaling,
-            bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"),
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", arch.tie_word_embeddings)),
+            attention_bias=bias, rope_scaling=scaling,
+            bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"), **features,
         )
 
     def to_dict(self) -> dict:
@@ -91,4 +111,26 @@ class ModelConfig:
         if missing or not set(d) <= names:
             raise ValueError(f"{where}: bad model config (missing {sorted(missing)}, "
                              f"unknown {sorted(set(d) - names)})")
+        if d.get("layer_types") is not None:  # a list in JSON
+            d = {**d, "layer_types": tuple(d["layer_types"])}
         return cls(**d)
+
+
+def _longrope(scaling: dict, hf: dict, max_positions: int, head_dim: int, where: str) -> dict:
+    """LongRoPE (Phi-3): per-frequency divisors, short ones within the pretraining length and long
+    ones past it, and cos / sin scaled by an attention factor. Completed with the pretraining
+    length (config.json keeps it beside rope_scaling) and that factor, as transformers derives it."""
+    original = hf.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
+    for key in ("short_factor", "long_factor"):
+        v = scaling.get(key)
+        if not isinstance(v, list) or len(v) != head_dim // 2:
+            raise ValueError(f"{where}: longrope {key} must list {head_dim // 2} numbers")
+    if original:
+        factor = max_positions / original
+    else:
+        original, factor = max_positions, scaling.get("factor", 1.0)
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return {**scaling, "rope_type": "longrope", "original_max_position_embeddings": int(original),
+            "attention_factor": float(attention)}

@@ -8,8 +8,9 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from .._format import BFloat16Array, save_weights
-from . import converted_source, gguf_source, hf_source
+from .._format import BFloat16Array, load_weights, save_weights
+from . import converted_source, flash_layout, gguf_source, hf_source
+from .config import ModelConfig
 from .options import Options
 from .progress import progress as progress_bar
 
@@ -27,20 +28,24 @@ def check_out_dir(out: Path, force: bool) -> None:
 
 def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 64, symmetric: bool = False,
             slim_vocab: Union[bool, Sequence[int]] = False, progress: bool = True,
-            force: bool = False) -> Path:
+            force: bool = False, flash: bool = False) -> Path:
     """Quantize a Hugging Face checkpoint (or a GGUF file: its Q4_0 / Q8_0 / Q4_K codes kept, the
     rest quantized to ``bits``) once and write OUT_DIR: ``model.qlinear`` (packed
     weights, norms, biases and the embedding table in the checkpoint's dtype, one checked,
     mmap-able file; its metadata holds the model config), plus the tokenizer files. An existing
-    non-empty OUT_DIR is refused unless ``force``."""
+    non-empty OUT_DIR is refused unless ``force``. ``flash``: store each layer's FFN as neuron
+    bundles (``flash_layout``), for ``load(..., memory="flash")`` to read only what it needs; SRC
+    may then be a converted model (its file re-laid out, nothing re-quantized)."""
     src, out = Path(src), Path(out_dir)
-    if converted_source.is_converted(src):
+    if converted_source.is_converted(src) and not flash:
         raise ValueError(f"{src} is already converted")
     if out.resolve() == src.resolve():
         raise ValueError(f"{out}: the output directory must differ from the checkpoint's")
     opts = Options(bits, group_size, symmetric, act="float" if bits is None else "int8",
                    slim_vocab=slim_vocab).check()
     check_out_dir(out, force)
+    if converted_source.is_converted(src):
+        return _relayout_flash(src, out)
     gguf = gguf_source.is_gguf(src)
     source = gguf_source.read(src, opts, progress) if gguf else hf_source.read(src, opts, progress, bar_leave=True)
     tensors = source.tensors
@@ -52,6 +57,8 @@ def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 6
     meta = {"format": converted_source.FORMAT_NAME, "version": converted_source.FORMAT_VERSION,
             "config": source.config.to_dict(),
             "quantization": source.quantization}
+    if flash:
+        tensors, meta[flash_layout.FLASH_META] = flash_layout.bundle_file_tensors(tensors, source.config.num_layers)
     bar = progress_bar(1, f"writing {out / converted_source.MODEL_FILE}", progress, unit="file", leave=True)
     save_weights(out / converted_source.MODEL_FILE, tensors, meta)
     bar.update(1)
@@ -61,4 +68,19 @@ def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 6
     for name in () if gguf else TOKENIZER_FILES:
         if (src / name).is_file():
             (out / name).write_bytes((src / name).read_bytes())
+    return out
+
+
+def _relayout_flash(src: Path, out: Path) -> Path:
+    """A converted model's file rewritten in the flash layout (the same packed bytes, moved)."""
+    tensors, meta = load_weights(src / converted_source.MODEL_FILE, mmap_mode=True, verify=True)
+    if flash_layout.FLASH_META in meta:
+        raise ValueError(f"{src} is in the flash layout already")
+    cfg = ModelConfig.from_dict(meta.get("config") or {}, str(src))
+    tensors, meta[flash_layout.FLASH_META] = flash_layout.bundle_file_tensors(tensors, cfg.num_layers)
+    out.mkdir(parents=True, exist_ok=True)
+    save_weights(out / converted_source.MODEL_FILE, tensors, meta)
+    for f in src.iterdir():
+        if f.is_file() and f.name != converted_source.MODEL_FILE:
+            (out / f.name).write_bytes(f.read_bytes())
     return out

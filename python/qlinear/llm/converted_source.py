@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .._format import array_location, load_weights
 from .config import ModelConfig
+from . import flash_layout
 from .embedding import EmbeddingFile
 from .options import Options
 from .source import Source, select_rows, slim_rows, stop_ids
@@ -22,15 +23,18 @@ def is_converted(d: Path) -> bool:
     return (d / MODEL_FILE).is_file()
 
 
-def read(d: Path, opts: Options) -> Source:
+def read(d: Path, opts: Options, verify: bool = True) -> Source:
     """The converted model; of ``opts`` only ``slim_vocab`` applies (the rest was fixed at
-    conversion)."""
+    conversion). A file in the flash layout has its FFN bundles put back into packed weights
+    (``memory="flash"`` reads them itself: ``flash``)."""
     path = d / MODEL_FILE
-    tensors, meta = load_weights(path, mmap_mode=True, verify=True)
+    tensors, meta = load_weights(path, mmap_mode=True, verify=verify)
     if meta.get("format") != FORMAT_NAME or meta.get("version") != FORMAT_VERSION:
         raise ValueError(f"{path}: not a {FORMAT_NAME} v{FORMAT_VERSION} model file "
                          f"(format {meta.get('format')!r}, version {meta.get('version')!r})")
     cfg = ModelConfig.from_dict(meta.get("config") or {}, str(path))
+    if flash_layout.FLASH_META in meta and opts.memory != "flash":
+        flash_layout.unbundle_file_tensors(tensors, meta[flash_layout.FLASH_META], cfg.num_layers, str(path))
     q = meta.get("quantization") or {}
     tokenizer = Tokenizer.from_dir(d, extra_stop_ids=stop_ids(cfg.eos_token_id))
     rows = slim_rows(opts.slim_vocab, cfg, tokenizer)

@@ -81,6 +81,35 @@ class DiskEmbedding:
                                    _DTYPES[self.dtype])
         return _rows_to_float32(raw, self.dtype)
 
+    def close(self) -> None:
+        self._file.close()
+
+
+class ScaledEmbedding:
+    """Rows of another embedding times ``scale`` (Gemma: sqrt(hidden_size))."""
+
+    def __init__(self, inner, scale: float):
+        self.inner, self.scale = inner, np.float32(scale)
+
+    def __getattr__(self, name):  # vocab_size, hidden_size, table, ... of the inner embedding
+        return getattr(self.inner, name)
+
+    def __call__(self, ids: Sequence[int]) -> np.ndarray:
+        return self.inner(ids) * self.scale
+
+
+def embed_scale(hidden_size: int, dtype: str) -> float:
+    """sqrt(hidden_size) in the table's dtype, as transformers rounds it before multiplying
+    (a bfloat16 checkpoint of hidden 1152: 34.0, not 33.94)."""
+    x = np.float32(np.sqrt(hidden_size))
+    if dtype == "float16":
+        return float(np.float16(x))
+    if dtype == "bfloat16":  # round to nearest even on the upper 16 bits
+        bits = np.array([x], np.float32).view(np.uint32)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & np.uint32(0xFFFF0000)
+        return float(bits.view(np.float32)[0])
+    return float(x)
+
 
 def _check_ids(ids, vocab_size: int) -> np.ndarray:
     arr = np.asarray(ids)

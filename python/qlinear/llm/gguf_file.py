@@ -9,6 +9,7 @@ are stored (``codes``); anything else is dequantized with ``gguf.quants`` (``deq
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,14 @@ class GGUFFile:
     def error(self, msg: str) -> ValueError:
         return ValueError(f"{self.path}: {msg}")
 
+    def drop_pages(self) -> None:
+        """Release the pages of the mapped file read so far from this process's resident set
+        (they stay in the page cache): the codes moved out of them live in the packed weights,
+        and keeping both would hold the model twice at the peak."""
+        mm = getattr(self.reader.data, "_mmap", None)
+        if mm is not None and hasattr(mmap, "MADV_DONTNEED"):
+            mm.madvise(mmap.MADV_DONTNEED)
+
     def _check_tensor(self, t) -> None:
         from gguf import GGML_QUANT_SIZES  # noqa: PLC0415
 
@@ -141,15 +150,19 @@ class GGUFFile:
         return t
 
     def dequantize(self, t) -> np.ndarray:
-        """float32, shaped as ours (rows last-dimension-major)."""
-        from gguf import quants  # noqa: PLC0415
+        return dequantize(t, self.path)
 
-        try:
-            w = quants.dequantize(np.asarray(t.data), t.tensor_type)
-        except (NotImplementedError, quants.QuantError) as e:
-            raise self.error(f"tensor {t.name!r}: {t.tensor_type.name} cannot be dequantized ({e})") from None
-        shape = tuple(int(d) for d in reversed(t.shape))
-        return np.ascontiguousarray(np.asarray(w, np.float32).reshape(shape))
+
+def dequantize(t, path) -> np.ndarray:
+    """Tensor ``t`` of the file at ``path`` in float32, shaped as ours (rows last-dimension-major)."""
+    from gguf import quants  # noqa: PLC0415
+
+    try:
+        w = quants.dequantize(np.asarray(t.data), t.tensor_type)
+    except (NotImplementedError, quants.QuantError) as e:
+        raise ValueError(f"{path}: tensor {t.name!r}: {t.tensor_type.name} cannot be dequantized ({e})") from None
+    shape = tuple(int(d) for d in reversed(t.shape))
+    return np.ascontiguousarray(np.asarray(w, np.float32).reshape(shape))
 
 
 def codes(t) -> Optional[Moved]:

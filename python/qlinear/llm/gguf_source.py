@@ -1,4 +1,5 @@
-"""Source: a GGUF file (llama.cpp's format; Qwen2 and Llama). Metadata -> config, the GGUF
+"""Source: a GGUF file (llama.cpp's format; Qwen2, Qwen3 and Llama, which llama.cpp's converter
+also writes Mistral as). Metadata -> config, the GGUF
 tokenizer rebuilt as a ``tokenizers`` one, weights mapped by tensor name (``blk.N.attn_q`` ...).
 
 Codes are moved, not re-rounded, where the formats agree: Q4_0 is our symmetric int4 group 32
@@ -25,7 +26,7 @@ import numpy as np
 from .._packed import PackedWeight, pack_quantized, pack_weight
 from .config import ModelConfig
 from .embedding import EmbeddingFile, MemoryEmbedding, _check_ids
-from .gguf_file import MAGIC, GGUFFile, Moved, codes
+from .gguf_file import MAGIC, GGUFFile, Moved, codes, dequantize
 from .gguf_tokenizer import read_tokenizer
 from .heap import trim_heap
 from .options import Options
@@ -48,8 +49,8 @@ def is_gguf(p: Path) -> bool:
 
 def read_config(f: GGUFFile) -> ModelConfig:
     arch = f.meta("general.architecture", str, required=True)
-    if arch not in ("qwen2", "llama"):
-        raise f.error(f"architecture {arch!r} is not supported (qwen2, llama)")
+    if arch not in ("qwen2", "llama", "qwen3"):
+        raise f.error(f"architecture {arch!r} is not supported (qwen2, llama, qwen3)")
     a = arch + "."
     hidden, heads = f.count(a + "embedding_length"), f.count(a + "attention.head_count")
     embd = f.tensors.get("token_embd.weight")
@@ -98,6 +99,10 @@ def read(p: Path, opts: Options, progress_bar: bool = True) -> Source:
         tensors[o + "down"] = w.fused(o + "down", [(b + "ffn_down.weight", (H, I), None)])
         tensors[o + "input_norm"] = w.vector(b + "attn_norm.weight", H)
         tensors[o + "post_norm"] = w.vector(b + "ffn_norm.weight", H)
+        if cfg.qk_norm:  # Qwen3
+            tensors[o + "q_norm"] = w.vector(b + "attn_q_norm.weight", hd)
+            tensors[o + "k_norm"] = w.vector(b + "attn_k_norm.weight", hd)
+        f.drop_pages()
         trim_heap()
         bar.update(1)
     tensors["norm"] = w.vector("output_norm.weight", H)
@@ -106,6 +111,7 @@ def read(p: Path, opts: Options, progress_bar: bool = True) -> Source:
     rows = slim_rows(opts.slim_vocab, cfg, tokenizer)
     if rows is not None:
         tensors["lm_head"], tensors["lm_rows"] = select_rows(tensors["lm_head"], rows), rows
+    f.drop_pages()
     bar.update(1)
     bar.close()
     embedding = _embedding(f, cfg)
@@ -139,7 +145,7 @@ class _Weights:
         self.moved, self.rounded, self.requantized = [], [], []
 
     def vector(self, name, n, heads=None):
-        v = self.f.dequantize(self.f.tensor(name, (n,)))
+        v = np.array(self.f.dequantize(self.f.tensor(name, (n,))))  # a copy: no view of the mapped file
         return _unpermute(v, heads) if self.llama else v
 
     def _part(self, name, shape, heads):
@@ -213,15 +219,17 @@ class _QuantizedEmbedding:
     dtype = "float32"   # of ``raw()``
 
     def __init__(self, f: GGUFFile, t, vocab: int, hidden: int):
-        self.f, self.t, self.vocab_size, self.hidden_size = f, t, vocab, hidden
+        # the tensor (a view of the mapped file) and not the reader: its metadata (tens of
+        # thousands of small objects for a vocabulary) is freed once the model is loaded
+        self.path, self.t, self.vocab_size, self.hidden_size = f.path, t, vocab, hidden
 
     def raw(self) -> np.ndarray:
         """The whole table dequantized (for ``llm.convert``)."""
-        return self.f.dequantize(self.t)
+        return dequantize(self.t, self.path)
 
     def open(self, on_disk: bool):
         if not on_disk:
-            return MemoryEmbedding(self.f.dequantize(self.t))
+            return MemoryEmbedding(dequantize(self.t, self.path))
         return self
 
     def __call__(self, ids) -> np.ndarray:

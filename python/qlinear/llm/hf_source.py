@@ -10,6 +10,8 @@ from typing import Optional
 import numpy as np
 
 from .._packed import pack_weight
+from . import archs
+from .archs.base import LINEARS
 from .config import ModelConfig
 from .embedding import EmbeddingFile
 from .heap import trim_heap
@@ -58,38 +60,38 @@ def _tensors(ckpt: Checkpoint, cfg: ModelConfig, opts: Options, rows: Optional[n
     def f32(name):
         return ckpt.float32(name)
 
-    def maybe(name):
-        return f32(name) if name in ckpt else None
-
     def quantize(w):
         if opts.bits is None:
             return w
         return pack_weight(w, bits=opts.bits, group_size=opts.group_size, symmetric=opts.symmetric)
 
+    arch = archs.get(cfg.arch)
+
+    def norm(name):  # Gemma stores RMSNorm weights as w - 1
+        return f32(name) + np.float32(arch.norm_offset) if arch.norm_offset else f32(name)
+
+    def fused(names):
+        return np.concatenate([f32(n) for n in names]) if len(names) > 1 else f32(names[0])
+
     out = {}
     bar = progress(cfg.num_layers + 1, "quantizing" if opts.bits else "loading", progress_bar, leave=bar_leave)
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        a, m = p + "self_attn.", p + "mlp."
-        out[f"layers.{i}.input_norm"] = f32(p + "input_layernorm.weight")
-        out[f"layers.{i}.post_norm"] = f32(p + "post_attention_layernorm.weight")
-        out[f"layers.{i}.qkv"] = quantize(np.concatenate([f32(a + n + "_proj.weight") for n in "qkv"]))
-        biases = [maybe(a + n + "_proj.bias") for n in "qkv"]
-        if any(b is not None for b in biases):
-            if any(b is None for b in biases):
-                raise ValueError(f"{ckpt.directory}: layer {i} has biases on some of q/k/v only")
-            out[f"layers.{i}.qkv.bias"] = np.concatenate(biases)
-        out[f"layers.{i}.o"] = quantize(f32(a + "o_proj.weight"))
-        out[f"layers.{i}.gate_up"] = quantize(np.concatenate([f32(m + "gate_proj.weight"), f32(m + "up_proj.weight")]))
-        out[f"layers.{i}.down"] = quantize(f32(m + "down_proj.weight"))
-        for src, dst in ((a + "o_proj.bias", "o"), (m + "down_proj.bias", "down")):
-            if src in ckpt:
-                out[f"layers.{i}.{dst}.bias"] = f32(src)
-        if (m + "gate_proj.bias") in ckpt:
-            out[f"layers.{i}.gate_up.bias"] = np.concatenate([f32(m + "gate_proj.bias"), f32(m + "up_proj.bias")])
+        for ours, names in arch.layer.items():
+            names = [p + n for n in names]
+            if ours not in LINEARS:
+                out[f"layers.{i}.{ours}"] = norm(names[0])
+                continue
+            out[f"layers.{i}.{ours}"] = quantize(fused(names))
+            biases = [n[:-len("weight")] + "bias" for n in names]
+            present = [b in ckpt for b in biases]
+            if all(present):
+                out[f"layers.{i}.{ours}.bias"] = fused(biases)
+            elif any(present):
+                raise ValueError(f"{ckpt.directory}: layer {i} has biases on some of {', '.join(names)} only")
         trim_heap()
         bar.update(1)
-    out["norm"] = f32("model.norm.weight")
+    out["norm"] = norm("model.norm.weight")
     head = EMBEDDING if cfg.tie_word_embeddings or "lm_head.weight" not in ckpt else "lm_head.weight"
     if rows is None:
         w = f32(head)

@@ -1,6 +1,8 @@
 """The parts of a decoder block: Linear (on qlinear kernels), RMSNorm, RoPE, grouped-query
-attention over a preallocated KV cache, and the SwiGLU MLP. Activations are float32 numpy
-arrays [tokens, features]."""
+attention over a preallocated KV cache (a ring of the window's positions for sliding-window
+layers), and the gated MLP (SwiGLU / GeGLU), with the options architectures add (``archs``):
+query / key head norms, norms of the sub-blocks' outputs, soft-capping. Activations are float32
+numpy arrays [tokens, features]."""
 
 from __future__ import annotations
 
@@ -60,20 +62,57 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     return _core.silu_mul(gate_up)
 
 
-class Rope:
-    """Rotary position embedding (rotate-half form, as Qwen2 and Llama), tables precomputed."""
+def relu_mul(gate_up: np.ndarray) -> np.ndarray:
+    """relu(gate) * up (ReLU-family Llama checkpoints, ``hidden_act: relu``)."""
+    gate, up = np.split(gate_up, 2, axis=-1)
+    return np.maximum(gate, np.float32(0)) * up
 
-    def __init__(self, cfg: ModelConfig, max_positions: int, inv_freq: Optional[np.ndarray] = None):
+
+def gelu_tanh_mul(gate_up: np.ndarray) -> np.ndarray:
+    """GeGLU: gelu_tanh(gate) * up (tanh-approximate GELU, as Gemma's gelu_pytorch_tanh)."""
+    return _core.gelu_tanh_mul(gate_up)
+
+
+GATED_ACTIVATIONS = {"silu": silu_mul, "gelu_tanh": gelu_tanh_mul, "relu": relu_mul}
+
+
+def mlp_activation(cfg: ModelConfig):
+    """The gated MLP's activation of ``cfg``: act(gate) * up over the fused gate_up output."""
+    return GATED_ACTIVATIONS[cfg.hidden_act]
+
+
+class CappedLinear(Linear):
+    """A Linear whose outputs are soft-capped, cap * tanh(y / cap) (Gemma 2's lm head)."""
+
+    __slots__ = ("softcap",)
+
+    def __init__(self, *args, softcap: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.softcap = float(softcap)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return _core.softcap(super().__call__(x), self.softcap)
+
+
+class Rope:
+    """Rotary position embedding (rotate-half form, as Qwen2 and Llama), tables precomputed.
+    ``local``: the sliding layers' RoPE of an architecture that gives them their own base
+    (``rope_local_theta``, unscaled)."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int, inv_freq: Optional[np.ndarray] = None,
+                 local: bool = False):
         d = cfg.head_dim
+        factor = 1.0
         if inv_freq is None:
-            inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-            inv_freq = _scaled_inv_freq(inv_freq, cfg.rope_scaling)
+            theta = cfg.rope_local_theta if local else cfg.rope_theta
+            inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+            inv_freq, factor = _scaled_inv_freq(inv_freq, None if local else cfg.rope_scaling, max_positions)
         elif np.shape(inv_freq) != (d // 2,):
             raise ValueError(f"RoPE frequencies must have shape ({d // 2},), got {np.shape(inv_freq)}")
         inv_freq = np.asarray(inv_freq, np.float64)
         angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
-        self.cos = np.cos(angles).astype(np.float32)   # [positions, d/2]
-        self.sin = np.sin(angles).astype(np.float32)
+        self.cos = (np.cos(angles) * factor).astype(np.float32)   # [positions, d/2]
+        self.sin = (np.sin(angles) * factor).astype(np.float32)
 
     def __call__(self, x: np.ndarray, start: int) -> np.ndarray:
         """x: [tokens, heads, head_dim] at positions start, start+1, ...; rotated in place."""
@@ -86,12 +125,17 @@ class Rope:
         return x
 
 
-def _scaled_inv_freq(inv_freq: np.ndarray, scaling: Optional[dict]) -> np.ndarray:
+def _scaled_inv_freq(inv_freq: np.ndarray, scaling: Optional[dict], max_positions: int):
+    """(frequencies, factor of cos / sin) under ``scaling``."""
     if not scaling:
-        return inv_freq
+        return inv_freq, 1.0
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "linear":
-        return inv_freq / scaling["factor"]
+        return inv_freq / scaling["factor"], 1.0
+    if kind == "longrope":  # the long factors when the context may pass the pretraining length
+        long = max_positions > scaling["original_max_position_embeddings"]
+        ext = np.asarray(scaling["long_factor" if long else "short_factor"], np.float64)
+        return inv_freq / ext, scaling["attention_factor"]
     if kind == "llama3":  # long-wavelength components slowed down, a smooth ramp in between
         factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
         old = scaling["original_max_position_embeddings"]
@@ -99,8 +143,8 @@ def _scaled_inv_freq(inv_freq: np.ndarray, scaling: Optional[dict]) -> np.ndarra
         smooth = np.clip((old / wavelen - lo) / (hi - lo), 0.0, 1.0)
         return np.where(wavelen < old / hi, inv_freq,
                         np.where(wavelen > old / lo, inv_freq / factor,
-                                 (1 - smooth) * inv_freq / factor + smooth * inv_freq))
-    return inv_freq
+                                 (1 - smooth) * inv_freq / factor + smooth * inv_freq)), 1.0
+    return inv_freq, 1.0
 
 
 def _lazy_zeros(shape) -> np.ndarray:
@@ -117,49 +161,102 @@ def _lazy_zeros(shape) -> np.ndarray:
 
 
 class KVCache:
-    """Keys and values of every layer, preallocated for ``capacity`` positions:
-    [layers, kv_heads, capacity, head_dim] float32 each; memory becomes resident as positions
-    are filled."""
+    """Keys and values of every layer, preallocated for ``capacity`` positions, float32
+    [kv_heads, positions, head_dim] per layer; memory becomes resident as positions are filled.
+    A sliding-window layer holds only its window's positions, as a ring (``windows[i]``: its
+    size, 0 for a layer that holds them all). ``k`` / ``v``: one [layers, ...] array when every
+    layer holds ``capacity`` positions, else a list of the layers' arrays."""
 
     def __init__(self, cfg: ModelConfig, capacity: int):
-        shape = (cfg.num_layers, cfg.num_kv_heads, capacity, cfg.head_dim)
-        self.k = _lazy_zeros(shape)
-        self.v = _lazy_zeros(shape)
+        caps = [min(capacity, cfg.window(i) or capacity) for i in range(cfg.num_layers)]
+        self.windows = [c if c < capacity else 0 for c in caps]
+        if len(set(caps)) == 1:
+            shape = (cfg.num_layers, cfg.num_kv_heads, caps[0], cfg.head_dim)
+            self.k, self.v = _lazy_zeros(shape), _lazy_zeros(shape)
+        else:
+            self.k = [_lazy_zeros((cfg.num_kv_heads, c, cfg.head_dim)) for c in caps]
+            self.v = [_lazy_zeros((cfg.num_kv_heads, c, cfg.head_dim)) for c in caps]
         self.capacity = capacity
         self.length = 0          # positions filled (the same for every layer after a forward)
         self.ids: list[int] = []  # the tokens those positions hold (for prefix reuse)
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return sum(a.nbytes for a in (*self.k, *self.v)) if isinstance(self.k, list) else self.k.nbytes + self.v.nbytes
+
+
+def _per_head_norm(qkv: np.ndarray, c0: int, c1: int, weight: np.ndarray, eps: float) -> None:
+    """RMSNorm of each head_dim-wide head in columns [c0, c1) of ``qkv``, in place."""
+    d = weight.shape[0]
+    x = np.ascontiguousarray(qkv[:, c0:c1]).reshape(-1, d)
+    qkv[:, c0:c1] = rms_norm(x, weight, eps).reshape(qkv.shape[0], c1 - c0)
 
 
 class Attention:
-    def __init__(self, cfg: ModelConfig, layer: int, qkv: Linear, o: Linear, rope: Rope):
+    def __init__(self, cfg: ModelConfig, layer: int, qkv: Linear, o: Linear, rope: Rope,
+                 q_norm: Optional[np.ndarray] = None, k_norm: Optional[np.ndarray] = None):
         self.cfg, self.layer, self.qkv, self.o, self.rope = cfg, layer, qkv, o, rope
-        self.scale = np.float32(1.0 / math.sqrt(cfg.head_dim))
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.scale = np.float32(cfg.attn_scale if cfg.attn_scale is not None else 1.0 / math.sqrt(cfg.head_dim))
+        self.window = cfg.window(layer)
+        self.softcap = float(cfg.attn_softcap or 0.0)
 
     def __call__(self, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
         cfg = self.cfg
         qkv = self.qkv(x)
+        if self.q_norm is not None:
+            _per_head_norm(qkv, 0, cfg.q_size, self.q_norm, cfg.rms_norm_eps)
+        if self.k_norm is not None:
+            _per_head_norm(qkv, cfg.q_size, cfg.q_size + cfg.kv_size, self.k_norm, cfg.rms_norm_eps)
+        k, v, ring = cache.k[self.layer], cache.v[self.layer], cache.windows[self.layer]
+        rope, heads, scale = self.rope, cfg.num_heads, float(self.scale)
         if x.shape[0] == 1:  # decode: RoPE, cache update and attention in one call
-            return self.o(_core.attend_one(qkv, self.rope.cos, self.rope.sin, start, cache.k[self.layer],
-                                           cache.v[self.layer], cfg.num_heads, float(self.scale)))
+            return self.o(_core.attend_one(qkv, rope.cos, rope.sin, start, k, v, heads, scale,
+                                           window=ring, softcap=self.softcap))
         # prefill: RoPE, cache update and causal attention (blocked, online softmax) in one call
-        return self.o(_core.attend_prefill(qkv, self.rope.cos, self.rope.sin, start, cache.k[self.layer],
-                                           cache.v[self.layer], cfg.num_heads, float(self.scale)))
+        if not ring or start + x.shape[0] <= ring:
+            return self.o(_core.attend_prefill(qkv, rope.cos, rope.sin, start, k, v, heads, scale,
+                                               window=self.window, softcap=self.softcap))
+        return self.o(_ring_prefill(qkv, rope, start, k, v, heads, scale, ring, self.softcap))
+
+
+def _ring_prefill(qkv, rope: Rope, start: int, k: np.ndarray, v: np.ndarray, heads: int, scale: float,
+                  window: int, softcap: float) -> np.ndarray:
+    """Prefill of a sliding-window layer whose ring (``window`` positions) the prompt wraps:
+    attention over a scratch cache of the window before ``start`` (unrolled from the ring) and
+    the new positions, then the ring refilled with the last ``window`` of them."""
+    n, past = qkv.shape[0], min(start, window - 1)
+    shape = (k.shape[0], past + n, k.shape[2])
+    tk, tv = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    slots = np.arange(start - past, start) % window
+    tk[:, :past], tv[:, :past] = k[:, slots], v[:, slots]
+    out = _core.attend_prefill(qkv, rope.cos[start - past:], rope.sin[start - past:], past, tk, tv, heads, scale,
+                               window=window, softcap=softcap)
+    keep = min(window, past + n)
+    slots = np.arange(start + n - keep, start + n) % window
+    k[:, slots], v[:, slots] = tk[:, past + n - keep:], tv[:, past + n - keep:]
+    return out
 
 
 class Block:
     def __init__(self, cfg: ModelConfig, attention: Attention, gate_up: Linear, down: Linear,
-                 input_norm: np.ndarray, post_norm: np.ndarray):
+                 input_norm: np.ndarray, post_norm: np.ndarray, attn_out_norm: Optional[np.ndarray] = None,
+                 mlp_out_norm: Optional[np.ndarray] = None):
         self.cfg, self.attention, self.gate_up, self.down = cfg, attention, gate_up, down
         self.input_norm, self.post_norm = input_norm, post_norm
+        self.attn_out_norm, self.mlp_out_norm = attn_out_norm, mlp_out_norm
+        self.act = mlp_activation(cfg)
 
     def __call__(self, h: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
         eps = self.cfg.rms_norm_eps
-        h = h + self.attention(rms_norm(h, self.input_norm, eps), cache, start)
-        return h + self.down(silu_mul(self.gate_up(rms_norm(h, self.post_norm, eps))))
+        h = h + self._out(self.attention(rms_norm(h, self.input_norm, eps), cache, start), self.attn_out_norm)
+        return h + self._out(self.mlp(rms_norm(h, self.post_norm, eps)), self.mlp_out_norm)
+
+    def mlp(self, x: np.ndarray) -> np.ndarray:
+        return self.down(self.act(self.gate_up(x)))
+
+    def _out(self, y: np.ndarray, norm: Optional[np.ndarray]) -> np.ndarray:
+        return y if norm is None else rms_norm(y, norm, self.cfg.rms_norm_eps)
 
 
 def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache):
@@ -169,12 +266,18 @@ def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache)
     linears = [lm_head] + [m for b in blocks for m in (b.attention.qkv, b.attention.o, b.gate_up, b.down)]
     if not blocks or any(not isinstance(m.weight, PackedWeight) for m in linears):
         return None
+    if blocks[0].cfg.hidden_act not in ("silu", "gelu_tanh"):  # the compiled step's MLPs: SwiGLU, GeGLU
+        return None
 
     def spec(m: Linear):
         return (core_handle(m.weight), m.bias, m.act == "int8", int(m._block))
 
-    cfg, rope = blocks[0].cfg, blocks[0].attention.rope
-    layers = [(spec(b.attention.qkv), spec(b.attention.o), spec(b.gate_up), spec(b.down),
-               b.input_norm, b.post_norm) for b in blocks]
-    return _core.decode_step(layers, norm, spec(lm_head), cache.k, cache.v, rope.cos, rope.sin,
-                             cfg.num_heads, cfg.rms_norm_eps, float(blocks[0].attention.scale))
+    cfg, first = blocks[0].cfg, blocks[0].attention
+    layers = [(spec(b.attention.qkv), spec(b.attention.o), spec(b.gate_up), spec(b.down), b.input_norm, b.post_norm,
+               cache.k[i], cache.v[i], b.attention.rope.cos, b.attention.rope.sin,
+               {"q_norm": b.attention.q_norm, "k_norm": b.attention.k_norm,
+                "attn_out_norm": b.attn_out_norm, "mlp_out_norm": b.mlp_out_norm})
+              for i, b in enumerate(blocks)]
+    return _core.decode_step(layers, norm, spec(lm_head), cfg.num_heads, cfg.rms_norm_eps, float(first.scale),
+                             gelu=cfg.hidden_act == "gelu_tanh", attn_softcap=first.softcap,
+                             final_softcap=getattr(lm_head, "softcap", 0.0), context=cache.capacity)

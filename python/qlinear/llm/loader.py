@@ -30,7 +30,9 @@ _SOURCES = (
 def load(path, bits: Optional[int] = 4, group_size: Optional[int] = 64, act: str = "int8",
          memory: str = "low", disk_embedding: bool = True, threads: Optional[int] = None,
          max_context: int = 4096, slim_vocab: Union[bool, Sequence[int]] = False,
-         act_block: ActBlock = DEFAULT_ACT_BLOCK, symmetric: bool = False, progress: bool = True) -> Model:
+         act_block: ActBlock = DEFAULT_ACT_BLOCK, symmetric: bool = False, progress: bool = True,
+         memory_budget_mb: Optional[float] = None, predictor=None, window: int = 5,
+         reader_threads: int = 4) -> Model:
     """Open a model: a GGUF file (Qwen2 / Llama; Q4_0 / Q8_0 / Q4_K codes used as they are, other
     types quantized here to ``bits``), a Hugging Face checkpoint directory (``config.json``, ``*.safetensors``,
     ``tokenizer.json``; quantized here to ``bits`` with ``group_size``), a directory written by
@@ -45,12 +47,26 @@ def load(path, bits: Optional[int] = 4, group_size: Optional[int] = 64, act: str
     activation scale per row and weight group; None: one per row; an int: per that many k).
     max_context: KV cache positions (generation stops when they are full). threads: kernel
     threads (default: physical cores).
+
+    memory="flash" (converted models): attention, norms, lm head and KV cache resident, each
+    layer's FFN read from the file per forward by ``reader_threads`` threads, overlapped with
+    compute (``flash``); ``memory_budget_mb`` (optional) is checked against what stays resident,
+    before loading. ``predictor`` (ReLU models, a file in the flash layout): a file written by
+    ``qlinear-llm train-predictor``; only predicted-active FFN neuron bundles are read, those
+    active in the last ``window`` tokens kept in memory (``sparsity``).
     """
     t0 = time.perf_counter()
     if threads is not None:
         set_num_threads(threads)
     opts = Options(bits, group_size, symmetric, act, act_block, memory, disk_embedding, slim_vocab).check()
     d = Path(path)
+    if opts.memory == "flash":
+        from .flash import load_flash
+        model = load_flash(d, opts, max_context, memory_budget_mb, reader_threads, predictor, window)
+        model.stats.load_s = time.perf_counter() - t0
+        return model
+    if memory_budget_mb is not None or predictor is not None:
+        raise ValueError("memory_budget_mb and predictor apply to memory='flash' only")
     if not d.is_dir() and not gguf_source.is_gguf(d):
         raise ValueError(f"{d}: not a model directory or GGUF file")
     for matches, read in _SOURCES:

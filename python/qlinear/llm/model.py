@@ -74,6 +74,7 @@ class Model:
     max_context: int = 4096
     info: dict = field(default_factory=dict)  # how it was loaded (bits, act, sources, ...)
     stats: Stats = field(default_factory=Stats)
+    resources: list = field(default_factory=list, repr=False)  # closed by close(): reader threads, files
 
     # Decode steps run as one compiled call over all blocks (False: block by block in Python,
     # the same operations and results).
@@ -83,6 +84,20 @@ class Model:
         self.cache = KVCache(self.config, self.max_context)
         self.history: list[dict] = []
         self._step, self._step_cache = None, None
+
+    def close(self) -> None:
+        """Stop and close what the model holds open (a flash model's reader threads and file,
+        the disk embedding's file); the model cannot run afterwards."""
+        while self.resources:
+            close = getattr(self.resources.pop(), "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- forward ------------------------------------------------------------------------------
     def reset(self) -> None:

@@ -15,7 +15,8 @@ class Options:
     symmetric: bool = False
     act: str = "int8"                  # "int8": W4A8 / W8A8 kernels; "float": low-memory float path
     act_block: ActBlock = DEFAULT_ACT_BLOCK  # activation scales, as qlinear.matmul's act_block
-    memory: str = "low"                # "normal" with act="float": dequantize weights at load
+    memory: str = "low"                # "normal" with act="float": dequantize weights at load;
+                                       # "flash": FFN weights read from the file per forward
     disk_embedding: bool = True
     slim_vocab: Union[bool, Sequence[int]] = False
 
@@ -24,8 +25,8 @@ class Options:
             raise ValueError(f"bits must be 4, 8 or None, got {self.bits!r}")
         if self.act not in ("int8", "float"):
             raise ValueError(f"act must be 'int8' or 'float', got {self.act!r}")
-        if self.memory not in ("low", "normal"):
-            raise ValueError(f"memory must be 'low' or 'normal', got {self.memory!r}")
+        if self.memory not in ("low", "normal", "flash"):
+            raise ValueError(f"memory must be 'low', 'normal' or 'flash', got {self.memory!r}")
         if self.bits is None and self.act == "int8":
             raise ValueError("act='int8' needs quantized weights (bits=4 or 8); use act='float' with bits=None")
         return self

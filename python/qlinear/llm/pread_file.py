@@ -14,6 +14,8 @@ class PreadFile:
 
     def read(self, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes at ``offset``; ValueError if the file is shorter."""
+        if self._fd is None:
+            raise ValueError(f"{self.path}: the file is closed")
         data = os.pread(self._fd, length, offset) if length else b""
         if len(data) != length:
             raise ValueError(f"{self.path}: short read of {length} bytes at {offset} (truncated?)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sysconfig
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from .convert import check_out_dir
@@ -26,6 +27,8 @@ SHAPES = {
                   num_attention_heads=8, num_key_value_heads=2, vocab_size=2048),
     "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                          num_attention_heads=14, num_key_value_heads=2, vocab_size=151936),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936),
 }
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -37,6 +40,47 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """A family's chat template (its shape, shortened from the released tokenizer_config.json),
+    its bos / eos (end of turn) / pad tokens and every special token in vocabulary order."""
+
+    template: str
+    bos: Optional[str]
+    eos: str
+    pad: str
+    special: tuple
+
+
+CHATML = ChatFormat(CHATML_TEMPLATE, None, "<|im_end|>", "<|endoftext|>", tuple(SPECIAL_TOKENS))
+GEMMA = ChatFormat(
+    "{{ bos_token }}{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}",
+    "<bos>", "<end_of_turn>", "<pad>", ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"))
+PHI3 = ChatFormat(
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}",
+    "<s>", "<|end|>", "<|endoftext|>", ("<s>", "<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>"))
+MISTRAL = ChatFormat(
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ message['content'] + '</s>' }}{% endif %}"
+    "{% endfor %}",
+    "<s>", "</s>", "<unk>", ("<unk>", "<s>", "</s>", "[INST]", "[/INST]"))
+
+# arch -> (transformers config class, its fields beyond the shape, chat format)
+ARCHS = {
+    "qwen2": ("Qwen2Config", {}, CHATML),
+    "llama": ("LlamaConfig", {"rope_theta": 500000.0}, CHATML),
+    "qwen3": ("Qwen3Config", {}, CHATML),
+    "mistral": ("MistralConfig", {"sliding_window": 4096}, MISTRAL),
+    "gemma2": ("Gemma2Config", {"tie_word_embeddings": True, "sliding_window": 4096, "rope_theta": 10000.0}, GEMMA),
+    "gemma3": ("Gemma3TextConfig", {"tie_word_embeddings": True, "sliding_window": 512}, GEMMA),
+    "phi3": ("Phi3Config", {"rope_theta": 10000.0}, PHI3),
+}
 
 
 def local_text(limit_bytes: int = 1_000_000) -> Iterable[str]:
@@ -51,15 +95,17 @@ def local_text(limit_bytes: int = 1_000_000) -> Iterable[str]:
             break
 
 
-def train_tokenizer(out_dir, vocab_size: int = 1024, text: Optional[Iterable[str]] = None):
-    """Train a byte-level BPE tokenizer and save it HF-style into ``out_dir``."""
+def train_tokenizer(out_dir, vocab_size: int = 1024, text: Optional[Iterable[str]] = None,
+                    chat: ChatFormat = CHATML):
+    """Train a byte-level BPE tokenizer and save it HF-style into ``out_dir``, with ``chat``'s
+    template and special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(chat.special),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(text if text is not None else local_text(), trainer=trainer)
@@ -68,8 +114,7 @@ def train_tokenizer(out_dir, vocab_size: int = 1024, text: Optional[Iterable[str
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-        "unk_token": None, "chat_template": CHATML_TEMPLATE, "model_max_length": 32768,
+        "bos_token": chat.bos, "eos_token": chat.eos, "pad_token": chat.pad, "unk_token": None, "chat_template": chat.template, "model_max_length": 32768,
         "clean_up_tokenization_spaces": False,
     }, indent=2))
     return tok
@@ -77,17 +122,19 @@ def train_tokenizer(out_dir, vocab_size: int = 1024, text: Optional[Iterable[str
 
 def make_checkpoint(out_dir, arch: str = "qwen2", shape: str = "tiny", seed: int = 0,
                     tokenizer_vocab: Optional[int] = None, dtype: str = "float32", force: bool = False,
-                    **overrides) -> Path:
-    """Write a random-initialized ``arch`` ("qwen2" or "llama") checkpoint of a named ``shape``
-    (see SHAPES; keyword overrides change single fields, e.g. ``vocab_size``) in ``dtype``
-    (float32 or bfloat16) with a locally trained tokenizer. An existing non-empty ``out_dir``
-    is refused unless ``force``."""
+                    norm_noise: float = 0.0, **overrides) -> Path:
+    """Write a random-initialized ``arch`` (see ARCHS) checkpoint of a named ``shape`` (see
+    SHAPES; keyword overrides change single fields of the transformers config, e.g.
+    ``vocab_size`` or ``sliding_window``) in ``dtype`` (float32 or bfloat16) with a locally
+    trained tokenizer and the family's chat template. ``norm_noise``: RMSNorm weights get
+    N(0, norm_noise) added (transformers initializes them all alike, which would hide a norm
+    read wrongly). An existing non-empty ``out_dir`` is refused unless ``force``."""
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if arch not in ("qwen2", "llama"):
-        raise ValueError(f"unknown architecture {arch!r}; known: qwen2, llama")
+    if arch not in ARCHS:
+        raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHS)}")
     out = Path(out_dir)
     check_out_dir(out, force)
 
@@ -97,19 +144,25 @@ def make_checkpoint(out_dir, arch: str = "qwen2", shape: str = "tiny", seed: int
     fields = {**SHAPES[shape], **overrides}
     out.mkdir(parents=True, exist_ok=True)
     tok_vocab = tokenizer_vocab or min(fields["vocab_size"], 4096)
-    tok = train_tokenizer(out, vocab_size=tok_vocab)
-    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    config_class, extra, chat = ARCHS[arch]
+    tok = train_tokenizer(out, vocab_size=tok_vocab, chat=chat)
     common = dict(max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0,
-                  tie_word_embeddings=False, bos_token_id=ids["<|endoftext|>"],
-                  eos_token_id=ids["<|im_end|>"], dtype=dtype)
+                  tie_word_embeddings=False, bos_token_id=tok.token_to_id(chat.bos or chat.pad),
+                  eos_token_id=tok.token_to_id(chat.eos), pad_token_id=tok.token_to_id(chat.pad),
+                  dtype=dtype)
+    common.update(extra)
+    if arch not in ("qwen2", "llama"):  # their own default head_dim (128, 256) would not fit a small shape
+        common["head_dim"] = fields["hidden_size"] // fields["num_attention_heads"]
     common.update(fields)
-    if arch == "qwen2":
-        config = transformers.Qwen2Config(**common)
-    else:
-        config = transformers.LlamaConfig(**{**common, "rope_theta": 500000.0})
+    config = getattr(transformers, config_class)(**common)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.eval()
+    if norm_noise:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.add_(torch.randn_like(p) * norm_noise)
     model.save_pretrained(out, safe_serialization=True)
     (out / "generation_config.json").unlink(missing_ok=True)
     return out

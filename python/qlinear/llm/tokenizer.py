@@ -40,7 +40,8 @@ class Tokenizer:
                 raise ValueError(f"{d / 'tokenizer_config.json'}: not JSON ({e})") from None
         tok = cls(hf, chat_template=_template_text(cfg.get("chat_template")),
                   stop_tokens=[t for t in (_token_text(cfg.get("eos_token")),
-                                           "<|im_end|>", "<|endoftext|>", "<|eot_id|>") if t],
+                                           "<|im_end|>", "<|endoftext|>", "<|eot_id|>",
+                                           "<end_of_turn>", "<|end|>") if t],
                   bos_token=_token_text(cfg.get("bos_token")))
         tok.stop_ids |= set(extra_stop_ids)
         return tok

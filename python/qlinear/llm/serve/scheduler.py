@@ -2,11 +2,13 @@
 
 Each loop of the scheduler admits waiting requests (up to a budget of prompt tokens; each
 prompt's prefill runs as a chunk of its own, into the sequence's own KV cache), drops the
-cancelled sequences (their caches are freed), and runs one decode step for every running sequence: one B-row matmul per weight
-(``_core.BatchStep``), attention per sequence over its own cache at its own position. Every
-row's logits are bit-identical to the single-sequence decode step's (the kernels compute each
-row of a GEMM as the one-row GEMV; norms, attention and sampling are per row), so a sequence's
-tokens do not depend on what else is in the batch, and greedy output equals Model.stream_ids'.
+cancelled sequences (their caches are freed), and runs one decode step for every running
+sequence: ``DecodeStep.step_batch``, the single-sequence step's code over B rows, one B-row
+matmul per weight, attention per sequence over its own caches (allocated as Model allocates its
+own: sliding-window layers hold rings) at its own position. Every row's logits are bit-identical
+to the single-sequence decode step's (the kernels compute each row of a GEMM as the one-row GEMV;
+norms, attention and sampling are per row), so a sequence's tokens do not depend on what else is
+in the batch, and greedy output equals Model.stream_ids'.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from typing import Callable, Optional, Sequence as Seq
 
 import numpy as np
 
-from ... import _core
 from ..generation import Sampler, Sampling
 from ..layers import KVCache, decode_step
 from ..model import PREFILL_CHUNK, Model
@@ -67,8 +68,9 @@ class Scheduler:
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
         self.model, self.max_batch, self.max_queue = model, max_batch, max_queue
-        step = decode_step(model.blocks, model.norm, model.lm_head, model.cache) if model.compiled_decode else None
-        self._batch = None if step is None else _core.batch_step(step)
+        # the model's own step, in a DecodeStep of the scheduler's (its buffers): None when it
+        # does not compile (float weights), then sequences run one by one through the blocks
+        self._step = decode_step(model.blocks, model.norm, model.lm_head, model.cache) if model.compiled_decode else None
         self._to_token = (lambda i: i) if model.lm_rows is None else (lambda i: int(model.lm_rows[i]))
         self._stop_ids = set(model.tokenizer.stop_ids)
         self._waiting: deque = deque()
@@ -183,9 +185,10 @@ class Scheduler:
         tokens = [s.next_token for s in rows]
         positions = [s.cache.length for s in rows]
         try:
-            if self._batch is not None:
+            if self._step is not None:
                 h = np.ascontiguousarray(self.model.embedding(tokens), np.float32)
-                logits = self._batch.step(h, positions, [s.cache.k for s in rows], [s.cache.v for s in rows])
+                logits = self._step.step_batch(h, positions, [s.cache.k for s in rows], [s.cache.v for s in rows],
+                                               [s.cache.capacity for s in rows])
             else:  # weights kept in float: one sequence at a time through the blocks
                 logits = np.concatenate([self.model._forward([t], p, cache=s.cache)
                                          for s, t, p in zip(rows, tokens, positions)])

@@ -1,0 +1,172 @@
+"""Reading parts of a model file into preallocated buffers with parallel ``preadv`` calls, on
+worker threads (``os.preadv`` releases the GIL), while the caller computes.
+
+A job is a list of reads; a read is (file offset, [destination memoryviews]) filled in order by
+one ``preadv`` (so a read can scatter a contiguous file range into several buffers). Workers take
+reads from one queue, so several are in flight at once (the disk's queue depth). After each
+read the pages it brought into the page cache are dropped (``posix_fadvise(DONTNEED)``): the
+process keeps what it copied, the page cache does not grow (under a memory limit that counts
+the page cache, it does not push out what the model holds).
+
+Every read checks its length (a truncated file gives a short read), and a job checks that the
+file was not changed on disk since it was opened (size, modification time, inode): a model
+file changed under a running model raises ValueError instead of giving garbage logits.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+IOV_MAX = 1024          # iovecs per preadv (Linux's limit)
+CHUNK_BYTES = 4 << 20   # a large read is split into reads of this size, for reads in flight
+
+
+@dataclass
+class ReadStats:
+    bytes: int = 0
+    reads: int = 0
+    jobs: int = 0
+    sizes: dict = field(default_factory=dict)   # read size -> count
+
+    def add(self, nbytes: int) -> None:
+        self.bytes += nbytes
+        self.reads += 1
+        self.sizes[nbytes] = self.sizes.get(nbytes, 0) + 1
+
+
+class Job:
+    """Reads submitted together; ``wait()`` returns when all are done (or raises the error)."""
+
+    def __init__(self, reads: list):
+        self.reads = reads
+        self._left = len(reads)
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self.error: Optional[BaseException] = None
+        if not reads:
+            self._done.set()
+
+    def _finish_one(self, error: Optional[BaseException]) -> bool:
+        with self._lock:
+            if error is not None and self.error is None:
+                self.error = error
+            self._left -= 1
+            return self._left == 0
+
+    def wait(self) -> None:
+        self._done.wait()
+        if self.error is not None:
+            raise self.error
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+
+def split_reads(offset: int, views: Sequence[memoryview], chunk: int = CHUNK_BYTES) -> list:
+    """Reads covering the contiguous file range at ``offset`` that ``views`` fill in order: one
+    read per ``chunk`` bytes (a view larger than that split), at most IOV_MAX views each."""
+    reads, cur, cur_bytes, start = [], [], 0, offset
+    for v in views:
+        v = memoryview(v).cast("B")
+        while len(v):
+            take = min(len(v), chunk - cur_bytes)
+            cur.append(v[:take])
+            cur_bytes += take
+            v = v[take:]
+            if cur_bytes == chunk or len(cur) == IOV_MAX:
+                reads.append((start, cur))
+                start, cur, cur_bytes = start + cur_bytes, [], 0
+    if cur:
+        reads.append((start, cur))
+    return reads
+
+
+class FlashReader:
+    """Worker threads reading one file. ``submit(reads)`` -> Job; ``close()`` stops the workers
+    and closes the file (also at garbage collection of the owner: see ``flash``)."""
+
+    def __init__(self, path, workers: int = 4, drop_cache: bool = True):
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"reader workers must be an int >= 1, got {workers!r}")
+        self.path = os.fspath(path)
+        self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self.identity = self._identity()
+        self.drop_cache = drop_cache and hasattr(os, "posix_fadvise")
+        self.stats = ReadStats()
+        self._stats_lock = threading.Lock()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name=f"qlinear-flash-reader-{i}", daemon=True)
+                         for i in range(workers)]
+        for t in self._threads:
+            t.start()
+
+    def _identity(self) -> tuple:
+        st = os.fstat(self.fd)
+        return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
+
+    def check_unchanged(self) -> None:
+        """ValueError if the file was truncated, rewritten or touched since it was opened."""
+        if self.fd is None:
+            raise ValueError(f"{self.path}: the model is closed")
+        now = self._identity()
+        if now != self.identity:
+            raise ValueError(f"{self.path}: the model file changed on disk while the model was running "
+                             f"(size {self.identity[0]} -> {now[0]} bytes); reload it")
+
+    def submit(self, reads: list) -> Job:
+        if self.fd is None:
+            raise ValueError(f"{self.path}: the model is closed")
+        job = Job(reads)
+        with self._stats_lock:
+            self.stats.jobs += 1
+        for r in reads:
+            self._queue.put((job, r))
+        return job
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            job, (offset, views) = item
+            error = None
+            try:
+                want = sum(len(v) for v in views)
+                n = os.preadv(self.fd, views, offset)
+                if n != want:
+                    raise ValueError(f"{self.path}: short read: {n} of {want} bytes at offset {offset} "
+                                     "(the model file was truncated?)")
+                if self.drop_cache:
+                    os.posix_fadvise(self.fd, offset, want, os.POSIX_FADV_DONTNEED)
+                with self._stats_lock:
+                    self.stats.add(want)
+            except (OSError, ValueError, TypeError) as e:
+                error = e if isinstance(e, ValueError) else ValueError(f"{self.path}: read failed: {e}")
+            if job._finish_one(error):
+                if job.error is None:
+                    try:
+                        self.check_unchanged()
+                    except ValueError as e:
+                        job.error = e
+                job._done.set()
+
+    @property
+    def alive_threads(self) -> int:
+        return sum(t.is_alive() for t in self._threads)
+
+    def close(self) -> None:
+        """Stop the workers (after the reads queued) and close the file; idempotent."""
+        if self.fd is None:
+            return
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join()
+        os.close(self.fd)
+        self.fd = None

@@ -1,0 +1,294 @@
+"""memory="flash": FFN weights read from the model file per forward (qlinear.llm.flash)."""
+
+import json
+import os
+import shutil
+import threading
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("transformers")
+
+from qlinear import llm  # noqa: E402
+from qlinear.llm import flash_layout  # noqa: E402
+from qlinear.llm.synthetic import make_checkpoint  # noqa: E402
+
+IDS = list(range(5, 45))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("flash")
+    ck = make_checkpoint(d / "ck", arch="qwen2", shape="tiny", num_hidden_layers=3)
+    plain = llm.convert(ck, d / "q4", progress=False)
+    bundled = llm.convert(ck, d / "q4f", progress=False, flash=True)
+    return {"ck": ck, "plain": plain, "bundled": bundled, "dir": d}
+
+
+def fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_bundle_layout_roundtrip():
+    import qlinear
+    from qlinear.llm.flash_layout import FFNLayout, Geometry
+
+    rng = np.random.default_rng(0)
+    for H, I, gs in [(64, 176, 64), (96, 192, None), (64, 160, 32)]:
+        gu = qlinear.pack_weight(rng.standard_normal((2 * I, H), dtype=np.float32), 4, gs)
+        dn = qlinear.pack_weight(rng.standard_normal((H, I), dtype=np.float32), 4, gs)
+        geom = lambda w: Geometry(*w.shape, w.bits, w.group_size, w.symmetric, w.layout)  # noqa: E731
+        lay = FFNLayout(geom(gu), geom(dn))
+        assert geom(gu).nbytes == gu.nbytes and geom(dn).nbytes == dn.nbytes
+        b = lay.bundle(np.asarray(gu.buffer), np.asarray(dn.buffer))
+        # a bundle holds its neurons' gate rows, up rows and down columns (the codes)
+        codes_gu, codes_dn = gu.unpack()[0], dn.unpack()[0]
+        for k in range(lay.count):
+            part = b[lay.offsets[k]:lay.offsets[k + 1]]
+            rows = slice(k * lay.neurons, k * lay.neurons + lay.neurons_of(k))
+            rb = lay.rows_bytes(k)
+            g = flash_layout.packed(part[:rb].copy(), Geometry(rows.stop - rows.start, H, gu.bits, gu.group_size, False))
+            np.testing.assert_array_equal(g.unpack()[0], codes_gu[rows])
+            u = flash_layout.packed(part[rb:2 * rb].copy(), Geometry(rows.stop - rows.start, H, gu.bits, gu.group_size, False))
+            np.testing.assert_array_equal(u.unpack()[0], codes_gu[I + rows.start:I + rows.stop])
+            d = flash_layout.packed(part[2 * rb:].copy(), Geometry(H, lay.neurons, dn.bits, lay.neurons, False))
+            np.testing.assert_array_equal(d.unpack()[0][:, :rows.stop - rows.start], codes_dn[:, rows])
+        a, c = lay.unbundle(b)
+        np.testing.assert_array_equal(a, gu.buffer)
+        np.testing.assert_array_equal(c, dn.buffer)
+
+
+@pytest.mark.parametrize("kind", ["plain", "bundled"])
+def test_flash_logits_equal_normal_bit_for_bit(models, kind):
+    ref = llm.load(models["plain"], progress=False)
+    want = ref.logits(IDS)
+    want_gen = ref.generate_ids(IDS[:6], 8)
+    with llm.load(models[kind], memory="flash", progress=False) as m:
+        assert m.info["memory"] == "flash" and m.info["flash_bundled"] == (kind == "bundled")
+        np.testing.assert_array_equal(m.logits(IDS), want)
+        assert m.generate_ids(IDS[:6], 8) == want_gen     # decode steps, block by block
+        np.testing.assert_array_equal(m.logits(IDS[:7]), ref.logits(IDS[:7]))
+        # every forward reads every layer's FFN (reads of the next ones may be in flight)
+        layer = m.info["flash_layer_bytes"]
+        assert m.flash.bytes_read >= layer * 3 * 10
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "qwen3"])
+def test_flash_keeps_the_architecture_s_block(tmp_path, arch):
+    """Only the MLP's weights are streamed: Gemma 2's norms around attention and MLP, soft-caps
+    and sliding layers, Qwen3's q / k norms are the block's own, bit for bit."""
+    ck = make_checkpoint(tmp_path / "ck", arch=arch, shape="tiny", num_hidden_layers=3)
+    conv = llm.convert(ck, tmp_path / "q4", progress=False)
+    ref = llm.load(conv, progress=False)
+    with llm.load(conv, memory="flash", progress=False) as m:
+        np.testing.assert_array_equal(m.logits(IDS), ref.logits(IDS))
+        assert m.generate_ids(IDS[:6], 8) == ref.generate_ids(IDS[:6], 8)
+
+
+def test_bundled_file_loads_normally(models):
+    a = llm.load(models["plain"], progress=False).logits(IDS)
+    np.testing.assert_array_equal(llm.load(models["bundled"], progress=False).logits(IDS), a)
+
+
+def test_budget_too_small_refused_before_loading(models, monkeypatch):
+    from qlinear.llm import converted_source
+
+    def no_read(*a, **k):
+        raise AssertionError("read the model before checking the budget")
+
+    monkeypatch.setattr(converted_source, "read", no_read)
+    with pytest.raises(ValueError, match="memory_budget_mb=0.1 is too small.*resident weights"):
+        llm.load(models["plain"], memory="flash", memory_budget_mb=0.1, progress=False)
+    with pytest.raises(ValueError, match="memory_budget_mb must be a positive"):
+        llm.load(models["plain"], memory="flash", memory_budget_mb=-1, progress=False)
+    with pytest.raises(ValueError, match="apply to memory='flash' only"):
+        llm.load(models["plain"], memory_budget_mb=100, progress=False)
+
+
+def test_budget_that_fits_loads(models):
+    with llm.load(models["plain"], memory="flash", memory_budget_mb=64, max_context=256, progress=False) as m:
+        assert m.logits(IDS[:4]).shape == (4, m.config.vocab_size)
+
+
+def test_flash_needs_a_converted_model(models):
+    with pytest.raises(ValueError, match="needs a converted model"):
+        llm.load(models["ck"], memory="flash", progress=False)
+
+
+@pytest.mark.parametrize("kind", ["plain", "bundled"])
+@pytest.mark.parametrize("change", ["truncate", "rewrite"])
+def test_file_changed_during_a_run_raises(models, tmp_path, kind, change):
+    d = tmp_path / "m"
+    shutil.copytree(models[kind], d)
+    f = d / "model.qlinear"
+    with llm.load(d, memory="flash", progress=False) as m:
+        m.logits(IDS[:4])
+        if change == "truncate":
+            with open(f, "r+b") as fh:
+                fh.truncate(os.path.getsize(f) // 2)
+        else:
+            with open(f, "r+b") as fh:   # same size, other bytes
+                fh.seek(os.path.getsize(f) // 2)
+                fh.write(b"\xff" * 4096)
+        with pytest.raises(ValueError, match="truncated|changed on disk"):
+            m.logits(IDS[:4])
+        with pytest.raises(ValueError, match="truncated|changed on disk"):   # stays an error
+            m.generate_ids(IDS[:4], 3)
+
+
+def test_reader_threads_and_fds_are_released(models):
+    import gc
+
+    before_threads, before_fds = set(threading.enumerate()), fd_count()
+    m = llm.load(models["bundled"], memory="flash", progress=False)
+    m.logits(IDS[:4])
+    assert len(set(threading.enumerate()) - before_threads) == 4   # reader_threads
+    assert fd_count() > before_fds
+    m.close()
+    assert set(threading.enumerate()) == before_threads and fd_count() == before_fds
+    m.close()  # idempotent
+    with pytest.raises(ValueError, match="closed"):
+        m.logits(IDS[:4])
+
+    with llm.load(models["plain"], memory="flash", reader_threads=2, progress=False) as m:
+        assert len(set(threading.enumerate()) - before_threads) == 2
+    assert set(threading.enumerate()) == before_threads and fd_count() == before_fds
+
+    m = llm.load(models["plain"], memory="flash", progress=False)   # garbage collection
+    m.logits(IDS[:3])
+    del m
+    gc.collect()
+    threads = [t for t in threading.enumerate() if t.name.startswith("qlinear-flash-reader")]
+    for t in threads:
+        t.join(timeout=10)
+    assert set(threading.enumerate()) == before_threads
+    assert fd_count() == before_fds
+
+
+def test_window_swap_delete_matches_reference():
+    from qlinear.llm.sparsity import Window
+
+    rng = np.random.default_rng(1)
+    data = np.full(16, -1)
+    moves = []
+
+    def move(src, dst):
+        moves.append((src, dst))
+        data[dst] = data[src]
+
+    w = Window(16, move)
+    ref = {}   # bundle -> last active token
+    for now in range(1, 200):
+        w.evict(now, 5)
+        ref = {b: t for b, t in ref.items() if now - t < 5}
+        active = rng.choice(16, rng.integers(0, 5), replace=False)
+        for b, s in w.touch(active, now):
+            data[s] = b          # "read" bundle b into slot s
+        ref.update({int(b): now for b in active})
+        held = w.ids[:w.count]
+        assert sorted(held.tolist()) == sorted(ref) and (w.ids[w.count:] == -1).all()
+        assert all(w.slot[b] == s for s, b in enumerate(held.tolist()))
+        assert data[:w.count].tolist() == held.tolist()              # slot data follows its id
+        assert {int(b): int(t) for b, t in zip(held, w.last[:w.count])} == ref
+    assert moves and all(src == max(src, dst) for src, dst in moves)   # the last slot moves into the hole
+
+
+@pytest.fixture(scope="module")
+def relu_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("relu")
+    ck = make_checkpoint(d / "ck", arch="llama", shape="tiny", hidden_act="relu", intermediate_size=256)
+    return llm.convert(ck, d / "q4f", progress=False, flash=True), ck
+
+
+def test_relu_llama_matches_transformers(relu_model):
+    import torch
+    import transformers
+
+    _, ck = relu_model
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ck, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = hf(torch.tensor([IDS])).logits[0].numpy()
+    got = llm.load(ck, bits=None, act="float", progress=False).logits(IDS)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_predictor_and_sparse_flash(relu_model, tmp_path):
+    from qlinear.llm import sparsity
+
+    path, _ = relu_model
+    dense = llm.load(path, progress=False)
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(3, 1000, 32).tolist() for _ in range(24)]
+    preds = sparsity.train(dense, seqs[:16], rank=16, recall=0.99)
+    held = sparsity.evaluate(preds, sparsity.collect(dense, seqs[16:]))
+    assert held["recall"] > 0.9 and 0.3 < held["sparsity"] < 0.7   # random weights: about half active
+    # an all-knowing predictor (threshold below every score) reads every bundle: the dense result
+    sparsity.save(tmp_path / "p.qlinear", preds)
+    want = dense.logits(seqs[20])
+    with llm.load(path, memory="flash", predictor=tmp_path / "p.qlinear", window=2, progress=False) as m:
+        got = m.logits(seqs[20])
+        cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+        assert cos.min() >= 0.99
+        assert m.generate_ids(seqs[21][:8], 6) == dense.generate_ids(seqs[21][:8], 6)
+    never = [(a, b, np.float32(np.inf)) for a, b, _ in preds]   # predicts nothing: reads nothing
+    with llm.load(path, memory="flash", predictor=never, progress=False) as m:
+        m.logits(seqs[20][:4])
+        assert m.flash.bytes_read == 0
+    with pytest.raises(ValueError, match="ReLU model"):
+        sparsity.train(llm.load(llm.convert(make_checkpoint(tmp_path / "s", shape="tiny"), tmp_path / "sq",
+                                            progress=False), progress=False), seqs[:2])
+
+
+def test_cgroup_limited_run(models, tmp_path):
+    import subprocess
+    import sys
+
+    from qlinear.llm.cgroup import MemoryCgroup, unavailable_reason
+
+    why = unavailable_reason()
+    if why:
+        pytest.skip(f"no memory cgroup can be made here: {why}")
+    code = ("import sys, json; from qlinear import llm; "
+            "m = llm.load(sys.argv[1], memory='flash', max_context=64, progress=False); "
+            "print(json.dumps(m.generate_ids(list(range(5, 15)), 6)))")
+    want = llm.load(models["plain"], progress=False).generate_ids(list(range(5, 15)), 6)
+    with MemoryCgroup(300 << 20, name=f"qlinear-flash-test-{os.getpid()}") as cg:
+        r = cg.run([sys.executable, "-c", code, str(models["bundled"])], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == want
+        assert 0 < cg.peak <= 300 << 20
+        # the limit holds: a process that needs more is stopped
+        r = cg.run([sys.executable, "-c", "b = bytearray(400 << 20); b[::4096] = b'x' * len(b[::4096])"],
+                   capture_output=True, timeout=120)
+        assert r.returncode != 0
+
+
+def test_budget_room_holds_ffn_layers(models):
+    """A budget with room beyond what flash needs holds whole FFN layers in memory, spread over
+    the depth; only the others are read per token; the logits stay the normal mode's."""
+    from qlinear._format import tensor_entries
+    from qlinear.llm import converted_source, flash
+    from qlinear.llm.config import ModelConfig
+
+    file = models["plain"] / converted_source.MODEL_FILE
+    entries, meta = tensor_entries(file)
+    cfg = ModelConfig.from_dict(meta["config"])
+    ffn = flash.FFNFile(file, entries, meta, cfg)
+    plan = flash.plan_memory(entries, ffn, cfg, 256)
+    ref = llm.load(models["plain"], progress=False)
+    want, want_gen = ref.logits(IDS), ref.generate_ids(IDS[:6], 4)
+    for held in (0, 1, 2, 3):
+        budget = (plan.total + flash.PROCESS_RESERVE + held * ffn.layer_bytes + ffn.layer_bytes // 2) / 2**20
+        with llm.load(models["plain"], memory="flash", memory_budget_mb=budget, max_context=256,
+                      progress=False) as m:
+            pinned = m.info["flash_pinned_layers"]
+            assert len(pinned) == held and pinned == sorted(set(pinned))
+            before = m.flash.bytes_read
+            np.testing.assert_array_equal(m.logits(IDS), want)
+            assert m.generate_ids(IDS[:6], 4) == want_gen
+            # 6 forwards (logits, prefill, 4 decode steps), each reading the streamed layers,
+            # and at most two layers' reads in flight beyond them
+            assert m.flash.bytes_read - before <= (6 * (3 - held) + 2) * ffn.layer_bytes
+            assert (m.flash.bytes_read > before) == (held < 3)
