@@ -16,6 +16,8 @@ import json
 import sys
 import time
 
+from . import serve_command
+
 
 def _group_size(text: str):
     """--group-size: a positive int (32, 64, 128, 256, or >= K) or 'channel' (one group per row)."""
@@ -178,20 +180,6 @@ def cmd_convert(args) -> None:
     print(f"wrote {out} in {time.perf_counter() - t0:.1f} s")
 
 
-def cmd_serve(args) -> None:
-    from pathlib import Path
-
-    try:
-        from .serve import serve
-    except ImportError as e:
-        raise SystemExit(f"qlinear-llm serve needs the serve extra (pip install 'qlinear[serve]'): {e}") from None
-    model = _load(args)
-    name = args.model_name or Path(args.model.rstrip("/")).name
-    print(f"serving {name} on http://{args.host}:{args.port}/v1 (max batch {args.max_batch})", file=sys.stderr)
-    serve(model, name, host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
-          api_key=args.api_key)
-
-
 def cmd_train_predictor(args) -> None:
     from . import load, sparsity
     from .synthetic import local_text
@@ -261,15 +249,7 @@ def main(argv=None) -> None:
     v.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     v.set_defaults(run=cmd_convert)
 
-    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (continuous batching)")
-    _add_load_args(s)
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
-    s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those (then 429)")
-    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
-    s.add_argument("--model-name", default=None, help="the model's id in the API (default: MODEL's name)")
-    s.set_defaults(run=cmd_serve)
+    serve_command.add_parser(sub, _add_load_args, _load)
 
     from .synthetic import ARCHS, DTYPES, SHAPES  # noqa: PLC0415  (no torch import: that happens in make_checkpoint)
 
