@@ -133,6 +133,36 @@ def test_scheduler_equals_single_request_path(checkpoint):
         assert finish == ["length"]
 
 
+@pytest.mark.parametrize("arch, extra", [("gemma2", dict(sliding_window=16)), ("qwen3", {})])
+def test_scheduler_on_other_architectures(tmp_path, arch, extra):
+    """Gemma 2 (layer 0 a sliding window of 16 that most sequences run past: a ring cache per
+    sequence; GELU-tanh, soft-caps, sandwich norms) and Qwen3 (q / k norms): the scheduler's tokens
+    equal Model.generate_ids' alone, in the compiled batched step."""
+    path = synthetic.make_checkpoint(tmp_path / arch, arch=arch, shape="tiny", seed=3, norm_noise=0.1, **extra)
+    reference, model = load(path), load(path)
+    assert Scheduler(model)._step is not None  # the compiled step, not the Python blocks
+    if extra:
+        assert model.config.window(0) == 16 and not model.config.window(1)
+    tok = reference.tokenizer
+    jobs = [(tok.encode(p), n, {} if i % 3 else {"temperature": 0.9, "top_p": 0.9, "seed": i})
+            for i, (p, n) in enumerate(zip(PROMPTS, [40, 3, 25, 60, 9, 33]))]  # prompt + 3 < 16: no ring
+    jobs.append(([int(t) for t in np.random.default_rng(4).integers(3, 1000, 50)], 20, {}))  # prefill wraps the ring
+    results = run_scheduler(model, jobs, max_batch=4)
+    for (ids, n, sampling), (tokens, finish) in zip(jobs, results):
+        assert tokens == reference_ids(reference, ids, n, **sampling)
+        assert finish == (["length"] if len(tokens) == n else ["stop"])
+    assert sum(len(t) for t, _ in results) > 150
+
+
+def test_flash_models_are_refused(checkpoint, tmp_path):
+    converted = llm.convert(checkpoint, tmp_path / "q4", progress=False)
+    with llm.load(converted, memory="flash", max_context=64, progress=False) as model:
+        with pytest.raises(ValueError, match="memory='flash'"):
+            Scheduler(model)
+        with pytest.raises(ValueError, match="memory='flash'"):
+            create_app(model, NAME)
+
+
 def test_stop_tokens_and_ignore_eos(checkpoint, reference):
     """The model's stop tokens end a sequence ("stop", the token not emitted) unless ignore_eos."""
     ids = reference.tokenizer.encode(PROMPTS[4])

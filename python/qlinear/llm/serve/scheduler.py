@@ -67,6 +67,8 @@ class Scheduler:
         for name, value, least in (("max_batch", max_batch, 1), ("max_queue", max_queue, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+        if model.info.get("memory") == "flash":  # its FFNs stream from disk once per token, not per sequence
+            raise ValueError("serving a memory='flash' model is not supported: load it with memory='low' (the default)")
         self.model, self.max_batch, self.max_queue = model, max_batch, max_queue
         # the model's own step, in a DecodeStep of the scheduler's (its buffers): None when it
         # does not compile (float weights), then sequences run one by one through the blocks
