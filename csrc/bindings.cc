@@ -631,8 +631,64 @@ PYBIND11_MODULE(_core, m) {
                return logits;
              }, py::arg("h"), py::arg("pos"),
              "One token: h = its embedding [hidden] at position pos; returns the logits [1, vocab].")
+        .def("step_batch", [f32](DecodeStep& s, const py::array& h_in, const std::vector<int64_t>& pos,
+                                 const py::list& k_caches, const py::list& v_caches,
+                                 const std::vector<int64_t>& contexts) {
+               const decoder::StepModel& md = s.model();
+               const std::vector<decoder::LayerCache>& own = s.caches();
+               const int64_t b = static_cast<int64_t>(pos.size()), nl = static_cast<int64_t>(own.size());
+               const int64_t kv = md.attn.kv_heads, d = md.attn.head_dim;
+               if (b < 1 || static_cast<int64_t>(py::len(k_caches)) != b ||
+                   static_cast<int64_t>(py::len(v_caches)) != b || static_cast<int64_t>(contexts.size()) != b)
+                 throw py::value_error("step_batch: pos, k_caches, v_caches and contexts must hold the same number "
+                                       "(>= 1) of rows");
+               py::array h = f32(h_in, "h", {b, md.hidden});
+               py::list keep;  // the layers' arrays (views of a [layers, ...] cache) for the call
+               std::vector<decoder::LayerCache> caches(static_cast<size_t>(b * nl));
+               std::vector<decoder::StepRow> rows(static_cast<size_t>(b));
+               for (int64_t r = 0; r < b; ++r) {
+                 const std::string what = "row " + std::to_string(r) + " ";
+                 const int64_t ctx = contexts[r];
+                 if (ctx < 1 || ctx > md.attn.capacity)
+                   throw py::value_error(what + "context " + std::to_string(ctx) + " is not in 1.." +
+                                         std::to_string(md.attn.capacity));
+                 if (pos[r] < 0 || pos[r] >= ctx || pos[r] >= md.rope_rows)
+                   throw py::value_error(what + "position " + std::to_string(pos[r]) + " is outside its context (" +
+                                         std::to_string(ctx) + ") or the RoPE tables (" +
+                                         std::to_string(md.rope_rows) + ")");
+                 py::object ks = k_caches[r], vs = v_caches[r];
+                 if (static_cast<int64_t>(py::len(ks)) != nl || static_cast<int64_t>(py::len(vs)) != nl)
+                   throw py::value_error(what + "caches must hold " + std::to_string(nl) + " layers");
+                 for (int64_t i = 0; i < nl; ++i) {
+                   // a layer's cache holds the context, or its window's ring (the step's own is one)
+                   const int64_t cap = own[i].capacity < md.attn.capacity ? std::min(ctx, own[i].capacity) : ctx;
+                   const std::string layer = what + "layer " + std::to_string(i) + " ";
+                   py::array k = f32(ks[py::int_(i)], layer + "k_cache", {kv, cap, d}, true);
+                   py::array v = f32(vs[py::int_(i)], layer + "v_cache", {kv, cap, d}, true);
+                   keep.append(k), keep.append(v);
+                   caches[r * nl + i] = {static_cast<float*>(k.mutable_data()), static_cast<float*>(v.mutable_data()), cap};
+                   for (int64_t q = 0; q < r; ++q) {
+                     const decoder::LayerCache& o = caches[q * nl + i];
+                     if (o.k == caches[r * nl + i].k || o.v == caches[r * nl + i].v)
+                       throw py::value_error("step_batch: rows " + std::to_string(q) + " and " + std::to_string(r) +
+                                             " share a cache");
+                   }
+                 }
+                 rows[r] = {pos[r], caches.data() + r * nl};
+               }
+               py::array_t<float> logits({b, md.lm_head.w->n});
+               const float* hp = static_cast<const float*>(h.data());
+               float* out = logits.mutable_data();
+               py::gil_scoped_release release;
+               s.run(hp, rows.data(), b, out);
+               return logits;
+             }, py::arg("h"), py::arg("pos"), py::arg("k_caches"), py::arg("v_caches"), py::arg("contexts"),
+             "B tokens of B sequences (continuous batching): h = their embeddings [B, hidden], row r at position "
+             "pos[r] of a sequence of contexts[r] positions over its own caches: k_caches[r][layer] / "
+             "v_caches[r][layer] [kv_heads, capacity, head_dim] (a sliding layer's capacity: min(context, window)); "
+             "returns the logits [B, vocab], each row's the bits of that sequence's step alone.")
         .def("run_matmuls", [](DecodeStep& s) {
-               std::vector<float> logits(static_cast<size_t>(s.model().lm_head.w->n));
+               std::vector<float> logits(static_cast<size_t>(s.last_rows() * s.model().lm_head.w->n));
                py::gil_scoped_release release;
                s.run_matmuls(logits.data());
              }, "The step's matmuls alone (for timing the rest of the step).")
@@ -649,6 +705,7 @@ PYBIND11_MODULE(_core, m) {
             py::array fn = f32(final_norm, "final_norm", {-1});
             const int64_t hidden = fn.shape(0);
             decoder::StepModel md;
+            std::vector<decoder::LayerCache> caches;
             md.hidden = hidden;
             md.eps = static_cast<float>(eps);
             md.scale = static_cast<float>(scale);
@@ -698,9 +755,7 @@ PYBIND11_MODULE(_core, m) {
               L.k_norm = optional(o, "k_norm", p, d);
               L.attn_out_norm = optional(o, "attn_out_norm", p, hidden);
               L.mlp_out_norm = optional(o, "mlp_out_norm", p, hidden);
-              L.k_cache = static_cast<float*>(kc.mutable_data());
-              L.v_cache = static_cast<float*>(vc.mutable_data());
-              L.capacity = cap;
+              caches.push_back({static_cast<float*>(kc.mutable_data()), static_cast<float*>(vc.mutable_data()), cap});
               L.cos = static_cast<const float*>(cs.data());
               L.sin = static_cast<const float*>(sn.data());
               refs.append(t);
@@ -709,12 +764,12 @@ PYBIND11_MODULE(_core, m) {
             }
             if (context < 0) throw py::value_error("decode_step: context must be >= 0");
             if (context > 0) {  // every layer's cache holds the context or is a ring of fewer positions
-              for (const decoder::StepLayer& L : md.layers)
-                if (L.capacity > context) throw py::value_error("decode_step: a layer's cache is longer than the context");
+              for (const decoder::LayerCache& c : caches)
+                if (c.capacity > context) throw py::value_error("decode_step: a layer's cache is longer than the context");
               md.attn.capacity = context;
             }
             refs.append(fn);
-            py::object obj = py::cast(std::make_unique<DecodeStep>(std::move(md)));
+            py::object obj = py::cast(std::make_unique<DecodeStep>(std::move(md), std::move(caches)));
             obj.attr("_refs") = refs;
             return obj;
           }, py::arg("layers"), py::arg("final_norm"), py::arg("lm_head"), py::arg("heads"), py::arg("eps"),

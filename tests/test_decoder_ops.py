@@ -135,8 +135,8 @@ def test_levels_and_threads_agree_exactly(rng, threads):
 
 # -- prefill attention -------------------------------------------------------------------------
 
-def _rope_tables(cap, d):
-    ang = np.arange(cap)[:, None] * (1.0 / 10000 ** (np.arange(0, d, 2) / d))[None, :]
+def _rope_tables(cap, d, base=10000.0):
+    ang = np.arange(cap)[:, None] * (1.0 / base ** (np.arange(0, d, 2) / d))[None, :]
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
@@ -267,21 +267,33 @@ def test_attend_one_long_context(rng, heads, kv_heads, d):
 # -- the whole decode step ------------------------------------------------------------------------
 
 def _step_model(rng, bits, act, bias, heads=4, kv_heads=2, d=32, hidden=128, inter=160, layers=2,
-                vocab=96, cap=24):
-    """Random packed weights and norms of a small decoder, and the specs _core.decode_step takes."""
+                vocab=96, cap=24, arch=None):
+    """Random packed weights and norms of a small decoder, and the specs _core.decode_step takes.
+    arch "qwen3": RMSNorms of the query and key heads; "gemma2": RMSNorms of the attention's and
+    the MLP's outputs, GELU-tanh, soft-capped scores and logits, and layer 0 a sliding window of
+    8 positions (its cache a ring) with RoPE tables of its own."""
     def linear(n, k, with_bias):
         h = _core.quantize_and_pack((rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32), bits, 32, False)
         b = (rng.standard_normal(n) * 0.1).astype(np.float32) if with_bias else None
         return (h, b, act == "int8", 32 if act == "int8" else k)
-    norm = lambda: (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)  # noqa: E731
-    cos, sin = _rope_tables(cap, d)
-    k = np.zeros((layers, kv_heads, cap, d), np.float32)
-    v = k.copy()
+    norm = lambda n=hidden: (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)  # noqa: E731
+    tables, caps, extra = [_rope_tables(cap, d)] * layers, [cap] * layers, {}
+    options = {None: lambda: {}, "qwen3": lambda: {"q_norm": norm(d), "k_norm": norm(d)},
+               "gemma2": lambda: {"attn_out_norm": norm(), "mlp_out_norm": norm()}}[arch]
+    if arch == "gemma2":
+        tables[0], caps[0] = _rope_tables(cap, d, base=100.0), 8
+        extra = dict(gelu=True, attn_softcap=2.0, final_softcap=1.5, context=cap)
+    if len(set(caps)) == 1:
+        k = np.zeros((layers, kv_heads, cap, d), np.float32)
+    else:
+        k = [np.zeros((kv_heads, c, d), np.float32) for c in caps]
+    v = [a.copy() for a in k] if isinstance(k, list) else k.copy()
     specs = [(linear((heads + 2 * kv_heads) * d, hidden, bias), linear(hidden, heads * d, False),
-              linear(2 * inter, hidden, False), linear(hidden, inter, False), norm(), norm(), k[i], v[i], cos, sin, {})
+              linear(2 * inter, hidden, False), linear(hidden, inter, False), norm(), norm(), k[i], v[i],
+              *tables[i], options())
              for i in range(layers)]
     return dict(layers=specs, final_norm=norm(), lm_head=linear(vocab, hidden, False),
-                heads=heads, eps=1e-6, scale=1 / np.sqrt(d)), k, v
+                heads=heads, eps=1e-6, scale=1 / np.sqrt(d), **extra), k, v
 
 
 def _python_step(m, k, v, h, pos):
@@ -405,3 +417,109 @@ def test_decode_step_threads(rng, threads):
         qlinear.set_num_threads(prev)
     np.testing.assert_array_equal(out, ref)
     np.testing.assert_array_equal(k_cache, k)
+
+
+# -- the decode step of several sequences (continuous batching) -----------------------------------
+
+def _row_caches(rng, m, context):
+    """Random caches of one sequence of `context` positions for the model `m` (a layer whose
+    cache in `m` is shorter than its context: a ring of that size)."""
+    caps = [min(context, lay[6].shape[1]) if lay[6].shape[1] < m.get("context", 0) else context for lay in m["layers"]]
+    shape = lambda c: (m["layers"][0][6].shape[0], c, m["layers"][0][6].shape[2])  # noqa: E731
+    return ([rng.standard_normal(shape(c)).astype(np.float32) for c in caps],
+            [rng.standard_normal(shape(c)).astype(np.float32) for c in caps])
+
+
+def _single_step(m, k, v, context, h, pos):
+    """The step of one sequence alone: a DecodeStep over its caches (copies); logits, caches."""
+    k, v = [a.copy() for a in k], [a.copy() for a in v]
+    layers = [lay[:6] + (k[i], v[i]) + lay[8:] for i, lay in enumerate(m["layers"])]
+    step = _core.decode_step(**{**m, "layers": layers, "context": context})
+    return step.step(h, pos), k, v
+
+
+@pytest.mark.parametrize("arch", [None, "qwen3", "gemma2"])
+@pytest.mark.parametrize("bits, act", [(4, "int8"), (8, "int8"), (4, "float")])
+def test_step_batch_rows_equal_the_single_step(isa, rng, bits, act, arch):
+    """DecodeStep.step_batch: each row's logits and cache writes are the step of that sequence
+    alone, whatever the other rows (their number, order, positions, contexts and caches), at every
+    ISA level; with q / k norms (Qwen3), and with sandwich norms, GELU-tanh, soft-caps and a
+    sliding layer whose ring wraps (Gemma 2)."""
+    m = _step_model(rng, bits, act, True, arch=arch)[0]
+    step = _core.decode_step(**m)
+    contexts = [24, 24, 12, 24, 3, 24, 20, 24, 24]
+    positions = [0, 5, 11, 17, 1, 23, 19, 9, 2]
+    caches = [_row_caches(rng, m, c) for c in contexts]
+    h = rng.standard_normal((9, 128)).astype(np.float32)
+    expected = [_single_step(m, k, v, c, x, p) for (k, v), c, x, p in zip(caches, contexts, h, positions)]
+    for rows in ([3], [0, 1], [2, 4, 6, 8], list(range(9)), [8, 5, 0]):
+        ks, vs = [[a.copy() for a in caches[r][0]] for r in rows], [[a.copy() for a in caches[r][1]] for r in rows]
+        logits = step.step_batch(np.ascontiguousarray(h[rows]), [positions[r] for r in rows], ks, vs,
+                                 [contexts[r] for r in rows])
+        assert logits.shape == (len(rows), 96)
+        for i, r in enumerate(rows):
+            np.testing.assert_array_equal(logits[i:i + 1], expected[r][0])
+            for got, want in zip(ks[i] + vs[i], expected[r][1] + expected[r][2]):
+                np.testing.assert_array_equal(got, want)
+
+
+def test_step_batch_is_the_single_step_of_the_own_cache(rng):
+    """A batch of one row over the step's own caches ([layers, ...] views) is step() itself."""
+    m, k, v = _step_model(rng, 4, "int8", True)
+    step = _core.decode_step(**m)
+    k[:], v[:] = rng.standard_normal(k.shape), rng.standard_normal(v.shape)
+    k0, v0, h = k.copy(), v.copy(), rng.standard_normal(128).astype(np.float32)
+    one = step.step(h, 7)
+    k1, v1 = k.copy(), v.copy()
+    k[:], v[:] = k0, v0
+    np.testing.assert_array_equal(step.step_batch(h[None], [7], [k], [v], [24]), one)
+    np.testing.assert_array_equal(k, k1)
+    np.testing.assert_array_equal(v, v1)
+    step.run_matmuls()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_step_batch_threads_and_long_context(rng, threads):
+    """Heads split over the pool (a long context) and a wide MLP: rows as the single step's."""
+    import qlinear
+    m = _step_model(rng, 4, "int8", True, heads=8, kv_heads=2, d=64, hidden=256, inter=4160, layers=1, cap=300)[0]
+    caches = [_row_caches(rng, m, 300) for _ in range(3)]
+    h, positions = rng.standard_normal((3, 256)).astype(np.float32), [290, 7, 150]
+    prev = qlinear.get_num_threads()
+    try:
+        qlinear.set_num_threads(threads)
+        expected = [_single_step(m, k, v, 300, x, p)[0] for (k, v), x, p in zip(caches, h, positions)]
+        out = _core.decode_step(**m).step_batch(h, positions, [k for k, _ in caches], [v for _, v in caches], [300] * 3)
+    finally:
+        qlinear.set_num_threads(prev)
+    for i in range(3):
+        np.testing.assert_array_equal(out[i:i + 1], expected[i])
+
+
+def test_step_batch_rejects_bad_input(rng):
+    m = _step_model(rng, 4, "int8", True, arch="gemma2")[0]
+    step = _core.decode_step(**m)
+    k, v = _row_caches(rng, m, 24)
+    h = np.zeros((1, 128), np.float32)
+    with pytest.raises(ValueError, match="outside its context"):
+        step.step_batch(h, [24], [k], [v], [24])
+    with pytest.raises(ValueError, match="outside its context"):
+        step.step_batch(h, [12], [k], [v], [12])
+    with pytest.raises(ValueError, match="context 25"):
+        step.step_batch(h, [0], [k], [v], [25])
+    with pytest.raises(ValueError, match="same number"):
+        step.step_batch(h, [0, 1], [k], [v], [24, 24])
+    with pytest.raises(ValueError, match="share a cache"):
+        step.step_batch(np.zeros((2, 128), np.float32), [0, 1], [k, k], [v, [a.copy() for a in v]], [24, 24])
+    with pytest.raises(ValueError, match="layer 0 k_cache"):  # a sliding layer's ring of the wrong size
+        step.step_batch(h, [0], [[k[1], k[1]]], [v], [24])
+    with pytest.raises(ValueError, match="layer 1 k_cache"):  # a cache shorter than the context
+        step.step_batch(h, [0], [k], [v], [20])
+    with pytest.raises(ValueError, match="2 layers"):
+        step.step_batch(h, [0], [k[:1]], [v[:1]], [24])
+    with pytest.raises(ValueError):
+        step.step_batch(np.zeros((2, 128), np.float32), [0], [k], [v], [24])       # h's rows
+    with pytest.raises(ValueError):
+        step.step_batch(h, [0], [[a[:1] for a in k]], [v], [24])                    # kv heads
+    with pytest.raises(TypeError):
+        step.step_batch(h, [0], [[a.astype(np.float64) for a in k]], [v], [24])

@@ -224,3 +224,21 @@ def test_zero_and_tiny_activations(isa):
     y = qlinear.matmul(x, pw, act_block=None)
     assert np.array_equal(y[:2], np.zeros((2, 16), np.float32))
     assert_close_to_reference(y, x, pw)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_rows_equal_single_rows(isa, rng, bits):
+    """Row m of an M-row W4A8 / W8A8 matmul equals the one-row matmul of that row, bit for bit
+    (M 1..16, and 32): what makes a sequence's logits independent of the other sequences decoded
+    with it (qlinear.llm.serve). The float path does not promise it."""
+    k, n = 320, 72
+    for group_size in (32, None):
+        pw = qlinear.pack_weight(rng.standard_normal((n, k)).astype(np.float32), bits=bits, group_size=group_size)
+        bias = rng.standard_normal(n).astype(np.float32)
+        for act_block in ("group", None):
+            for m in list(range(1, 17)) + [32]:
+                x = rng.standard_normal((m, k)).astype(np.float32)
+                rows = qlinear.matmul(x, pw, bias=bias, act_block=act_block)
+                for i in range(m):
+                    one = qlinear.matmul(x[i:i + 1], pw, bias=bias, act_block=act_block)
+                    assert np.array_equal(rows[i:i + 1], one), (isa, bits, group_size, act_block, m, i)

@@ -7,15 +7,22 @@
 
 namespace qlinear::decoder {
 
-DecodeStep::DecodeStep(StepModel m) : m_(std::move(m)) {
+DecodeStep::DecodeStep(StepModel m, std::vector<LayerCache> caches) : m_(std::move(m)), own_(std::move(caches)) {
+  reserve(1);
+}
+
+// Buffers for b rows (they only grow: a batch's room serves the single steps after it).
+void DecodeStep::reserve(int64_t b) {
+  if (b <= rows_) return;
   const int64_t d = m_.attn.head_dim;
-  h_.resize(m_.hidden);
-  x_.resize(m_.hidden);
-  qkv_.resize((m_.attn.heads + 2 * m_.attn.kv_heads) * d);
-  att_.resize(m_.attn.heads * d);
-  proj_.resize(m_.hidden);
-  gu_.resize(2 * m_.intermediate);
-  act_.resize(m_.intermediate);
+  h_.resize(b * m_.hidden);
+  x_.resize(b * m_.hidden);
+  qkv_.resize(b * (m_.attn.heads + 2 * m_.attn.kv_heads) * d);
+  att_.resize(b * m_.attn.heads * d);
+  proj_.resize(b * m_.hidden);
+  gu_.resize(b * 2 * m_.intermediate);
+  act_.resize(b * m_.intermediate);
+  rows_ = b;
 }
 
 namespace {
@@ -24,61 +31,88 @@ double now() {
 }
 }  // namespace
 
-void DecodeStep::linear(const StepLinear& l, const float* x, float* y) {
+// The int8 path computes every row of a GEMM as its GEMV; the float path's GEMM sums in another
+// order than its GEMV, so its rows run one at a time (a row's bits do not depend on the batch).
+void DecodeStep::linear(const StepLinear& l, const float* x, int64_t b, float* y) {
   const double t0 = now();
-  const MatmulRequest req{l.w, l.packed, x, DType::f32, 1, l.w->k, l.act_int8 ? l.act_block : l.w->k,
-                          l.bias, y, l.w->n};
-  if (l.act_int8) matmul_int8(req);
-  else matmul_float(req);
+  if (l.act_int8) {
+    matmul_int8(MatmulRequest{l.w, l.packed, x, DType::f32, b, l.w->k, l.act_block, l.bias, y, l.w->n});
+  } else {
+    for (int64_t r = 0; r < b; ++r)
+      matmul_float(MatmulRequest{l.w, l.packed, x + r * l.w->k, DType::f32, 1, l.w->k, l.w->k, l.bias,
+                                 y + r * l.w->n, l.w->n});
+  }
   matmul_ += now() - t0;
 }
 
-void DecodeStep::run(const float* h_in, int64_t pos, float* logits) {
+void DecodeStep::run(const float* h, int64_t pos, float* logits) {
+  const StepRow row{pos, own_.data()};
+  run(h, &row, 1, logits);
+}
+
+void DecodeStep::run(const float* h, const StepRow* rows, int64_t b, float* logits) {
   std::lock_guard<std::mutex> lock(mutex_);
   const double t0 = now();
   matmul_ = 0;
-  const int64_t n = m_.hidden, d = m_.attn.head_dim, half = d / 2;
-  float* h = h_.data();
-  std::copy(h_in, h_in + n, h);
-  // out = rms_norm(out) when a norm is given; then h += out
-  const auto residual = [&](const float* norm, float* out) {
-    if (norm) rms_norm(out, norm, m_.eps, 1, n, out);
-    for (int64_t i = 0; i < n; ++i) h[i] = h[i] + out[i];
-  };
-  for (const StepLayer& L : m_.layers) {
-    AttentionShape sh = m_.attn;
-    sh.capacity = L.capacity;
-    rms_norm(h, L.input_norm, m_.eps, 1, n, x_.data());
-    linear(L.qkv, x_.data(), qkv_.data());
-    if (L.q_norm) rms_norm(qkv_.data(), L.q_norm, m_.eps, sh.heads, d, qkv_.data());
-    if (L.k_norm) rms_norm(qkv_.data() + sh.heads * d, L.k_norm, m_.eps, sh.kv_heads, d, qkv_.data() + sh.heads * d);
-    attend_one(qkv_.data(), L.cos + pos * half, L.sin + pos * half, pos, sh, m_.scale, L.k_cache,
-               L.v_cache, att_.data());
-    linear(L.o, att_.data(), proj_.data());
-    residual(L.attn_out_norm, proj_.data());
-    rms_norm(h, L.post_norm, m_.eps, 1, n, x_.data());
-    linear(L.gate_up, x_.data(), gu_.data());
-    if (m_.gelu) gelu_tanh_mul_row(gu_.data(), m_.intermediate, act_.data());
-    else silu_mul_row(gu_.data(), m_.intermediate, act_.data());
-    linear(L.down, act_.data(), proj_.data());
-    residual(L.mlp_out_norm, proj_.data());
-  }
-  rms_norm(h, m_.final_norm, m_.eps, 1, n, x_.data());
-  linear(m_.lm_head, x_.data(), logits);
-  if (m_.final_softcap > 0.f) softcap(logits, m_.lm_head.w->n, m_.final_softcap);
+  reserve(b);
+  last_rows_ = b;
+  forward(h, rows, b, logits);
   last_total_ = now() - t0;
   last_matmul_ = matmul_;
 }
 
+void DecodeStep::forward(const float* h_in, const StepRow* rows, int64_t b, float* logits) {
+  const int64_t n = m_.hidden, d = m_.attn.head_dim, half = d / 2, inter = m_.intermediate;
+  const int64_t heads = m_.attn.heads, kv_heads = m_.attn.kv_heads, nqkv = (heads + 2 * kv_heads) * d;
+  const int64_t natt = heads * d, vocab = m_.lm_head.w->n;
+  float* h = h_.data();
+  std::copy(h_in, h_in + b * n, h);
+  // out = rms_norm(out) when a norm is given; then h += out (b rows)
+  const auto residual = [&](const float* norm, float* out) {
+    if (norm) rms_norm(out, norm, m_.eps, b, n, out);
+    for (int64_t i = 0; i < b * n; ++i) h[i] = h[i] + out[i];
+  };
+  for (size_t li = 0; li < m_.layers.size(); ++li) {
+    const StepLayer& L = m_.layers[li];
+    rms_norm(h, L.input_norm, m_.eps, b, n, x_.data());
+    linear(L.qkv, x_.data(), b, qkv_.data());
+    for (int64_t r = 0; r < b; ++r) {
+      float* qkv = qkv_.data() + r * nqkv;
+      const int64_t pos = rows[r].pos;
+      const LayerCache& c = rows[r].caches[li];
+      AttentionShape sh = m_.attn;
+      sh.capacity = c.capacity;
+      if (L.q_norm) rms_norm(qkv, L.q_norm, m_.eps, heads, d, qkv);
+      if (L.k_norm) rms_norm(qkv + heads * d, L.k_norm, m_.eps, kv_heads, d, qkv + heads * d);
+      attend_one(qkv, L.cos + pos * half, L.sin + pos * half, pos, sh, m_.scale, c.k, c.v, att_.data() + r * natt);
+    }
+    linear(L.o, att_.data(), b, proj_.data());
+    residual(L.attn_out_norm, proj_.data());
+    rms_norm(h, L.post_norm, m_.eps, b, n, x_.data());
+    linear(L.gate_up, x_.data(), b, gu_.data());
+    for (int64_t r = 0; r < b; ++r) {
+      if (m_.gelu) gelu_tanh_mul_row(gu_.data() + r * 2 * inter, inter, act_.data() + r * inter);
+      else silu_mul_row(gu_.data() + r * 2 * inter, inter, act_.data() + r * inter);
+    }
+    linear(L.down, act_.data(), b, proj_.data());
+    residual(L.mlp_out_norm, proj_.data());
+  }
+  rms_norm(h, m_.final_norm, m_.eps, b, n, x_.data());
+  linear(m_.lm_head, x_.data(), b, logits);
+  if (m_.final_softcap > 0.f)
+    for (int64_t r = 0; r < b; ++r) softcap(logits + r * vocab, vocab, m_.final_softcap);
+}
+
 void DecodeStep::run_matmuls(float* logits) {
   std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t b = last_rows_;
   for (const StepLayer& L : m_.layers) {
-    linear(L.qkv, x_.data(), qkv_.data());
-    linear(L.o, att_.data(), proj_.data());
-    linear(L.gate_up, x_.data(), gu_.data());
-    linear(L.down, act_.data(), proj_.data());
+    linear(L.qkv, x_.data(), b, qkv_.data());
+    linear(L.o, att_.data(), b, proj_.data());
+    linear(L.gate_up, x_.data(), b, gu_.data());
+    linear(L.down, act_.data(), b, proj_.data());
   }
-  linear(m_.lm_head, x_.data(), logits);
+  linear(m_.lm_head, x_.data(), b, logits);
 }
 
 }  // namespace qlinear::decoder

@@ -11,6 +11,14 @@
 // cache): whoever builds it keeps those alive, and it does exactly the operations of the
 // per-layer Python path, in its order (the same drivers, the same float operations), so both
 // give the same logits.
+//
+// One implementation serves one sequence and several (continuous batching in qlinear.llm.serve):
+// B tokens, each of its own sequence at its own position over that sequence's caches. The
+// projections are one B-row matmul per weight (the weights read once for all rows); norms, RoPE,
+// attention, the MLP's activation, residuals and soft-caps run row by row. The int8-activation
+// kernels compute each row of a GEMM exactly as the one-row GEMV, and float-activation
+// projections run row by row (their GEMM sums in another order), so every row's logits are
+// bit-identical to the step of that sequence alone; one sequence is the case B = 1.
 #pragma once
 
 #include <cstdint>
@@ -38,11 +46,22 @@ struct StepLayer {
   const float* k_norm = nullptr;         // [head_dim] or nullptr
   const float* attn_out_norm = nullptr;  // [hidden] or nullptr
   const float* mlp_out_norm = nullptr;   // [hidden] or nullptr
-  float* k_cache = nullptr;              // [kv_heads, capacity, head_dim]
-  float* v_cache = nullptr;
-  int64_t capacity = 0;                  // rows of this layer's cache
   const float* cos = nullptr;            // [rope_rows, head_dim / 2]
   const float* sin = nullptr;
+};
+
+// One layer's cache of one sequence: [kv_heads, capacity, head_dim] keys and values; shorter than
+// the sequence's context, a sliding window's ring.
+struct LayerCache {
+  float* k = nullptr;
+  float* v = nullptr;
+  int64_t capacity = 0;
+};
+
+// One token of a batch: its position and its sequence's caches (one per layer).
+struct StepRow {
+  int64_t pos = 0;
+  const LayerCache* caches = nullptr;
 };
 
 struct StepModel {
@@ -59,28 +78,39 @@ struct StepModel {
 
 class DecodeStep {
  public:
-  explicit DecodeStep(StepModel m);
+  // `caches`: the step's own sequence's, one per layer (`run` with a position fills them).
+  DecodeStep(StepModel m, std::vector<LayerCache> caches);
 
-  // One token at position `pos` (< capacity and < rope_rows): h = its embedding [hidden];
-  // writes the logits [lm_head n]. Fills the caches' row `pos` of every layer.
+  // One token of the own sequence at position `pos` (< capacity and < rope_rows): h = its
+  // embedding [hidden]; writes the logits [lm_head n]. Fills the caches' row `pos` of every layer.
   void run(const float* h, int64_t pos, float* logits);
+
+  // `b` tokens of `b` sequences: h [b, hidden] their embeddings; writes logits [b, lm_head n] and
+  // fills row r's caches at rows[r].pos. No two rows may share a cache.
+  void run(const float* h, const StepRow* rows, int64_t b, float* logits);
 
   // The step's matmuls alone, on its buffers as the last run left them (for measuring the time
   // the step spends outside them).
   void run_matmuls(float* logits);
 
   const StepModel& model() const { return m_; }
+  const std::vector<LayerCache>& caches() const { return own_; }
+  int64_t last_rows() const { return last_rows_; }  // rows of the last run (run_matmuls' logits)
 
   // Seconds the last run() took in all, and in its matmuls (clocked around each call).
   double last_seconds() const { return last_total_; }
   double last_matmul_seconds() const { return last_matmul_; }
 
  private:
-  void linear(const StepLinear& l, const float* x, float* y);
+  void reserve(int64_t b);
+  void forward(const float* h, const StepRow* rows, int64_t b, float* logits);
+  void linear(const StepLinear& l, const float* x, int64_t b, float* y);
 
   StepModel m_;
+  std::vector<LayerCache> own_;
   std::mutex mutex_;  // one step at a time per object (the buffers below)
-  std::vector<float> h_, x_, qkv_, att_, proj_, gu_, act_;
+  std::vector<float> h_, x_, qkv_, att_, proj_, gu_, act_;  // room for rows_ rows
+  int64_t rows_ = 0, last_rows_ = 1;
   double last_total_ = 0, last_matmul_ = 0, matmul_ = 0;
 };
 

@@ -8,12 +8,13 @@ organized as mnn-llm: tokenizer, embedding (in memory or on disk), decoder block
     print(model.stats)
 
 ``llm.convert(src, out_dir)`` writes a quantized model that ``load`` opens without
-re-quantizing; ``qlinear-llm`` is the command line (generate, chat, bench, convert,
+re-quantizing; ``qlinear-llm`` is the command line (generate, chat, bench, convert, serve,
 make-test-model). Needs the ``llm`` extra (tokenizers, jinja2, tqdm).
 
 Layout: one module per model source (``hf_source``, ``converted_source``, ``mnn_source``), each
 returning a ``source.Source``; ``assemble`` builds the Model from it; ``loader`` picks the source;
-``mnn/`` reads MNN's files and runs llmexport and MNN.llm.
+``mnn/`` reads MNN's files and runs llmexport and MNN.llm; ``serve/`` is the OpenAI-compatible HTTP
+server (the ``serve`` extra).
 """
 
 from .config import ModelConfig

@@ -5,6 +5,7 @@
     qlinear-llm bench MODEL_DIR --prompt-tokens 64 --decode-tokens 32 --threads 1
     qlinear-llm bench MODEL.gguf --vs llamacpp
     qlinear-llm convert SRC OUT_DIR --bits 4 --group-size 64
+    qlinear-llm serve MODEL_DIR --port 8000 --max-batch 8
     qlinear-llm make-test-model OUT_DIR --arch qwen2 --shape tiny --dtype bfloat16
 """
 
@@ -14,6 +15,8 @@ import argparse
 import json
 import sys
 import time
+
+from . import serve_command
 
 
 def _group_size(text: str):
@@ -245,6 +248,8 @@ def main(argv=None) -> None:
     v.add_argument("--flash", action="store_true", help="store each layer's FFN as neuron bundles (memory=flash)")
     v.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     v.set_defaults(run=cmd_convert)
+
+    serve_command.add_parser(sub, _add_load_args, _load)
 
     from .synthetic import ARCHS, DTYPES, SHAPES  # noqa: PLC0415  (no torch import: that happens in make_checkpoint)
 

@@ -105,12 +105,15 @@ class Model:
         self.cache.length, self.cache.ids = 0, []
         self.history = []
 
-    def _forward(self, ids: Sequence[int], start: int, all_positions: bool = False) -> np.ndarray:
+    def _forward(self, ids: Sequence[int], start: int, all_positions: bool = False,
+                 cache: Optional[KVCache] = None) -> np.ndarray:
         """Run ``ids`` at positions start.. through the blocks; logits of the last position
-        (or of every position), in lm_head's vocabulary (slimmed or not)."""
-        if start + len(ids) > self.cache.capacity:
-            raise ValueError(f"context of {start + len(ids)} tokens exceeds max_context={self.cache.capacity}")
-        if len(ids) == 1 and self.compiled_decode:
+        (or of every position), in lm_head's vocabulary (slimmed or not). ``cache``: another
+        sequence's KV cache (qlinear.llm.serve) instead of the model's own."""
+        cache = self.cache if cache is None else cache
+        if start + len(ids) > cache.capacity:
+            raise ValueError(f"context of {start + len(ids)} tokens exceeds max_context={cache.capacity}")
+        if len(ids) == 1 and self.compiled_decode and cache is self.cache:
             if self._step_cache is not self.cache:
                 self._step = decode_step(self.blocks, self.norm, self.lm_head, self.cache)
                 self._step_cache = self.cache
@@ -121,9 +124,9 @@ class Model:
                 return logits
         h = self.embedding(ids)
         for block in self.blocks:
-            h = block(h, self.cache, start)
-        self.cache.length = start + len(ids)
-        self.cache.ids[start:] = list(ids)
+            h = block(h, cache, start)
+        cache.length = start + len(ids)
+        cache.ids[start:] = list(ids)
         if not all_positions:
             h = h[-1:]
         return self.lm_head(rms_norm(np.ascontiguousarray(h), self.norm, self.config.rms_norm_eps))

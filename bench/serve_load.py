@@ -1,0 +1,299 @@
+"""qlinear-llm serve under load: a server process on loopback, clients in this process.
+
+step        the batched decode step alone (DecodeStep.step_batch, in this process): ms per step and
+            tok/s of B = 1, 4, 8 sequences: the ceiling of what batching gives on this machine.
+throughput  aggregate decode tok/s of 1, 4 and 8 concurrent streaming clients (the same prompt
+            and length each), time to first token, on a Qwen2.5-0.5B-shaped model (int4 group
+            64, vocabulary 4096; built into ~/.cache/qlinear-bench as bench/test_llm.py does).
+load        N requests from C concurrent clients: streaming, non-streaming, cancelled mid-stream
+            and malformed ones; every valid one must complete well-formed, every invalid one get
+            its 4xx, none be lost, and the server's RSS return to its idle level.
+
+    python bench/serve_load.py step [--threads 2] [--clients 1 4 8]
+    python bench/serve_load.py throughput [--threads 2] [--clients 1 4 8] [--tokens 64]
+    python bench/serve_load.py load [--requests 200] [--concurrency 16]
+    python bench/serve_load.py all --model DIR      # any model qlinear.llm.load opens
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(os.environ.get("QLINEAR_BENCH_MODELS", Path.home() / ".cache" / "qlinear-bench"))
+NAME = "bench"
+
+
+def default_model() -> Path:
+    """The converted Qwen2.5-0.5B-shaped model of bench/test_llm.py (made once if missing)."""
+    out = ROOT / "qwen2.5-0.5b-v4096-int4g64"
+    if not (out / "model.qlinear").is_file():
+        from qlinear import llm
+        from qlinear.llm import synthetic
+
+        hf = ROOT / "qwen2.5-0.5b-v4096"
+        if not (hf / "model.safetensors").is_file():
+            synthetic.make_checkpoint(hf, shape="qwen2.5-0.5b", vocab_size=4096, dtype="bfloat16")
+        llm.convert(hf, out, bits=4, group_size=64)
+    return out
+
+
+class Server:
+    """`python -m qlinear.llm serve` in a process of its own, on a free loopback port."""
+
+    def __init__(self, model, threads: int, max_batch: int, max_context: int = 2048, max_queue: int = 64):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "qlinear.llm", "serve", str(model), "--port", str(self.port),
+             "--threads", str(threads), "--max-batch", str(max_batch), "--max-queue", str(max_queue),
+             "--max-context", str(max_context), "--model-name", NAME],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the server did not start")
+            time.sleep(0.2)
+
+    def health(self) -> dict:
+        return httpx.get(self.url + "/health", timeout=10).json()
+
+    def rss_mb(self) -> float:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def stream_completion(http: httpx.Client, url: str, body: dict, cancel_after: int = 0) -> dict:
+    """One streaming request: its SSE events parsed; times of the first and last token."""
+    t0 = time.perf_counter()
+    times, text, finish, done = [], [], None, False
+    with http.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as r:
+        if r.status_code != 200:
+            return {"status": r.status_code, "body": json.loads(r.read())}
+        for line in r.iter_lines():
+            if not line:
+                continue
+            assert line.startswith("data: "), line
+            if line == "data: [DONE]":
+                done = True
+                continue
+            event = json.loads(line[6:])
+            choice = event["choices"][0]
+            if choice["text"]:
+                times.append(time.perf_counter())
+                text.append(choice["text"])
+            finish = choice["finish_reason"] or finish
+            if cancel_after and len(times) >= cancel_after:
+                break  # leaving the block closes the connection mid-stream
+    return {"status": 200, "t0": t0, "times": times, "text": "".join(text), "finish": finish, "done": done}
+
+
+# -- the step alone ----------------------------------------------------------------------------
+def step_alone(model_dir, threads: int, batches, position: int = 64, repeats: int = 20) -> list:
+    import numpy as np
+
+    from qlinear import llm
+    from qlinear.llm.layers import KVCache, decode_step
+
+    model = llm.load(model_dir, threads=threads, max_context=position + repeats + 1, progress=False)
+    step = decode_step(model.blocks, model.norm, model.lm_head, model.cache)
+    rows = []
+    for b in batches:
+        caches = [KVCache(model.config, position + repeats + 1) for _ in range(b)]
+        h = np.ascontiguousarray(model.embedding([11] * b), np.float32)
+        times = []
+        for i in range(repeats + 1):
+            t0 = time.perf_counter()
+            step.step_batch(h, [position + i] * b, [c.k for c in caches], [c.v for c in caches],
+                            [c.capacity for c in caches])
+            times.append(time.perf_counter() - t0)
+        ms = 1000 * float(np.median(times[1:]))
+        rows.append({"batch": b, "ms_per_step": ms, "tok_s": 1000 * b / ms})
+        print(f"B={b}: {ms:.1f} ms per step, {1000 * b / ms:.1f} tok/s "
+              f"({rows[-1]['tok_s'] / rows[0]['tok_s']:.2f}x B={batches[0]})", flush=True)
+    return rows
+
+
+# -- throughput ---------------------------------------------------------------------------------
+def throughput(model, threads: int, clients_list, tokens: int, prompt_tokens: int) -> list:
+    rows = []
+    with Server(model, threads, max_batch=max(clients_list)) as server:
+        prompt = [(7 * i) % 3000 + 10 for i in range(prompt_tokens)]  # token ids: no tokenizer needed here
+        body = {"model": NAME, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+        with httpx.Client(timeout=600) as http:
+            stream_completion(http, server.url, {**body, "max_tokens": 4})  # warm up
+        for clients in clients_list:
+            start = threading.Barrier(clients)
+
+            def one(_):
+                with httpx.Client(timeout=600) as http:
+                    start.wait()
+                    return stream_completion(http, server.url, body)
+
+            with ThreadPoolExecutor(clients) as pool:
+                results = list(pool.map(one, range(clients)))
+            assert all(r["status"] == 200 and len(r["times"]) >= tokens - 1 for r in results), results
+            # decode: from the last client's first token to the first client's last (all decoding)
+            first, last = max(r["times"][0] for r in results), min(r["times"][-1] for r in results)
+            if last <= first:
+                raise SystemExit("the clients never decoded all at once: give them more --tokens")
+            steps = sum(sum(first <= t <= last for t in r["times"]) - 1 for r in results)  # intervals
+            ttft = [r["times"][0] - r["t0"] for r in results]
+            rows.append({"clients": clients, "decode_tok_s": steps / (last - first),
+                         "ttft_mean_ms": 1000 * sum(ttft) / len(ttft), "ttft_max_ms": 1000 * max(ttft),
+                         "tokens_each": tokens})
+            print(f"{clients} clients: aggregate decode {rows[-1]['decode_tok_s']:.1f} tok/s "
+                  f"({rows[-1]['decode_tok_s'] / rows[0]['decode_tok_s']:.2f}x one client), time to first token "
+                  f"mean {rows[-1]['ttft_mean_ms']:.0f} ms, max {rows[-1]['ttft_max_ms']:.0f} ms", flush=True)
+    return rows
+
+
+# -- load ---------------------------------------------------------------------------------------
+MALFORMED = [
+    (b'{"model": "bench", "prompt": ', 400), (b'"just a string"', 400),
+    ({"model": NAME, "prompt": "hi", "max_tokens": 0}, 400), ({"model": NAME, "prompt": "hi", "max_tokens": "9"}, 400),
+    ({"model": "gpt-4", "prompt": "hi"}, 404), ({"model": NAME, "prompt": "word " * 5000}, 400),
+    ({"model": NAME, "messages": "hello"}, 400), ({"model": NAME, "prompt": "hi", "temperature": "hot"}, 400),
+]
+
+
+def check_complete(r: dict, body: dict) -> None:
+    """A non-streaming answer: its shape and its counts."""
+    assert r["object"] == "text_completion" and r["model"] == NAME and r["id"], r
+    (choice,) = r["choices"]
+    assert isinstance(choice["text"], str) and choice["finish_reason"] in ("stop", "length"), r
+    u = r["usage"]
+    assert 0 <= u["completion_tokens"] <= body["max_tokens"], r  # 0: a stop token came first
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] and u["prompt_tokens"] > 0, r
+    assert choice["finish_reason"] == "stop" or u["completion_tokens"] == body["max_tokens"], r
+
+
+def load_test(model, threads: int, requests: int, concurrency: int, max_batch: int) -> dict:
+    rng = random.Random(0)
+    kinds = [("stream", "plain", "cancel", "malformed")[i % 4] if i % 5 else "plain" for i in range(requests)]
+    rng.shuffle(kinds)
+    with Server(model, threads, max_batch=max_batch, max_queue=requests) as server:
+        url = server.url
+        words = "the of and to in is was for on that with as by at from".split()
+
+        def body_of(i):
+            prompt = " ".join(rng.choice(words) for _ in range(8 + i % 40))
+            return {"model": NAME, "prompt": prompt, "max_tokens": 8 + (i * 7) % 40, "temperature": (i % 3) * 0.5,
+                    "seed": i}
+
+        def run(i):
+            kind, body = kinds[i], body_of(i)
+            with httpx.Client(timeout=600) as http:
+                if kind == "malformed":
+                    bad, status = MALFORMED[i % len(MALFORMED)]
+                    r = http.post(url + "/v1/completions", **({"content": bad} if isinstance(bad, bytes) else {"json": bad}))
+                    assert r.status_code == status and r.json()["error"]["message"], (r.status_code, r.text)
+                elif kind == "plain":
+                    r = http.post(url + "/v1/completions", json=body)
+                    assert r.status_code == 200, r.text
+                    check_complete(r.json(), body)
+                else:
+                    cancel = kind == "cancel"
+                    if cancel:
+                        body = {**body, "max_tokens": 400, "ignore_eos": True}
+                    r = stream_completion(http, url, body, cancel_after=3 if cancel else 0)
+                    assert r["status"] == 200, r
+                    if not cancel:
+                        assert r["done"] and r["finish"] in ("stop", "length"), r
+            return kind
+
+        def wave(indices) -> list:
+            with ThreadPoolExecutor(concurrency) as pool:
+                futures = [pool.submit(run, i) for i in indices]
+                outcomes = []
+                for f in futures:
+                    try:
+                        outcomes.append(f.result())
+                    except Exception as e:  # noqa: BLE001  (counted: a failed or lost request)
+                        outcomes.append(f"FAILED {type(e).__name__}: {e}"[:300])
+            deadline = time.monotonic() + 30
+            while (h := server.health())["running"] or h["waiting"]:  # cancelled ones leave at the next step
+                assert time.monotonic() < deadline, h
+                time.sleep(0.2)
+            time.sleep(1)
+            return outcomes
+
+        wave(range(concurrency))  # warm-up (buffers, allocator pools): the idle level is after it
+        idle_rss = server.rss_mb()
+        t0 = time.perf_counter()
+        outcomes = wave(range(requests))
+        seconds = time.perf_counter() - t0
+        after_rss = server.rss_mb()
+    failed = [o for o in outcomes if o.startswith("FAILED")]
+    counts = {k: outcomes.count(k) for k in ("plain", "stream", "cancel", "malformed")}
+    print(f"{requests} requests from {concurrency} clients in {seconds:.1f} s: {counts}, failed {len(failed)}")
+    for f in failed[:10]:
+        print("  ", f)
+    back = after_rss <= idle_rss * 1.02 + 4
+    print(f"server RSS idle {idle_rss:.0f} MB, after the load {after_rss:.0f} MB "
+          f"({'back to idle' if back else 'NOT back to idle'}: within 2% + 4 MB)", flush=True)
+    return {"requests": requests, "concurrency": concurrency, "seconds": seconds, "counts": counts,
+            "failed": failed, "idle_rss_mb": idle_rss, "after_rss_mb": after_rss, "rss_back_to_idle": back}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=["step", "throughput", "load", "all"])
+    p.add_argument("--model", default=None, help="model directory (default: the Qwen2.5-0.5B-shaped bench model)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
+    p.add_argument("--tokens", type=int, default=64, help="tokens each throughput client generates")
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--max-batch", type=int, default=8, help="the load test server's --max-batch")
+    p.add_argument("--json", default=None, help="write the figures here")
+    args = p.parse_args(argv)
+    model = args.model or default_model()
+    out = {}
+    if args.what in ("step", "all"):
+        out["step"] = step_alone(model, args.threads, args.clients)
+    if args.what in ("throughput", "all"):
+        out["throughput"] = throughput(model, args.threads, args.clients, args.tokens, args.prompt_tokens)
+    if args.what in ("load", "all"):
+        out["load"] = load_test(model, args.threads, args.requests, args.concurrency, args.max_batch)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    if out.get("load", {}).get("failed") or not out.get("load", {}).get("rss_back_to_idle", True):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

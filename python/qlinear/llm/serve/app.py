@@ -1,0 +1,219 @@
+"""The HTTP side: a Starlette app with the OpenAI endpoints over a Scheduler.
+
+Requests are checked and tokenized on the event loop, then handed to the scheduler's thread;
+its tokens come back through an asyncio queue per request and leave as one JSON body or as
+server-sent events. A client that disconnects cancels its sequence."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from typing import AsyncIterator, Optional
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from ..generation import Sampling
+from ..model import Model
+from ..tokenizer import StreamDecoder, Tokenizer
+from . import protocol
+from .protocol import ApiError
+from .scheduler import QueueFull, Scheduler, SchedulerClosed, Sequence
+
+
+class TextStream:
+    """Generated token ids to text pieces, cut before the first stop string (text that could be
+    the start of one is held back until it is known not to be)."""
+
+    def __init__(self, tokenizer: Tokenizer, stop: list):
+        self.decoder, self.stop = StreamDecoder(tokenizer), stop
+        self.pending = ""
+        self.stopped = False
+
+    def push(self, token: int) -> str:
+        self.pending += self.decoder.push(token)
+        return self._release(hold_back=True)
+
+    def flush(self) -> str:
+        """The rest, at the end (an incomplete character included, as decode gives it)."""
+        self.pending += self.decoder.flush()
+        return self._release(hold_back=False)
+
+    def _release(self, hold_back: bool) -> str:
+        cuts = [i for i in (self.pending.find(s) for s in self.stop) if i >= 0]
+        if cuts:
+            self.stopped = True
+            out, self.pending = self.pending[:min(cuts)], ""
+            return out
+        hold = max((k for s in self.stop for k in range(1, len(s)) if self.pending.endswith(s[:k])), default=0)
+        hold = hold if hold_back else 0
+        out, self.pending = self.pending[:len(self.pending) - hold], self.pending[len(self.pending) - hold:]
+        return out
+
+
+def _sse(obj) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int = 64,
+               api_key: Optional[str] = None) -> Starlette:
+    """The server's ASGI app; its lifespan starts and stops the scheduler thread."""
+    scheduler = Scheduler(model, max_batch=max_batch, max_queue=max_queue)
+    tokenizer, max_context = model.tokenizer, model.max_context
+    created = int(time.time())
+
+    def check_auth(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), api_key.encode())):
+            raise ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)",
+                           code="invalid_api_key", kind="authentication_error")
+
+    def prompt_ids(req: protocol.GenerationRequest) -> list:
+        if isinstance(req.prompt, str) or req.chat:
+            try:
+                return tokenizer.prompt_ids(req.prompt)
+            except (ValueError, TypeError) as e:
+                raise ApiError(400, str(e), param="messages" if req.chat else "prompt") from None
+        if max(req.prompt) >= model.config.vocab_size:
+            raise ApiError(400, f"token id {max(req.prompt)} is outside the vocabulary "
+                                f"({model.config.vocab_size})", param="prompt")
+        return req.prompt
+
+    async def generate(request: Request, chat: bool):
+        check_auth(request)
+        req = protocol.parse_request(protocol.parse_json(await request.body()), chat, model_name)
+        ids = prompt_ids(req)
+        wanted = req.max_tokens or 1
+        if len(ids) + wanted > max_context:
+            raise ApiError(400, f"this model's context holds {max_context} tokens; the prompt has {len(ids)} "
+                                f"and {wanted} more were requested", param="messages" if chat else "prompt",
+                           code="context_length_exceeded")
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        seq = Sequence(ids, req.max_tokens or max_context - len(ids),
+                       Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed),
+                       emit=lambda kind, value: loop.call_soon_threadsafe(events.put_nowait, (kind, value)),
+                       ignore_eos=req.ignore_eos)
+        try:
+            scheduler.submit(seq)
+        except QueueFull as e:
+            raise ApiError(429, f"the server is busy: {e}; retry later", code="queue_full",
+                           kind="rate_limit_error") from None
+        except SchedulerClosed as e:
+            raise ApiError(503, str(e), kind="server_error") from None
+        answer = protocol.Answer(chat, model_name)
+        text = TextStream(tokenizer, req.stop)
+        if req.stream:
+            return StreamingResponse(stream(seq, events, text, answer, req, len(ids)), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        watcher = asyncio.ensure_future(cancel_on_disconnect(request, seq))
+        try:
+            pieces, count, finish = [], 0, None
+            async for kind, value in events_of(seq, events, text):
+                if kind in ("token", "piece"):
+                    count += kind == "token"
+                    pieces.append(value)
+                elif kind == "error":
+                    raise ApiError(500, f"generation failed: {value}", kind="server_error")
+                else:
+                    finish = value
+        finally:
+            watcher.cancel()
+            seq.cancel()
+        return JSONResponse(answer.complete("".join(pieces), finish, protocol.usage(len(ids), count)))
+
+    async def events_of(seq: Sequence, events: asyncio.Queue, text: TextStream) -> AsyncIterator[tuple]:
+        """("token", its text) per token, ("piece", text held back till the end) if any, then
+        ("done", finish_reason) or ("error", message). A stop string ends it (and the sequence)."""
+        while True:
+            kind, value = await events.get()
+            if kind == "token":
+                yield kind, text.push(value)
+                if text.stopped:
+                    seq.cancel()
+                    yield "done", "stop"
+                    return
+                continue
+            if kind == "done":
+                tail = text.flush()
+                if tail:
+                    yield "piece", tail
+                value = "stop" if text.stopped else value
+                if value == "cancelled":  # by the scheduler: it is stopping
+                    kind, value = "error", "cancelled: the server is shutting down"
+            yield kind, value
+            return
+
+    async def stream(seq, events, text, answer, req, prompt_tokens) -> AsyncIterator[str]:
+        count = 0
+        try:
+            if req.chat:
+                yield _sse(answer.chunk("", first=True))
+            async for kind, value in events_of(seq, events, text):
+                if kind in ("token", "piece"):
+                    count += kind == "token"
+                    if value:
+                        yield _sse(answer.chunk(value))
+                elif kind == "error":
+                    yield _sse(ApiError(500, f"generation failed: {value}", kind="server_error").body())
+                else:
+                    yield _sse(answer.chunk(None, finish_reason=value))
+                    if req.include_usage:
+                        yield _sse(answer.usage_chunk(protocol.usage(prompt_tokens, count)))
+            yield "data: [DONE]\n\n"
+        finally:  # finished, failed or the client went away
+            seq.cancel()
+
+    async def cancel_on_disconnect(request: Request, seq: Sequence) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        seq.cancel()
+
+    async def chat_completions(request: Request):
+        return await generate(request, chat=True)
+
+    async def completions(request: Request):
+        return await generate(request, chat=False)
+
+    async def models(request: Request):
+        check_auth(request)
+        return JSONResponse(protocol.models_list(model_name, created))
+
+    async def health(request: Request):
+        return JSONResponse({"status": "ok", "model": model_name, "running": scheduler.running,
+                             "waiting": scheduler.waiting, "decode_steps": scheduler.decode_steps,
+                             "decoded_tokens": scheduler.decoded_tokens})
+
+    async def api_error(request: Request, exc: ApiError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    async def http_error(request: Request, exc: HTTPException):
+        return JSONResponse(ApiError(exc.status_code, exc.detail).body(), status_code=exc.status_code)
+
+    async def server_error(request: Request, exc: Exception):
+        return JSONResponse(ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error").body(), status_code=500)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        scheduler.start()
+        try:
+            yield
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, scheduler.stop)
+
+    app = Starlette(routes=[
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ], exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error},
+        lifespan=lifespan)
+    app.state.scheduler = scheduler
+    return app

@@ -1,0 +1,516 @@
+"""qlinear-llm serve: the OpenAI API over HTTP (the real openai client, raw HTTP for the errors),
+continuous batching (batch invariance against the single-request path), cancellation, auth and
+the bounded queue. Servers run in-process on a loopback port with a tiny synthetic model."""
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("starlette")
+uvicorn = pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pytest.importorskip("transformers")
+
+from qlinear import llm  # noqa: E402
+from qlinear.llm import synthetic  # noqa: E402
+from qlinear.llm.generation import Sampling  # noqa: E402
+from qlinear.llm.serve import QueueFull, Scheduler, SchedulerClosed, Sequence, create_app  # noqa: E402
+
+NAME = "tiny"
+CONTEXT = 256
+WAIT = 30  # seconds: the bound of every wait below (never reached when things work)
+PROMPTS = ["def main():", "import os\nimport sys", "class Foo(object):", "for i in range(10):",
+           "# Copyright", "return None", "x = [", "while True:"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return synthetic.make_checkpoint(tmp_path_factory.mktemp("serve") / "tiny", shape="tiny", seed=1)
+
+
+def load(checkpoint, max_context=CONTEXT):
+    return llm.load(checkpoint, bits=4, max_context=max_context, progress=False)
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint):
+    """A model of its own for the single-request path (the server's belongs to its scheduler)."""
+    return load(checkpoint)
+
+
+def reference_ids(model, ids, max_tokens, **sampling):
+    model.reset()  # an empty cache: the prompt's prefill in the same chunks as the server's
+    return model.generate_ids(ids, max_tokens, **sampling)
+
+
+@contextlib.contextmanager
+def running_server(model, **options):
+    """The app on a loopback port in a uvicorn thread; yields (base URL, app); bounded shutdown."""
+    app = create_app(model, NAME, **options)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + WAIT
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app
+    finally:
+        server.should_exit = True
+        thread.join(WAIT)
+        sock.close()
+        assert not thread.is_alive(), "the server did not shut down"
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    with running_server(load(checkpoint), max_batch=4, max_queue=16) as (url, app):
+        yield url, app
+
+
+def client(url, **kw):
+    return openai.OpenAI(base_url=url + "/v1", api_key=kw.pop("api_key", "unused"), max_retries=0, timeout=WAIT, **kw)
+
+
+def wait_until(condition, what):
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+# -- the scheduler (batch invariance of the batched step itself: tests/test_decoder_ops.py; of the
+# kernels' rows: tests/test_matmul.py) -----------------------------------------------------------------
+def run_scheduler(model, jobs, max_batch):
+    """Run (ids, max_tokens, sampling) jobs through a Scheduler at once; their token ids and
+    finish reasons."""
+    scheduler = Scheduler(model, max_batch=max_batch, max_queue=len(jobs))
+    results = [([], []) for _ in jobs]
+    done = threading.Semaphore(0)
+
+    def emit(i):
+        def on(kind, value):
+            results[i][0 if kind == "token" else 1].append(value)
+            if kind != "token":
+                done.release()
+        return on
+
+    for i, (ids, n, sampling) in enumerate(jobs):
+        scheduler.submit(Sequence(ids, n, Sampling(**sampling), emit(i)))
+    scheduler.start()
+    try:
+        for _ in jobs:
+            assert done.acquire(timeout=WAIT)
+    finally:
+        scheduler.stop(WAIT)
+    return results
+
+
+def test_scheduler_equals_single_request_path(checkpoint):
+    """Sequences of different lengths joining and leaving the batch: every one's tokens equal
+    Model.stream_ids' alone (greedy, and sampled with its own seed)."""
+    reference = load(checkpoint, max_context=1024)
+    tok = reference.tokenizer
+    jobs = [(tok.encode(p), 5 + 7 * i, {} if i % 3 else {"temperature": 0.9, "top_p": 0.9, "seed": i})
+            for i, p in enumerate(PROMPTS)]
+    long_prompt = [int(t) for t in np.random.default_rng(2).integers(3, 1000, 700)]  # two prefill chunks
+    jobs += [(tok.encode("x" * 300)[:200], 30, {}), (long_prompt, 20, {})]
+    results = run_scheduler(load(checkpoint, max_context=1024), jobs, max_batch=3)
+    for (ids, n, sampling), (tokens, finish) in zip(jobs, results):
+        assert tokens == reference_ids(reference, ids, n, **sampling)
+        assert finish == ["length"]
+
+
+@pytest.mark.parametrize("arch, extra", [("gemma2", dict(sliding_window=16)), ("qwen3", {})])
+def test_scheduler_on_other_architectures(tmp_path, arch, extra):
+    """Gemma 2 (layer 0 a sliding window of 16 that most sequences run past: a ring cache per
+    sequence; GELU-tanh, soft-caps, sandwich norms) and Qwen3 (q / k norms): the scheduler's tokens
+    equal Model.generate_ids' alone, in the compiled batched step."""
+    path = synthetic.make_checkpoint(tmp_path / arch, arch=arch, shape="tiny", seed=3, norm_noise=0.1, **extra)
+    reference, model = load(path), load(path)
+    assert Scheduler(model)._step is not None  # the compiled step, not the Python blocks
+    if extra:
+        assert model.config.window(0) == 16 and not model.config.window(1)
+    tok = reference.tokenizer
+    jobs = [(tok.encode(p), n, {} if i % 3 else {"temperature": 0.9, "top_p": 0.9, "seed": i})
+            for i, (p, n) in enumerate(zip(PROMPTS, [40, 3, 25, 60, 9, 33]))]  # prompt + 3 < 16: no ring
+    jobs.append(([int(t) for t in np.random.default_rng(4).integers(3, 1000, 50)], 20, {}))  # prefill wraps the ring
+    results = run_scheduler(model, jobs, max_batch=4)
+    for (ids, n, sampling), (tokens, finish) in zip(jobs, results):
+        assert tokens == reference_ids(reference, ids, n, **sampling)
+        assert finish == (["length"] if len(tokens) == n else ["stop"])
+    assert sum(len(t) for t, _ in results) > 150
+
+
+def test_flash_models_are_refused(checkpoint, tmp_path):
+    converted = llm.convert(checkpoint, tmp_path / "q4", progress=False)
+    with llm.load(converted, memory="flash", max_context=64, progress=False) as model:
+        with pytest.raises(ValueError, match="memory='flash'"):
+            Scheduler(model)
+        with pytest.raises(ValueError, match="memory='flash'"):
+            create_app(model, NAME)
+
+
+def test_stop_tokens_and_ignore_eos(checkpoint, reference):
+    """The model's stop tokens end a sequence ("stop", the token not emitted) unless ignore_eos."""
+    ids = reference.tokenizer.encode(PROMPTS[4])
+    expected = reference_ids(reference, ids, 6)
+    model = load(checkpoint)
+    model.tokenizer.stop_ids = {expected[2]}
+    for ignore_eos, tokens, finish in ((False, expected[:2], "stop"), (True, expected, "length")):
+        got = []
+        scheduler = Scheduler(model)
+        scheduler.submit(Sequence(ids, 6, Sampling(), lambda kind, value: got.append((kind, value)),
+                                  ignore_eos=ignore_eos))
+        scheduler.start()
+        wait_until(lambda: got and got[-1][0] == "done", "the sequence did not finish")
+        scheduler.stop(WAIT)
+        assert got == [("token", t) for t in tokens] + [("done", finish)]
+
+
+def test_a_failing_sequence_leaves_the_others(checkpoint, reference):
+    ids = reference.tokenizer.encode(PROMPTS[5])
+    events = [[], []]
+    scheduler = Scheduler(load(checkpoint))
+    seqs = [Sequence(ids, 8, Sampling(), lambda kind, value, i=i: events[i].append((kind, value))) for i in range(2)]
+    seqs[0].sampler = lambda logits, context: 1 // 0
+    for seq in seqs:
+        scheduler.submit(seq)
+    scheduler.start()
+    wait_until(lambda: all(e and e[-1][0] != "token" for e in events), "the sequences did not finish")
+    scheduler.stop(WAIT)
+    assert events[0] == [("error", "ZeroDivisionError: integer division or modulo by zero")]
+    assert events[1] == [("token", t) for t in reference_ids(reference, ids, 8)] + [("done", "length")]
+
+
+def test_scheduler_queue_bound_and_closing(reference):
+    scheduler = Scheduler(reference, max_batch=2, max_queue=1)
+    seqs = [Sequence([1, 2, 3], 4, Sampling(), lambda kind, value: None) for _ in range(4)]
+    for seq in seqs[:3]:
+        scheduler.submit(seq)
+    with pytest.raises(QueueFull):
+        scheduler.submit(seqs[3])
+    scheduler.stop()
+    with pytest.raises(SchedulerClosed):
+        scheduler.submit(seqs[3])
+    with pytest.raises(ValueError, match="max_batch"):
+        Scheduler(reference, max_batch=0)
+
+
+# -- the OpenAI API through the openai client -------------------------------------------------------
+def test_models_and_health(server):
+    url, _ = server
+    assert [m.id for m in client(url).models.list().data] == [NAME]
+    health = httpx.get(url + "/health").json()
+    assert health["status"] == "ok" and health["model"] == NAME
+
+
+def test_chat_completion(server, reference):
+    url, _ = server
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+    out = client(url).chat.completions.create(model=NAME, messages=messages, max_tokens=12, temperature=0)
+    ids = reference.tokenizer.prompt_ids(messages)
+    expected = reference_ids(reference, ids, 12)
+    assert out.object == "chat.completion" and out.model == NAME and len(out.choices) == 1
+    assert out.choices[0].message.role == "assistant"
+    assert out.choices[0].message.content == reference.tokenizer.decode(expected)
+    assert out.choices[0].finish_reason == "length"
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ids), 12)
+    assert out.usage.total_tokens == len(ids) + 12
+
+
+def test_completion_and_token_prompt(server, reference):
+    url, _ = server
+    c = client(url)
+    ids = reference.tokenizer.encode(PROMPTS[0])
+    expected = reference.tokenizer.decode(reference_ids(reference, ids, 10))
+    out = c.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=10, temperature=0)
+    assert out.object == "text_completion" and out.choices[0].text == expected
+    assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 10
+    assert c.completions.create(model=NAME, prompt=ids, max_tokens=10, temperature=0).choices[0].text == expected
+
+
+def test_streaming(server, reference):
+    url, _ = server
+    c = client(url)
+    messages = [{"role": "user", "content": "Tell me a story"}]
+    expected = reference.tokenizer.decode(reference_ids(reference, reference.tokenizer.prompt_ids(messages), 20))
+    chunks = list(c.chat.completions.create(model=NAME, messages=messages, max_tokens=20, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert all(ch.object == "chat.completion.chunk" for ch in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == expected
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+
+    pieces = list(c.completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=15, temperature=0, stream=True))
+    expected = reference.tokenizer.decode(reference_ids(reference, reference.tokenizer.encode(PROMPTS[1]), 15))
+    assert "".join(p.choices[0].text for p in pieces) == expected
+    assert pieces[-1].choices[0].finish_reason == "length"
+
+
+def test_stream_ends_with_done(server):
+    url, _ = server
+    with httpx.stream("POST", url + "/v1/completions", timeout=WAIT,
+                      json={"model": NAME, "prompt": "x", "max_tokens": 3, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    assert all(e.startswith("data: ") for e in events)
+    assert [json.loads(e[6:])["choices"][0]["finish_reason"] for e in events[:-1]][-1] == "length"
+
+
+def test_stop_strings(server, reference):
+    url, _ = server
+    full = reference.tokenizer.decode(reference_ids(reference, reference.tokenizer.encode(PROMPTS[2]), 24))
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    cut = full[:full.index(stop)]
+    c = client(url)
+    out = c.completions.create(model=NAME, prompt=PROMPTS[2], max_tokens=24, temperature=0, stop=[stop, "\x00"])
+    assert out.choices[0].text == cut and out.choices[0].finish_reason == "stop"
+    chunks = list(c.completions.create(model=NAME, prompt=PROMPTS[2], max_tokens=24, temperature=0, stop=stop,
+                                       stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks) == cut
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling(server, reference):
+    """temperature / top_p / seed per request: its own generator, the single-request path's draws."""
+    url, _ = server
+    c = client(url)
+    ids = reference.tokenizer.encode(PROMPTS[3])
+    expected = reference.tokenizer.decode(reference_ids(reference, ids, 16, temperature=1.2, top_p=0.8, seed=7))
+    outs = [c.completions.create(model=NAME, prompt=PROMPTS[3], max_tokens=16, temperature=1.2, top_p=0.8, seed=7)
+            for _ in range(2)]
+    assert [o.choices[0].text for o in outs] == [expected, expected]
+
+
+def test_concurrent_requests_equal_single_requests(server, reference):
+    """Batch invariance end to end: 8 concurrent greedy requests (of different lengths, mixed
+    streaming) on a server batching up to 4 give each the single-request output."""
+    url, _ = server
+    c = client(url)
+
+    def ask(i):
+        n = 8 + 5 * i
+        if i % 2:
+            chunks = c.completions.create(model=NAME, prompt=PROMPTS[i], max_tokens=n, temperature=0, stream=True)
+            return "".join(ch.choices[0].text for ch in chunks)
+        return c.completions.create(model=NAME, prompt=PROMPTS[i], max_tokens=n, temperature=0).choices[0].text
+
+    with ThreadPoolExecutor(8) as pool:
+        texts = list(pool.map(ask, range(8)))
+    for i, text in enumerate(texts):
+        ids = reference.tokenizer.encode(PROMPTS[i])
+        assert text == reference.tokenizer.decode(reference_ids(reference, ids, 8 + 5 * i)), i
+
+
+# -- errors -----------------------------------------------------------------------------------------
+BAD_REQUESTS = [
+    ("/v1/chat/completions", b'{"model": "tiny", "messages": [', 400, None),
+    ("/v1/chat/completions", b'[1, 2]', 400, None),
+    ("/v1/chat/completions", {"model": NAME, "messages": "hello"}, 400, "messages"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user"}]}, 400, "messages"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "hi"}],
+                              "max_tokens": "5"}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "hi"}],
+                              "temperature": "hot"}, 400, "temperature"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "hi"}],
+                              "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "max_tokens": -3}, 400, "max_tokens"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "n": 2}, 400, "n"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "stop": [1]}, 400, "stop"),
+    ("/v1/completions", {"model": NAME, "prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"model": NAME, "prompt": [5, 100000]}, 400, "prompt"),
+    ("/v1/completions", {"model": NAME, "prompt": "word " * 400}, 400, "prompt"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "max_tokens": CONTEXT}, 400, "prompt"),
+    ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "model"),
+    ("/v1/completions", {"prompt": "hi"}, 400, "model"),
+    ("/v1/nothing", {}, 404, None),
+]
+
+
+@pytest.mark.parametrize("path,body,status,param", BAD_REQUESTS)
+def test_bad_requests_get_openai_errors(server, path, body, status, param):
+    url, _ = server
+    r = httpx.post(url + path, timeout=WAIT, **({"content": body} if isinstance(body, bytes) else {"json": body}))
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert isinstance(error["message"], str) and error["message"] and "type" in error
+    assert error.get("param") == param
+    # and the server goes on serving
+    ok = httpx.post(url + "/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": 2, "temperature": 0},
+                    timeout=WAIT)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2, ok.text
+
+
+def test_errors_through_the_client(server):
+    url, _ = server
+    c = client(url)
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="other", prompt="hi", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="context"):
+        c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "word " * 400}])
+
+
+def test_context_limit_is_prompt_plus_max_tokens(server):
+    url, _ = server
+    body = {"model": NAME, "prompt": [1] * 200, "max_tokens": CONTEXT - 200}
+    assert httpx.post(url + "/v1/completions", json=body, timeout=WAIT).status_code == 200
+    body["max_tokens"] += 1
+    r = httpx.post(url + "/v1/completions", json=body, timeout=WAIT)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+# -- cancellation, auth, the bounded queue ----------------------------------------------------------
+def test_disconnect_cancels_and_frees_the_slot(checkpoint):
+    model = load(checkpoint, max_context=4096)
+    model.tokenizer.stop_ids = set()  # only the client's going away ends these
+    with running_server(model, max_batch=2) as (url, app):
+        scheduler = app.state.scheduler
+        decode = scheduler._decode
+        scheduler._decode = lambda: (time.sleep(0.002), decode())  # 4000 tokens take > 8 s
+        for stream in (True, False):
+            body = {"model": NAME, "prompt": "hello", "max_tokens": 4000, "stream": stream}
+            with httpx.Client(timeout=WAIT) as http:
+                if stream:
+                    with http.stream("POST", url + "/v1/completions", json=body) as r:
+                        next(line for line in r.iter_lines() if line.startswith("data: "))
+                else:
+                    with pytest.raises(httpx.ReadTimeout):
+                        http.post(url + "/v1/completions", json=body, timeout=0.3)
+            wait_until(lambda: scheduler.running == 0 and scheduler.waiting == 0, "the slot was not freed")
+        assert scheduler.decoded_tokens < 2 * 4000
+        r = httpx.post(url + "/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": 3}, timeout=WAIT)
+        assert r.status_code == 200
+
+
+def test_api_key(checkpoint):
+    with running_server(load(checkpoint), api_key="sesame") as (url, _):
+        body = {"model": NAME, "prompt": "hi", "max_tokens": 2}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
+            r = httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=WAIT)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(url + "/v1/models", timeout=WAIT).status_code == 401
+        with pytest.raises(openai.AuthenticationError):
+            client(url, api_key="wrong").models.list()
+        assert client(url, api_key="sesame").completions.create(model=NAME, prompt="hi", max_tokens=2).usage
+        assert httpx.get(url + "/health", timeout=WAIT).status_code == 200
+
+
+def test_queue_overflow_gets_429(checkpoint):
+    with running_server(load(checkpoint), max_batch=1, max_queue=1) as (url, app):
+        scheduler, gate = app.state.scheduler, threading.Event()
+        model, forward = scheduler.model, scheduler.model._forward
+        model._forward = lambda *a, **kw: (gate.wait(WAIT), forward(*a, **kw))[1]  # hold the first prefill
+        body = {"model": NAME, "prompt": "hi", "max_tokens": 3}
+        with ThreadPoolExecutor(2) as pool:
+            held = [pool.submit(httpx.post, url + "/v1/completions", json=body, timeout=WAIT)]
+            wait_until(lambda: scheduler.running == 1, "the first request did not start")
+            held.append(pool.submit(httpx.post, url + "/v1/completions", json=body, timeout=WAIT))
+            wait_until(lambda: scheduler.waiting == 1, "the second request did not queue")
+            r = httpx.post(url + "/v1/completions", json=body, timeout=WAIT)
+            assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+            with pytest.raises(openai.RateLimitError):
+                client(url).completions.create(model=NAME, prompt="hi", max_tokens=3)
+            gate.set()
+            assert [f.result().status_code for f in held] == [200, 200]
+
+
+def test_command_line(checkpoint, monkeypatch):
+    """qlinear-llm serve MODEL ...: the model loaded with the load options, served as asked."""
+    from qlinear.llm import cli, serve
+
+    seen = {}
+    monkeypatch.setattr(serve, "serve", lambda model, name, **kw: seen.update(model=model, name=name, **kw))
+    cli.main(["serve", str(checkpoint), "--port", "8123", "--max-batch", "3", "--max-queue", "5",
+              "--api-key", "k", "--max-context", "128"])
+    assert seen["name"] == checkpoint.name and seen["model"].max_context == 128
+    assert {k: seen[k] for k in ("host", "port", "max_batch", "max_queue", "api_key")} == {
+        "host": "127.0.0.1", "port": 8123, "max_batch": 3, "max_queue": 5, "api_key": "k"}
+
+
+# -- text: incremental decoding and stop strings ----------------------------------------------------
+def spm_style_tokenizer():
+    """A SentencePiece-style tokenizer (byte fallback, U+2581 spaces, one leading space stripped),
+    as gguf_tokenizer builds for Llama vocabularies."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, normalizers
+
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}}
+    for piece in ["\u2581", "a", "b", "\u2581a", "\u2581b", "ab", "\u2581ab", "c", "\u2581c", "é"]:
+        vocab[piece] = len(vocab)
+    hf = HFTokenizer(models.BPE(vocab, [], unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    hf.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                    decoders.Strip(" ", 1, 0)])
+    return llm.Tokenizer(hf)
+
+
+def test_stream_decoder_pieces_make_the_text(reference):
+    """Pieces (multi-byte characters held back until complete) add up to decode(ids), for a
+    byte-level BPE and a SentencePiece-style tokenizer; each push decodes a bounded window."""
+    from qlinear.llm.tokenizer import StreamDecoder
+
+    rng = np.random.default_rng(3)
+    alphabet = ["a", "b", " ", "é", "日本", "🙂", "c", " ab", "\n"]
+    for tok in (reference.tokenizer, spm_style_tokenizer()):
+        for _ in range(100):
+            text = "".join(rng.choice(alphabet, rng.integers(1, 30)))
+            ids = tok.encode(text)
+            dec = StreamDecoder(tok)
+            pieces = [dec.push(i) for i in ids]
+            assert "".join(pieces) + dec.flush() == tok.decode(ids) == text, (text, pieces)
+            assert all("\ufffd" not in p for p in pieces)
+        lengths, decode = [], tok.decode
+        tok.decode = lambda ids: (lengths.append(len(ids)), decode(ids))[1]
+        try:
+            dec = StreamDecoder(tok)
+            "".join(dec.push(i) for i in tok.encode("ab c " * 400))
+        finally:
+            del tok.decode
+        assert max(lengths) <= 8
+
+
+class PieceTokenizer:
+    """Token i is PIECES[i]: text streams with known pieces."""
+
+    PIECES = ["al", "pha", " be", "ta", " gam", "ma", " del", "ta"]
+
+    def decode(self, ids):
+        return "".join(self.PIECES[i] for i in ids)
+
+
+def test_text_stream_stop_strings():
+    from qlinear.llm.serve.app import TextStream
+
+    ids = list(range(len(PieceTokenizer.PIECES)))
+    for stop, pieces, stopped in (
+            (["gamma"], ["al", "pha", " be", "ta", " ", ""], True),      # "gam" held back, then cut
+            (["zzz", "ta g"], ["al", "pha", " be", "", ""], True),        # "ta" held, "ta gam" has it
+            (["pha b"], ["al", "", ""], True),
+            (["nope"], ["al", "pha", " be", "ta", " gam", "ma", " del", "ta"], False),
+            (["a "], ["al", "ph", ""], True)):
+        text = TextStream(PieceTokenizer(), stop)
+        got = []
+        for i in ids:
+            got.append(text.push(i))
+            if text.stopped:
+                break
+        assert got == pieces and text.stopped == stopped, (stop, got)
+        assert text.flush() == ""
