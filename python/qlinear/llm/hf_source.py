@@ -38,6 +38,16 @@ def read_config(d: Path) -> ModelConfig:
 
 def read(d: Path, opts: Options, progress_bar: bool = True, bar_leave: bool = False) -> Source:
     """The checkpoint's tensors, quantized per ``opts`` (bits, group_size, symmetric, slim_vocab)."""
+    cfg, tokenizer, ckpt, embedding, rows = open_checkpoint(d, opts)
+    tensors = _tensors(ckpt, cfg, opts, rows, progress_bar, bar_leave)
+    return Source(KIND, d, cfg, tokenizer, embedding, tensors,
+                  {"bits": opts.bits, "group_size": opts.group_size, "symmetric": opts.symmetric,
+                   **({"method": "rtn"} if opts.bits else {})})
+
+
+def open_checkpoint(d: Path, opts: Options) -> tuple:
+    """(config, tokenizer, Checkpoint, EmbeddingFile, lm head rows kept or None) of a checkpoint;
+    no weight is read yet."""
     cfg = read_config(d)
     tokenizer = Tokenizer.from_dir(d, extra_stop_ids=stop_ids(cfg.eos_token_id))
     ckpt = Checkpoint(d)
@@ -46,21 +56,15 @@ def read(d: Path, opts: Options, progress_bar: bool = True, bar_leave: bool = Fa
     if dtype not in _DTYPES or tuple(shape) != (cfg.vocab_size, cfg.hidden_size):
         raise ValueError(f"{d}: embedding is {dtype} {shape}, expected float [{cfg.vocab_size}, {cfg.hidden_size}]")
     embedding = EmbeddingFile(st.path, offset, cfg.vocab_size, cfg.hidden_size, _DTYPES[dtype])
-    rows = slim_rows(opts.slim_vocab, cfg, tokenizer)
-    tensors = _tensors(ckpt, cfg, opts, rows, progress_bar, bar_leave)
-    return Source(KIND, d, cfg, tokenizer, embedding, tensors,
-                  {"bits": opts.bits, "group_size": opts.group_size, "symmetric": opts.symmetric})
+    return cfg, tokenizer, ckpt, embedding, slim_rows(opts.slim_vocab, cfg, tokenizer)
+
+
+LINEARS = ("qkv", "o", "gate_up", "down")  # the projections of a block, under our names
 
 
 def _tensors(ckpt: Checkpoint, cfg: ModelConfig, opts: Options, rows: Optional[np.ndarray],
              progress_bar: bool, bar_leave: bool) -> dict:
     """Our named tensors from a HF checkpoint: fused projections, quantized per ``opts``."""
-    def f32(name):
-        return ckpt.float32(name)
-
-    def maybe(name):
-        return f32(name) if name in ckpt else None
-
     def quantize(w):
         if opts.bits is None:
             return w
@@ -69,36 +73,59 @@ def _tensors(ckpt: Checkpoint, cfg: ModelConfig, opts: Options, rows: Optional[n
     out = {}
     bar = progress(cfg.num_layers + 1, "quantizing" if opts.bits else "loading", progress_bar, leave=bar_leave)
     for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        a, m = p + "self_attn.", p + "mlp."
-        out[f"layers.{i}.input_norm"] = f32(p + "input_layernorm.weight")
-        out[f"layers.{i}.post_norm"] = f32(p + "post_attention_layernorm.weight")
-        out[f"layers.{i}.qkv"] = quantize(np.concatenate([f32(a + n + "_proj.weight") for n in "qkv"]))
-        biases = [maybe(a + n + "_proj.bias") for n in "qkv"]
-        if any(b is not None for b in biases):
-            if any(b is None for b in biases):
-                raise ValueError(f"{ckpt.directory}: layer {i} has biases on some of q/k/v only")
-            out[f"layers.{i}.qkv.bias"] = np.concatenate(biases)
-        out[f"layers.{i}.o"] = quantize(f32(a + "o_proj.weight"))
-        out[f"layers.{i}.gate_up"] = quantize(np.concatenate([f32(m + "gate_proj.weight"), f32(m + "up_proj.weight")]))
-        out[f"layers.{i}.down"] = quantize(f32(m + "down_proj.weight"))
-        for src, dst in ((a + "o_proj.bias", "o"), (m + "down_proj.bias", "down")):
-            if src in ckpt:
-                out[f"layers.{i}.{dst}.bias"] = f32(src)
-        if (m + "gate_proj.bias") in ckpt:
-            out[f"layers.{i}.gate_up.bias"] = np.concatenate([f32(m + "gate_proj.bias"), f32(m + "up_proj.bias")])
+        layer = layer_tensors(ckpt, cfg, i)
+        for n in LINEARS:
+            layer[f"layers.{i}.{n}"] = quantize(layer[f"layers.{i}.{n}"])
+        out.update(layer)
+        del layer
         trim_heap()
         bar.update(1)
-    out["norm"] = f32("model.norm.weight")
-    head = EMBEDDING if cfg.tie_word_embeddings or "lm_head.weight" not in ckpt else "lm_head.weight"
-    if rows is None:
-        w = f32(head)
-    else:  # only the kept rows are widened
-        raw, dtype = ckpt.raw(head)
-        w = to_float32(raw[rows], dtype)
-    out["lm_head"] = quantize(w)
-    if rows is not None:
-        out["lm_rows"] = rows
+    head = head_tensors(ckpt, cfg, rows)
+    head["lm_head"] = quantize(head["lm_head"])
+    out.update(head)
     bar.update(1)
     bar.close()
+    return out
+
+
+def layer_tensors(ckpt: Checkpoint, cfg: ModelConfig, i: int) -> dict:
+    """Block ``i``'s tensors under our names, float32: q/k/v and gate/up fused, nothing quantized."""
+    def f32(name):
+        return ckpt.float32(name)
+
+    def maybe(name):
+        return f32(name) if name in ckpt else None
+
+    p = f"model.layers.{i}."
+    a, m = p + "self_attn.", p + "mlp."
+    out = {f"layers.{i}.input_norm": f32(p + "input_layernorm.weight"),
+           f"layers.{i}.post_norm": f32(p + "post_attention_layernorm.weight"),
+           f"layers.{i}.qkv": np.concatenate([f32(a + n + "_proj.weight") for n in "qkv"])}
+    biases = [maybe(a + n + "_proj.bias") for n in "qkv"]
+    if any(b is not None for b in biases):
+        if any(b is None for b in biases):
+            raise ValueError(f"{ckpt.directory}: layer {i} has biases on some of q/k/v only")
+        out[f"layers.{i}.qkv.bias"] = np.concatenate(biases)
+    out[f"layers.{i}.o"] = f32(a + "o_proj.weight")
+    out[f"layers.{i}.gate_up"] = np.concatenate([f32(m + "gate_proj.weight"), f32(m + "up_proj.weight")])
+    out[f"layers.{i}.down"] = f32(m + "down_proj.weight")
+    for src, dst in ((a + "o_proj.bias", "o"), (m + "down_proj.bias", "down")):
+        if src in ckpt:
+            out[f"layers.{i}.{dst}.bias"] = f32(src)
+    if (m + "gate_proj.bias") in ckpt:
+        out[f"layers.{i}.gate_up.bias"] = np.concatenate([f32(m + "gate_proj.bias"), f32(m + "up_proj.bias")])
+    return out
+
+
+def head_tensors(ckpt: Checkpoint, cfg: ModelConfig, rows: Optional[np.ndarray]) -> dict:
+    """The final norm and the lm head (float32; with vocabulary slimming only the kept rows, and
+    ``lm_rows``)."""
+    out = {"norm": ckpt.float32("model.norm.weight")}
+    head = EMBEDDING if cfg.tie_word_embeddings or "lm_head.weight" not in ckpt else "lm_head.weight"
+    if rows is None:
+        out["lm_head"] = ckpt.float32(head)
+    else:  # only the kept rows are widened
+        raw, dtype = ckpt.raw(head)
+        out["lm_head"] = to_float32(raw[rows], dtype)
+        out["lm_rows"] = rows
     return out
