@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 
 def _group_size(text: str):
@@ -159,7 +160,7 @@ def cmd_perplexity(args) -> None:
     from .perplexity import perplexity
 
     try:
-        text = open(args.file, encoding="utf-8").read()
+        text = Path(args.file).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"{args.file}: cannot read it as UTF-8 text ({e})") from None
     args.max_context = max(args.max_context, args.window)
@@ -226,7 +227,7 @@ def main(argv=None) -> None:
     _add_load_args(x)
     x.add_argument("file", help="UTF-8 text file")
     x.add_argument("--window", type=int, default=WINDOW, help="tokens per window")
-    x.add_argument("--stride", type=int, default=STRIDE, help="tokens between window starts")
+    x.add_argument("--stride", type=int, default=STRIDE, help="tokens between window starts (< window)")
     x.set_defaults(run=cmd_perplexity)
 
     from .synthetic import DTYPES, SHAPES  # noqa: PLC0415  (no torch import: that happens in make_checkpoint)

@@ -37,6 +37,7 @@ DAMP = 0.01                # dampening: this fraction of the Hessian's mean diag
 CALIBRATION_TOKENS = 4096  # at most this many calibration tokens are used
 SEQ_LEN = 512              # tokens per calibration sequence (each attends within itself)
 HEAD_ROWS = 16384          # lm head rows rounded per call (rows are independent under GPTQ)
+ERROR_ROWS = 256           # rows on which the reported rounding errors are estimated
 
 Calibration = Union[str, os.PathLike, Sequence[int], np.ndarray]
 
@@ -132,31 +133,27 @@ class _Rounding:
 
     def gptq(self, w: np.ndarray, xtx: np.ndarray, rows: Optional[int] = None):
         """(PackedWeight, W' float32 as the kernels compute with, relative error of GPTQ and of
-        round-to-nearest on the calibration inputs: ||X (W - W')^T||^2 / ||X W^T||^2)."""
+        round-to-nearest on the calibration inputs: ||X (W - W')^T||^2 / ||X W^T||^2, estimated on
+        at most ERROR_ROWS evenly spaced rows). ``rows``: round that many rows per call."""
         import torch  # noqa: PLC0415
 
         from ..torch.quantize import gptq_quantize  # noqa: PLC0415
-        h = torch.from_numpy(xtx)
-        parts = []
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # many small steps: OpenMP barriers cost more than they save
-        try:
-            for r in range(0, w.shape[0], rows or w.shape[0]):
-                part = torch.from_numpy(np.ascontiguousarray(w[r:r + (rows or w.shape[0])]))
-                parts.append(gptq_quantize(part, h, self.bits, self.group_size, self.symmetric,
-                                           act_order=self.act_order, damp=self.damp))
-        finally:
-            torch.set_num_threads(threads)
+        h, step = torch.from_numpy(xtx), rows or w.shape[0]
+        parts = [gptq_quantize(torch.from_numpy(np.ascontiguousarray(w[r:r + step])), h, self.bits,
+                               self.group_size, self.symmetric, act_order=self.act_order, damp=self.damp)
+                 for r in range(0, w.shape[0], step)]
         codes = np.concatenate([p.codes.numpy() for p in parts])
         scale = np.concatenate([p.scale.numpy() for p in parts])
         offset = None if self.symmetric else np.concatenate([p.offset.numpy() for p in parts])
         packed = pack_quantized(codes, scale, offset, self.bits, self.group_size, self.symmetric)
         wq = np.concatenate([p.weight.numpy() for p in parts])
-        rtn = pack_weight(w, self.bits, self.group_size, self.symmetric).dequantize()
+        sub = slice(None, None, -(-w.shape[0] // ERROR_ROWS))
+        ws = np.ascontiguousarray(w[sub])
+        rtn = pack_weight(ws, self.bits, self.group_size, self.symmetric).dequantize()
         hf = xtx.astype(np.float32)
-        energy = float(np.einsum("nk,nk->", w @ hf, w))
-        err = lambda d: float(np.einsum("nk,nk->", d @ hf, d)) / max(energy, 1e-30)  # noqa: E731
-        return packed, wq, err(w - wq), err(w - rtn)
+        energy = max(float(np.einsum("nk,nk->", ws @ hf, ws)), 1e-30)
+        err = lambda d: float(np.einsum("nk,nk->", d @ hf, d)) / energy  # noqa: E731
+        return packed, wq, err(ws - wq[sub]), err(ws - rtn)
 
 
 def read(d: Path, opts: Options, calibration: Calibration, damp: float = DAMP, act_order: bool = False,

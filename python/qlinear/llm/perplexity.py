@@ -1,10 +1,11 @@
 """Sliding-window perplexity of a model over a text (``llm.perplexity``, ``qlinear-llm perplexity``),
 so quantization methods compare on text.
 
-Windows of ``window`` tokens start every ``stride`` tokens; each window scores only the tokens
-the previous windows did not (the first window all but its first token), each predicted from
-the window's tokens before it: with ``stride < window`` every scored token past the first window
-sees at least ``window - stride`` tokens of context (the Hugging Face perplexity guide's scheme).
+Windows of ``window`` tokens start every ``stride < window`` tokens; each window scores only the
+tokens the previous windows did not (the first window all but its first token), each predicted
+from the window's tokens before it, so every token past the first is scored once and, past the
+first window, from at least ``window - stride`` tokens of context (the Hugging Face perplexity
+guide's scheme).
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ def perplexity(model, text_or_ids: Union[str, Sequence[int], np.ndarray], window
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     if window < 2:
         raise ValueError(f"window must be >= 2 tokens, got {window}")
-    if stride > window:
-        raise ValueError(f"stride ({stride}) must not exceed window ({window}): tokens would go unscored")
+    if stride >= window:
+        raise ValueError(f"stride ({stride}) must be smaller than window ({window}): the first token of a "
+                         "window is scored from the previous one's context")
     if window > model.cache.capacity:
         raise ValueError(f"window ({window}) exceeds the model's context ({model.cache.capacity} positions: max_context)")
     if isinstance(text_or_ids, str):
