@@ -11,6 +11,9 @@ tokenizer was trained on it):
   held-out 2    docstring sentences (``qlinear.accuracy.docstring_sentences``); the modules they
                 come from are left out of both source sets
 
+  validation    the sources of every 4th module from the 2nd: --tune-damp scores GPTQ's dampening
+                on it (calibration side; the held-out sets are not read then)
+
 Each (group size, method) is converted (int4, asymmetric) into a temporary folder, loaded (W4A8),
 and compared with the float model (``bits=None``) on the held-out tokens: mean per-position cosine
 of the logits, top-1 agreement, and perplexity (``llm.perplexity``, windows of --window tokens).
@@ -19,6 +22,7 @@ matters is how far each quantized model moves from the float one.
 
     python bench/gptq_llm.py                                 # int4 g64 and g128, rtn and gptq
     python bench/gptq_llm.py --checkpoint DIR --groups 64 --eval-tokens 512 --calibration-tokens 1024
+    python bench/gptq_llm.py --tune-damp --checkpoint DIR   # GPTQ's dampening on the validation text
 """
 
 from __future__ import annotations
@@ -65,6 +69,23 @@ def evaluate(model, sets: dict, window: int, ref: dict = None) -> dict:
     return out
 
 
+def tune_damp(args, ref_model, calibration: Path, damps) -> None:
+    """GPTQ at each dampening, scored on the validation text (logits cosine vs float)."""
+    sets = {"validation": np.asarray(ref_model.tokenizer.encode(stdlib_sources(1)), np.int64)[:args.eval_tokens]}
+    ref = evaluate(ref_model, sets, args.window)
+    print("| weights | damp | validation logits cosine | top-1 | layer rel. error (GPTQ / RTN) |\n|---|---|---|---|---|")
+    for g in args.groups:
+        for d in damps:
+            out = calibration.parent / f"damp{d}-g{g}"
+            llm.convert(args.checkpoint, out, bits=4, group_size=g, method="gptq", calibration=calibration,
+                        calibration_tokens=args.calibration_tokens, damp=d, act_order=args.act_order, progress=False)
+            model = llm.load(out, progress=False)
+            r = evaluate(model, sets, args.window, ref)["validation"]
+            info = model.info["gptq"]
+            print(f"| int4 g{g} | {d} | {r['cos']:.5f} | {r['top1']:.3f} | {info['rel_error']:.5f} / "
+                  f"{info['rel_error_rtn']:.5f} |", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", type=Path, default=ROOT / "qwen2.5-0.5b-v4096")
@@ -75,6 +96,8 @@ def main(argv=None):
     ap.add_argument("--calibration-tokens", type=int, default=4096)
     ap.add_argument("--damp", type=float, default=None, help="GPTQ dampening (default: llm.convert's)")
     ap.add_argument("--act-order", action="store_true")
+    ap.add_argument("--tune-damp", nargs="*", type=float, metavar="DAMP",
+                    help="score these dampenings (default 0.003 .. 0.3) on the validation text instead")
     args = ap.parse_args(argv)
     if not (args.checkpoint / "config.json").is_file():
         sys.exit(f"{args.checkpoint}: no checkpoint (python bench/test_llm.py builds it, or "
@@ -85,6 +108,8 @@ def main(argv=None):
     t0 = time.perf_counter()
     ref_model = llm.load(args.checkpoint, bits=None, act="float", progress=False)
     tok = ref_model.tokenizer
+    if args.tune_damp is not None:
+        return tune_damp(args, ref_model, calibration, args.tune_damp or [0.003, 0.01, 0.03, 0.1, 0.3])
     sets = {"stdlib sources": np.asarray(tok.encode(stdlib_sources(2)), np.int64)[:args.eval_tokens],
             "docstrings": np.asarray(tok.encode(" ".join(docstring_sentences(1024))), np.int64)[:args.eval_tokens]}
     ref = evaluate(ref_model, sets, args.window)

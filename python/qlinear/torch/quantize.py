@@ -474,7 +474,8 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, bits: int = 4, group_s
             c = i1 + i
             j = int(col_group[c])
             if perm is None and c % g == 0:  # the group's first column: fix its range now
-                fix_group(j, torch.cat([w1[:, i:], wp[:, i2:]], 1)[:, :min(g, k - c)])
+                need, have = min(g, k - c), i2 - c
+                fix_group(j, w1[:, i:i + need] if need <= have else torch.cat([w1[:, i:], wp[:, i2:c + need]], 1))
             s = scale[:, j]
             col = w1[:, i]
             safe = torch.where(s == 0, torch.ones_like(s), s)
@@ -484,7 +485,7 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, bits: int = 4, group_s
             dq = s * q if offset is None else offset[:, j] + s * q
             qs[:, c] = q
             e = (col - dq) / u[c, c]
-            w1[:, i:] -= e[:, None] * u[c, c:i2][None, :]
+            w1[:, i:].addr_(e, u[c, c:i2], alpha=-1)  # in place: no [N, block] temporary
             err1[:, i] = e
         wp[:, i2:] -= err1 @ u[i1:i2, i2:]
     if perm is not None:
