@@ -34,7 +34,7 @@ from .source import Source
 
 METHODS = ("rtn", "gptq")
 DAMP = 0.1                 # dampening, a fraction of the Hessian's mean diagonal (chosen on calibration-side text: bench/gptq_llm.py --tune-damp)
-CALIBRATION_TOKENS = 4096  # at most this many calibration tokens are used
+CALIBRATION_TOKENS = 8192  # at most this many calibration tokens are used (well over the widest K overfits less)
 SEQ_LEN = 512              # tokens per calibration sequence (each attends within itself)
 HEAD_ROWS = 16384          # lm head rows rounded per call (rows are independent under GPTQ)
 ERROR_ROWS = 64            # rows on which the reported rounding errors are estimated
