@@ -148,6 +148,7 @@ def main(argv=None):
         print(f"| int4 g{g} | {method} | "
               + " | ".join(f"{res[n]['cos']:.5f} | {res[n]['top1']:.3f} | {res[n]['ppl'].perplexity:.3f}" for n in names)
               + f" | {err} | {seconds:.0f} |")
+    print(f"\n(converted models in {work}: qlinear-llm bench {work}/gptq-g{args.groups[0]} vs .../rtn-g{args.groups[0]})")
 
 
 if __name__ == "__main__":
