@@ -14,7 +14,7 @@ from qlinear import accuracy
 
 W8A8_MIN_COSINE = 0.995
 W4A8_MIN_COSINE = 0.98
-W4A8_G128_GPTQ_MIN_COSINE = 0.984
+W4A8_G128_GPTQ_MIN_COSINE = 0.987
 
 
 def test_sentences_are_deterministic_distinct_and_disjoint():
@@ -32,6 +32,15 @@ def test_docstring_sentences_are_another_deterministic_source():
     calib, evals = accuracy.sentences()
     assert not set(docs) & (set(calib) | set(evals))
     assert all(30 <= len(s) <= 160 and s.endswith(".") for s in docs)
+
+
+def test_comment_sentences_are_varied_calibration_text_of_neither_held_out_set():
+    comments = accuracy.comment_sentences(64)
+    assert len(comments) == 64 == len(set(comments)) and comments == accuracy.comment_sentences(64)
+    calib, evals = accuracy.sentences()
+    assert not set(comments) & (set(calib) | set(evals) | set(accuracy.docstring_sentences(256)))
+    assert accuracy.calibration_sentences(64, 64) == calib + comments
+    assert accuracy.calibration_sentences(64) == calib
 
 
 torch = pytest.importorskip("torch")
@@ -83,10 +92,20 @@ def test_embedding_is_sentence_transformers(minilm):
     torch.testing.assert_close(ours, theirs.float(), rtol=1e-4, atol=1e-5)
 
 
+def test_tune_damp_reads_calibration_sentences_only(monkeypatch):
+    seen = []
+    real = accuracy.batches
+    monkeypatch.setattr(accuracy, "batches", lambda tok, texts, *a: seen.extend(texts) or real(tok, texts, *a))
+    cfg = next(c for c in accuracy.CONFIGS if c.name == "W4A8 g128 +gptq")
+    res = accuracy.tune_damp([cfg], damps=(0.01, 1.0), n_calibration=8, n_comments=8, verbose=False)
+    assert set(res[cfg.name]) == {0.01, 1.0} and all(0.5 < v <= 1.0 for v in res[cfg.name].values())
+    assert sorted(seen) == sorted(accuracy.calibration_sentences(8, 8))
+
+
 def test_w4a8_g128_gptq(minilm):
     """g128 + smoothing + clipping + GPTQ at 4.25 bits per weight, 32 calibration sentences:
-    measured 0.9866 on these 48 held-out sentences, where round to nearest with the same
-    smoothing and clipping gives 0.9777 (the full run, 64 / 256 sentences: 0.9912)."""
+    measured 0.9892 on these 48 held-out sentences (0.9866 with the former dampening 0.01), where
+    round to nearest with the same smoothing and clipping gives 0.9777."""
     from qlinear.torch import calibrate, quantize_model
     model, _, calib_b, eval_b, ref = minilm
     qm = copy.deepcopy(model)

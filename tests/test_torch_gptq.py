@@ -139,3 +139,19 @@ def test_gptq_bad_arguments():
         qt.calibrate(model, _batches(1), hessian="yes")
     with pytest.raises(ValueError, match="hessian must have shape"):
         gptq_quantize(torch.randn(4, 32), torch.eye(16))
+    for damp in (0, -0.1, True, "0.1"):
+        with pytest.raises(ValueError, match="damp must be a positive number"):
+            qt.quantize_model(copy.deepcopy(model), method="gptq", calibration=calib, damp=damp)
+
+
+def test_strong_dampening_tends_to_round_to_nearest():
+    """damp adds a multiple of the mean diagonal to X^T X: large, the Hessian is nearly a scaled
+    identity and GPTQ's feedback vanishes (round to nearest); small, the fit to X is tighter."""
+    w = torch.randn(32, 128) * 0.1
+    x = _correlated_inputs(512, 128, seed=6)
+    h = x.double().T @ x.double()
+    rtn = fake_quantize_weight(w, 4, 32)
+    strong = gptq_quantize(w, h, 4, 32, damp=1e2).weight
+    weak = gptq_quantize(w, h, 4, 32, damp=1e-3).weight
+    assert (strong - rtn).abs().max() < (weak - rtn).abs().max()
+    assert _rel(x, w, weak) < _rel(x, w, strong)

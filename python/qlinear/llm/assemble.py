@@ -3,15 +3,36 @@ the embedding opened on disk or in memory, the options applied."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from .. import _core
 from .._packed import PackedWeight
+from .config import ModelConfig
 from .embedding import DiskEmbedding, ScaledEmbedding, embed_scale
 from .layers import Attention, Block, CappedLinear, Linear, Rope
 from .model import Model
 from .options import Options
 from .source import Source
+
+
+def ropes(cfg: ModelConfig, max_context: int, inv_freq=None) -> tuple:
+    """(the RoPE of the model, the sliding layers' own: Gemma 3; else the same)."""
+    rope = Rope(cfg, max_context, inv_freq)
+    return rope, Rope(cfg, max_context, local=True) if cfg.rope_local_theta is not None else rope
+
+
+def make_block(cfg: ModelConfig, i: int, linear: Callable, vector: Callable, rope: Rope, local_rope: Rope) -> Block:
+    """Block ``i`` of ``cfg``'s architecture from our named tensors: ``linear(name, shape)`` and
+    ``vector(name, n)`` give its layers and norms."""
+    H, I, d, p = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, f"layers.{i}."
+    qk = (vector(p + "q_norm", d), vector(p + "k_norm", d)) if cfg.qk_norm else ()
+    attn = Attention(cfg, i, linear(p + "qkv", (cfg.q_size + 2 * cfg.kv_size, H)),
+                     linear(p + "o", (H, cfg.q_size)), local_rope if cfg.window(i) else rope, *qk)
+    out_norms = (vector(p + "attn_out_norm", H), vector(p + "mlp_out_norm", H)) if cfg.sandwich_norms else ()
+    return Block(cfg, attn, linear(p + "gate_up", (2 * I, H)), linear(p + "down", (H, I)),
+                 vector(p + "input_norm", H), vector(p + "post_norm", H), *out_norms)
 
 
 def build_model(source: Source, opts: Options, max_context: int) -> Model:
@@ -49,19 +70,9 @@ def build_model(source: Source, opts: Options, max_context: int) -> Model:
             raise ValueError(f"tensor {name!r} has shape {v.shape}, expected ({n},)")
         return v
 
-    H, I, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    rope = Rope(cfg, max_context, source.rope_inv_freq)
-    # sliding layers with a RoPE of their own (Gemma 3)
-    local_rope = Rope(cfg, max_context, local=True) if cfg.rope_local_theta is not None else rope
-    blocks = []
-    for i in range(cfg.num_layers):
-        p = f"layers.{i}."
-        qk = (vector(p + "q_norm", d), vector(p + "k_norm", d)) if cfg.qk_norm else ()
-        attn = Attention(cfg, i, linear(p + "qkv", (cfg.q_size + 2 * cfg.kv_size, H)),
-                         linear(p + "o", (H, cfg.q_size)), local_rope if cfg.window(i) else rope, *qk)
-        out_norms = (vector(p + "attn_out_norm", H), vector(p + "mlp_out_norm", H)) if cfg.sandwich_norms else ()
-        blocks.append(Block(cfg, attn, linear(p + "gate_up", (2 * I, H)), linear(p + "down", (H, I)),
-                            vector(p + "input_norm", H), vector(p + "post_norm", H), *out_norms))
+    H = cfg.hidden_size
+    rope, local_rope = ropes(cfg, max_context, source.rope_inv_freq)
+    blocks = [make_block(cfg, i, linear, vector, rope, local_rope) for i in range(cfg.num_layers)]
     rows = tensors.get("lm_rows")
     rows = None if rows is None else np.asarray(rows, np.int64)
     head_shape = (cfg.vocab_size if rows is None else len(rows), H)

@@ -4,7 +4,8 @@
     qlinear-llm chat MODEL_DIR
     qlinear-llm bench MODEL_DIR --prompt-tokens 64 --decode-tokens 32 --threads 1
     qlinear-llm bench MODEL.gguf --vs llamacpp
-    qlinear-llm convert SRC OUT_DIR --bits 4 --group-size 64
+    qlinear-llm convert SRC OUT_DIR --bits 4 --group-size 64 [--method gptq --calibration FILE]
+    qlinear-llm perplexity MODEL_DIR FILE --window 512 --stride 256
     qlinear-llm serve MODEL_DIR --port 8000 --max-batch 8
     qlinear-llm make-test-model OUT_DIR --arch qwen2 --shape tiny --dtype bfloat16
 """
@@ -15,6 +16,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from . import serve_command
 
@@ -175,9 +177,24 @@ def cmd_convert(args) -> None:
 
     bits = None if args.bits == "none" else int(args.bits)
     t0 = time.perf_counter()
+    gptq = {} if args.method == "rtn" else dict(damp=args.damp, act_order=args.act_order,
+                                                calibration_tokens=args.calibration_tokens)
     out = convert(args.src, args.out_dir, bits=bits, group_size=args.group_size, symmetric=args.symmetric,
-                  slim_vocab=args.slim_vocab, progress=not args.no_progress, force=args.force, flash=args.flash)
+                  slim_vocab=args.slim_vocab, progress=not args.no_progress, force=args.force, flash=args.flash,
+                  method=args.method, calibration=args.calibration, **gptq)
     print(f"wrote {out} in {time.perf_counter() - t0:.1f} s")
+
+
+def cmd_perplexity(args) -> None:
+    from .perplexity import perplexity
+
+    try:
+        text = Path(args.file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{args.file}: cannot read it as UTF-8 text ({e})") from None
+    args.max_context = max(args.max_context, args.window)
+    result = perplexity(_load(args), text, window=args.window, stride=args.stride)
+    print(f"{args.model}: {result}")
 
 
 def cmd_train_predictor(args) -> None:
@@ -238,6 +255,9 @@ def main(argv=None) -> None:
     b.add_argument("--json", action="store_true")
     b.set_defaults(run=cmd_bench)
 
+    from .gptq import CALIBRATION_TOKENS, DAMP  # noqa: PLC0415  (no torch import: that happens when GPTQ runs)
+    from .perplexity import STRIDE, WINDOW  # noqa: PLC0415
+
     v = sub.add_parser("convert", help="quantize a Hugging Face checkpoint (or GGUF file) into qlinear's model file")
     v.add_argument("src", help="Hugging Face checkpoint directory or GGUF file")
     v.add_argument("out_dir", help="directory to write (model.qlinear + tokenizer files)")
@@ -247,7 +267,21 @@ def main(argv=None) -> None:
     v.add_argument("--force", action="store_true", help="write into OUT_DIR even if it is not empty")
     v.add_argument("--flash", action="store_true", help="store each layer's FFN as neuron bundles (memory=flash)")
     v.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    v.add_argument("--method", default="rtn", choices=["rtn", "gptq"],
+                   help="rtn: round to nearest; gptq: error feedback against --calibration (needs torch)")
+    v.add_argument("--calibration", default=None, metavar="FILE", help="UTF-8 text for --method gptq")
+    v.add_argument("--damp", type=float, default=DAMP, help="GPTQ dampening, fraction of the mean Hessian diagonal")
+    v.add_argument("--act-order", action="store_true", help="GPTQ: columns in order of decreasing input energy")
+    v.add_argument("--calibration-tokens", type=int, default=CALIBRATION_TOKENS,
+                   help="at most this many calibration tokens, taken evenly over the file")
     v.set_defaults(run=cmd_convert)
+
+    x = sub.add_parser("perplexity", help="sliding-window perplexity over a text file, and tok/s")
+    _add_load_args(x)
+    x.add_argument("file", help="UTF-8 text file")
+    x.add_argument("--window", type=int, default=WINDOW, help="tokens per window")
+    x.add_argument("--stride", type=int, default=STRIDE, help="tokens between window starts (< window)")
+    x.set_defaults(run=cmd_perplexity)
 
     serve_command.add_parser(sub, _add_load_args, _load)
 

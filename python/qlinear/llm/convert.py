@@ -9,7 +9,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from .._format import BFloat16Array, load_weights, save_weights
-from . import converted_source, flash_layout, gguf_source, hf_source
+from . import converted_source, flash_layout, gguf_source, gptq, hf_source
 from .config import ModelConfig
 from .options import Options
 from .progress import progress as progress_bar
@@ -28,14 +28,23 @@ def check_out_dir(out: Path, force: bool) -> None:
 
 def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 64, symmetric: bool = False,
             slim_vocab: Union[bool, Sequence[int]] = False, progress: bool = True,
-            force: bool = False, flash: bool = False) -> Path:
+            force: bool = False, flash: bool = False, method: str = "rtn",
+            calibration: Optional[gptq.Calibration] = None, damp: float = gptq.DAMP, act_order: bool = False,
+            calibration_tokens: int = gptq.CALIBRATION_TOKENS) -> Path:
     """Quantize a Hugging Face checkpoint (or a GGUF file: its Q4_0 / Q8_0 / Q4_K codes kept, the
     rest quantized to ``bits``) once and write OUT_DIR: ``model.qlinear`` (packed
     weights, norms, biases and the embedding table in the checkpoint's dtype, one checked,
     mmap-able file; its metadata holds the model config), plus the tokenizer files. An existing
     non-empty OUT_DIR is refused unless ``force``. ``flash``: store each layer's FFN as neuron
     bundles (``flash_layout``), for ``load(..., memory="flash")`` to read only what it needs; SRC
-    may then be a converted model (its file re-laid out, nothing re-quantized)."""
+    may then be a converted model (its file re-laid out, nothing re-quantized).
+
+    method: "rtn" rounds every weight to nearest; "gptq" rounds with GPTQ's error feedback against
+    ``calibration`` (a UTF-8 text file's path, or token ids), block by block, each block's inputs
+    computed by the blocks already quantized, the lm head included (``llm.gptq``): ``damp`` (the
+    fraction of the Hessian's mean diagonal added to it), ``act_order`` (columns by decreasing
+    input energy), ``calibration_tokens`` (at most this many, in sequences of 512). The method and
+    the calibration's facts go into the file's metadata (``model.info`` shows them)."""
     src, out = Path(src), Path(out_dir)
     if converted_source.is_converted(src) and not flash:
         raise ValueError(f"{src} is already converted")
@@ -43,11 +52,25 @@ def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 6
         raise ValueError(f"{out}: the output directory must differ from the checkpoint's")
     opts = Options(bits, group_size, symmetric, act="float" if bits is None else "int8",
                    slim_vocab=slim_vocab).check()
+    if method not in gptq.METHODS:
+        raise ValueError(f"method must be one of {', '.join(gptq.METHODS)}, got {method!r}")
+    if (calibration is None) != (method == "rtn"):
+        raise ValueError("method='gptq' needs calibration= (a text file or token ids)" if method == "gptq"
+                         else "calibration applies to method='gptq' only")
     check_out_dir(out, force)
     if converted_source.is_converted(src):
+        if method != "rtn":
+            raise ValueError(f"{src} is converted already: method='gptq' needs the Hugging Face checkpoint")
         return _relayout_flash(src, out)
     gguf = gguf_source.is_gguf(src)
-    source = gguf_source.read(src, opts, progress) if gguf else hf_source.read(src, opts, progress, bar_leave=True)
+    if gguf and method == "gptq":
+        raise ValueError(f"{src}: method='gptq' needs a Hugging Face checkpoint (a GGUF file's codes are kept)")
+    if gguf:
+        source = gguf_source.read(src, opts, progress)
+    elif method == "gptq":
+        source = gptq.read(src, opts, calibration, damp, act_order, calibration_tokens, progress, bar_leave=True)
+    else:
+        source = hf_source.read(src, opts, progress, bar_leave=True)
     tensors = source.tensors
     raw = source.embedding.raw()
     tensors[converted_source.EMBEDDING] = BFloat16Array(raw) if source.embedding.dtype == "bfloat16" else np.asarray(raw)

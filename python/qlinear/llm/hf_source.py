@@ -40,6 +40,16 @@ def read_config(d: Path) -> ModelConfig:
 
 def read(d: Path, opts: Options, progress_bar: bool = True, bar_leave: bool = False) -> Source:
     """The checkpoint's tensors, quantized per ``opts`` (bits, group_size, symmetric, slim_vocab)."""
+    cfg, tokenizer, ckpt, embedding, rows = open_checkpoint(d, opts)
+    tensors = _tensors(ckpt, cfg, opts, rows, progress_bar, bar_leave)
+    return Source(KIND, d, cfg, tokenizer, embedding, tensors,
+                  {"bits": opts.bits, "group_size": opts.group_size, "symmetric": opts.symmetric,
+                   **({"method": "rtn"} if opts.bits else {})})
+
+
+def open_checkpoint(d: Path, opts: Options) -> tuple:
+    """(config, tokenizer, Checkpoint, EmbeddingFile, lm head rows kept or None) of a checkpoint;
+    no weight is read yet."""
     cfg = read_config(d)
     tokenizer = Tokenizer.from_dir(d, extra_stop_ids=stop_ids(cfg.eos_token_id))
     ckpt = Checkpoint(d)
@@ -48,59 +58,74 @@ def read(d: Path, opts: Options, progress_bar: bool = True, bar_leave: bool = Fa
     if dtype not in _DTYPES or tuple(shape) != (cfg.vocab_size, cfg.hidden_size):
         raise ValueError(f"{d}: embedding is {dtype} {shape}, expected float [{cfg.vocab_size}, {cfg.hidden_size}]")
     embedding = EmbeddingFile(st.path, offset, cfg.vocab_size, cfg.hidden_size, _DTYPES[dtype])
-    rows = slim_rows(opts.slim_vocab, cfg, tokenizer)
-    tensors = _tensors(ckpt, cfg, opts, rows, progress_bar, bar_leave)
-    return Source(KIND, d, cfg, tokenizer, embedding, tensors,
-                  {"bits": opts.bits, "group_size": opts.group_size, "symmetric": opts.symmetric})
+    return cfg, tokenizer, ckpt, embedding, slim_rows(opts.slim_vocab, cfg, tokenizer)
 
 
 def _tensors(ckpt: Checkpoint, cfg: ModelConfig, opts: Options, rows: Optional[np.ndarray],
              progress_bar: bool, bar_leave: bool) -> dict:
     """Our named tensors from a HF checkpoint: fused projections, quantized per ``opts``."""
-    def f32(name):
-        return ckpt.float32(name)
-
     def quantize(w):
         if opts.bits is None:
             return w
         return pack_weight(w, bits=opts.bits, group_size=opts.group_size, symmetric=opts.symmetric)
 
-    arch = archs.get(cfg.arch)
-
-    def norm(name):  # Gemma stores RMSNorm weights as w - 1
-        return f32(name) + np.float32(arch.norm_offset) if arch.norm_offset else f32(name)
-
-    def fused(names):
-        return np.concatenate([f32(n) for n in names]) if len(names) > 1 else f32(names[0])
-
     out = {}
     bar = progress(cfg.num_layers + 1, "quantizing" if opts.bits else "loading", progress_bar, leave=bar_leave)
     for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        for ours, names in arch.layer.items():
-            names = [p + n for n in names]
-            if ours not in LINEARS:
-                out[f"layers.{i}.{ours}"] = norm(names[0])
-                continue
-            out[f"layers.{i}.{ours}"] = quantize(fused(names))
-            biases = [n[:-len("weight")] + "bias" for n in names]
-            present = [b in ckpt for b in biases]
-            if all(present):
-                out[f"layers.{i}.{ours}.bias"] = fused(biases)
-            elif any(present):
-                raise ValueError(f"{ckpt.directory}: layer {i} has biases on some of {', '.join(names)} only")
+        layer = layer_tensors(ckpt, cfg, i)
+        for n in LINEARS:
+            layer[f"layers.{i}.{n}"] = quantize(layer[f"layers.{i}.{n}"])
+        out.update(layer)
+        del layer
         trim_heap()
         bar.update(1)
-    out["norm"] = norm("model.norm.weight")
-    head = EMBEDDING if cfg.tie_word_embeddings or "lm_head.weight" not in ckpt else "lm_head.weight"
-    if rows is None:
-        w = f32(head)
-    else:  # only the kept rows are widened
-        raw, dtype = ckpt.raw(head)
-        w = to_float32(raw[rows], dtype)
-    out["lm_head"] = quantize(w)
-    if rows is not None:
-        out["lm_rows"] = rows
+    head = head_tensors(ckpt, cfg, rows)
+    head["lm_head"] = quantize(head["lm_head"])
+    out.update(head)
     bar.update(1)
     bar.close()
+    return out
+
+
+def layer_tensors(ckpt: Checkpoint, cfg: ModelConfig, i: int) -> dict:
+    """Block ``i``'s tensors under our names, float32, nothing quantized: the architecture's
+    tensors fused along N (q/k/v, gate/up) with their biases, its norms (Gemma's ``w - 1``
+    stored norms with the 1 added back)."""
+    arch = archs.get(cfg.arch)
+    p, out = f"model.layers.{i}.", {}
+    for ours, names in arch.layer.items():
+        names = [p + n for n in names]
+        if ours not in LINEARS:
+            out[f"layers.{i}.{ours}"] = _norm(ckpt, arch, names[0])
+            continue
+        out[f"layers.{i}.{ours}"] = _fused(ckpt, names)
+        biases = [n[:-len("weight")] + "bias" for n in names]
+        present = [b in ckpt for b in biases]
+        if all(present):
+            out[f"layers.{i}.{ours}.bias"] = _fused(ckpt, biases)
+        elif any(present):
+            raise ValueError(f"{ckpt.directory}: layer {i} has biases on some of {', '.join(names)} only")
+    return out
+
+
+def _norm(ckpt: Checkpoint, arch, name: str) -> np.ndarray:  # Gemma stores RMSNorm weights as w - 1
+    w = ckpt.float32(name)
+    return w + np.float32(arch.norm_offset) if arch.norm_offset else w
+
+
+def _fused(ckpt: Checkpoint, names: list) -> np.ndarray:
+    return np.concatenate([ckpt.float32(n) for n in names]) if len(names) > 1 else ckpt.float32(names[0])
+
+
+def head_tensors(ckpt: Checkpoint, cfg: ModelConfig, rows: Optional[np.ndarray]) -> dict:
+    """The final norm and the lm head (float32; with vocabulary slimming only the kept rows, and
+    ``lm_rows``)."""
+    out = {"norm": _norm(ckpt, archs.get(cfg.arch), "model.norm.weight")}
+    head = EMBEDDING if cfg.tie_word_embeddings or "lm_head.weight" not in ckpt else "lm_head.weight"
+    if rows is None:
+        out["lm_head"] = ckpt.float32(head)
+    else:  # only the kept rows are widened
+        raw, dtype = ckpt.raw(head)
+        out["lm_head"] = to_float32(raw[rows], dtype)
+        out["lm_rows"] = rows
     return out

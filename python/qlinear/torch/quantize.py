@@ -353,7 +353,7 @@ def _pack(w, bits, group_size, symmetric, shrink):
 
 
 GPTQ_BLOCK = 128      # columns per lazy batch update
-GPTQ_DAMP = 0.01      # dampening: this fraction of the Hessian's mean diagonal is added to it
+GPTQ_DAMP = 0.3       # dampening, a fraction of the Hessian's mean diagonal (chosen on a calibration split: python -m qlinear.accuracy --tune-damp)
 
 
 @dataclass
@@ -474,7 +474,8 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, bits: int = 4, group_s
             c = i1 + i
             j = int(col_group[c])
             if perm is None and c % g == 0:  # the group's first column: fix its range now
-                fix_group(j, torch.cat([w1[:, i:], wp[:, i2:]], 1)[:, :min(g, k - c)])
+                need, have = min(g, k - c), i2 - c
+                fix_group(j, w1[:, i:i + need] if need <= have else torch.cat([w1[:, i:], wp[:, i2:c + need]], 1))
             s = scale[:, j]
             col = w1[:, i]
             safe = torch.where(s == 0, torch.ones_like(s), s)
@@ -484,7 +485,7 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, bits: int = 4, group_s
             dq = s * q if offset is None else offset[:, j] + s * q
             qs[:, c] = q
             e = (col - dq) / u[c, c]
-            w1[:, i:] -= e[:, None] * u[c, c:i2][None, :]
+            w1[:, i:].addr_(e, u[c, c:i2], alpha=-1)  # in place: no [N, block] temporary
             err1[:, i] = e
         wp[:, i2:] -= err1 @ u[i1:i2, i2:]
     if perm is not None:
@@ -539,7 +540,7 @@ def quantize_model(model: nn.Module, bits: int = 4, group_size: Optional[int] = 
                    smooth: Union[None, float, str] = None, calibration: Optional[Calibration] = None,
                    clip_search: bool = False, bits_budget: Optional[float] = None,
                    int8_layers: Sequence[str] = (), int8_group_size: Optional[int] = 128,
-                   method: str = "rtn", act_order: bool = False) -> QuantizeSummary:
+                   method: str = "rtn", act_order: bool = False, damp: float = GPTQ_DAMP) -> QuantizeSummary:
     """Replace the ``nn.Linear`` layers of ``model`` in place by ``QLinear``; returns a summary.
 
     bits, group_size, symmetric: the weights' format (``group_size=None``: per channel).
@@ -564,6 +565,8 @@ def quantize_model(model: nn.Module, bits: int = 4, group_size: Optional[int] = 
       ``clip_search``. Linears kept at int8 use GPTQ at 8 bits; Linears the calibration never
       saw are rounded to nearest.
     act_order: with method="gptq", round the columns in order of decreasing input energy.
+    damp: with method="gptq", the fraction of each Hessian's mean diagonal added to its diagonal
+      (larger: closer to round-to-nearest, less fitted to the calibration inputs).
     """
     if not isinstance(method, str):
         raise TypeError(f"method must be a str ('rtn' or 'gptq'), got {type(method).__name__}")
@@ -573,6 +576,8 @@ def quantize_model(model: nn.Module, bits: int = 4, group_size: Optional[int] = 
         raise TypeError(f"act_order must be a bool, got {type(act_order).__name__}")
     if act_order and method != "gptq":
         raise ValueError("act_order applies to method='gptq' only")
+    if isinstance(damp, bool) or not isinstance(damp, (int, float)) or not 0 < damp < 1e3:
+        raise ValueError(f"damp must be a positive number (a fraction of the Hessian's mean diagonal), got {damp!r}")
     if method == "gptq":
         if calibration is None:
             raise ValueError("method='gptq' needs calibration=qlinear.torch.calibrate(model, batches, hessian=True)")
@@ -592,13 +597,14 @@ def quantize_model(model: nn.Module, bits: int = 4, group_size: Optional[int] = 
     torch.set_num_threads(1)  # many small tensor ops: on a busy machine, OpenMP barriers cost more than they save
     try:
         return _quantize_model(model, bits, group_size, symmetric, act, act_block, skip, smooth, calibration,
-                               clip_search, bits_budget, int8_layers, int8_group_size, method, act_order)
+                               clip_search, bits_budget, int8_layers, int8_group_size, method, act_order,
+                               float(damp))
     finally:
         torch.set_num_threads(saved_threads)
 
 
 def _quantize_model(model, bits, group_size, symmetric, act, act_block, skip, smooth, calibration,
-                    clip_search, bits_budget, int8_layers, int8_group_size, method, act_order):
+                    clip_search, bits_budget, int8_layers, int8_group_size, method, act_order, damp):
     modules = dict(model.named_modules())
     linears = {n: m for n, m in modules.items() if isinstance(m, nn.Linear) and not _matches(n, skip)}
     plans = {}
@@ -623,7 +629,8 @@ def _quantize_model(model, bits, group_size, symmetric, act, act_block, skip, sm
             blk = act_block_size(x.shape[1], group_size, act_block)
             xq = _act_sim(x, act, blk)
             if p.hess is not None:
-                p.gptq = gptq_quantize(p.weight, p.hess, bits, group_size, symmetric, clip_search, act_order)
+                p.gptq = gptq_quantize(p.weight, p.hess, bits, group_size, symmetric, clip_search, act_order,
+                                       damp=damp)
                 p.shrink = p.gptq.shrink
                 wq = p.gptq.weight
             else:
@@ -643,7 +650,8 @@ def _quantize_model(model, bits, group_size, symmetric, act, act_block, skip, sm
     rows, weights, packed_bytes, bytes_after = [], 0, 0, 0
     for n, p in plans.items():
         if p.hess is not None and (p.gptq is None or p.gptq.bits != p.bits or p.gptq.group_size != p.group_size):
-            p.gptq = gptq_quantize(p.weight, p.hess, p.bits, p.group_size, symmetric, False, act_order)
+            p.gptq = gptq_quantize(p.weight, p.hess, p.bits, p.group_size, symmetric, False, act_order,
+                                   damp=damp)
         pw = p.gptq.pack() if p.gptq is not None else _pack(p.weight, p.bits, p.group_size, symmetric, p.shrink)
         q = QLinear(pw, p.bias, act=act, act_block=act_block, in_scale=p.in_scale)
         _set_module(model, n, q)
