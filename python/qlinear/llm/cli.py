@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import serve_command
+from . import predictor_command, serve_command
 
 
 def _group_size(text: str):
@@ -49,7 +49,8 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
                    help="flash: FFN weights read from the converted model file per token")
     p.add_argument("--memory-budget-mb", type=float, default=None, help="memory=flash: refuse to load beyond it; its room holds FFN layers in memory")
     p.add_argument("--predictor", default=None, help="memory=flash, ReLU models: activation predictor file")
-    p.add_argument("--window", type=int, default=5, help="memory=flash with --predictor: tokens a bundle stays")
+    p.add_argument("--sparse-window", type=int, default=5,
+                   help="memory=flash with --predictor: tokens a bundle stays in memory after it was active")
     p.add_argument("--no-disk-embedding", action="store_true", help="hold the embedding table in memory")
     p.add_argument("--slim-vocab", action="store_true", help="lm head over the tokenizer's ids only")
     p.add_argument("--threads", type=int, default=None)
@@ -75,7 +76,7 @@ def _load(args):
                 disk_embedding=not args.no_disk_embedding, threads=args.threads,
                 max_context=args.max_context, slim_vocab=args.slim_vocab,
                 act_block=None if args.act_block == "row" else "group", progress=sys.stderr.isatty(),
-                **({"memory_budget_mb": args.memory_budget_mb, "predictor": args.predictor, "window": args.window}
+                **({"memory_budget_mb": args.memory_budget_mb, "predictor": args.predictor, "window": args.sparse_window}
                    if args.memory == "flash" else {}))
 
 
@@ -197,23 +198,6 @@ def cmd_perplexity(args) -> None:
     print(f"{args.model}: {result}")
 
 
-def cmd_train_predictor(args) -> None:
-    from . import load, sparsity
-    from .synthetic import local_text
-
-    model = load(args.model, progress=False)
-    ids = model.tokenizer.encode("".join(local_text(4 * args.prompts * args.tokens)))
-    seqs = [ids[i:i + args.tokens] for i in range(0, len(ids) - args.tokens, args.tokens)][:args.prompts + args.held_out]
-    if len(seqs) < args.prompts + args.held_out:
-        raise ValueError(f"only {len(seqs)} calibration sequences of {args.tokens} tokens")
-    preds = sparsity.train(model, seqs[:args.prompts], rank=args.rank, recall=args.recall)
-    sparsity.save(args.out, preds)
-    held = sparsity.evaluate(preds, sparsity.collect(model, seqs[args.prompts:]))
-    print(f"wrote {args.out}; held-out ({args.held_out} x {args.tokens} tokens): recall {held['recall']:.4f}, "
-          f"precision {held['precision']:.4f}, neuron sparsity {held['sparsity']:.3f}, "
-          f"predicted active {held['predicted_active']:.3f}")
-
-
 def cmd_make_test_model(args) -> None:
     from .synthetic import make_checkpoint
 
@@ -300,15 +284,7 @@ def main(argv=None) -> None:
     m.add_argument("--force", action="store_true", help="write into OUT_DIR even if it is not empty")
     m.set_defaults(run=cmd_make_test_model)
 
-    t = sub.add_parser("train-predictor", help="fit the activation predictor of a ReLU model (memory=flash)")
-    t.add_argument("model", help="the ReLU model (converted or checkpoint)")
-    t.add_argument("out", help="predictor file to write")
-    t.add_argument("--rank", type=int, default=32)
-    t.add_argument("--recall", type=float, default=0.99, help="target recall on the calibration data")
-    t.add_argument("--prompts", type=int, default=32, help="calibration sequences (local text)")
-    t.add_argument("--held-out", type=int, default=8)
-    t.add_argument("--tokens", type=int, default=64, help="tokens per sequence")
-    t.set_defaults(run=cmd_train_predictor)
+    predictor_command.add_parser(sub)
 
     args = p.parse_args(argv)
     try:
