@@ -415,30 +415,18 @@ F32Array py_rms_norm(const py::array& x_in, const py::array& w_in, float eps) {
   return y;
 }
 
-F32Array py_silu_mul(const py::array& gu_in) {
+// act(gate) * up over a fused projection's output [rows, 2n] (gate first): SwiGLU, GeGLU.
+template <void (*Fn)(const float*, int64_t, int64_t, float*)>
+F32Array py_gated_mul(const py::array& gu_in, const char* name) {
   F32Array gu = checked_f32(gu_in, "gate_up", 2);
-  if (gu.shape(1) % 2) throw py::value_error("silu_mul: gate_up must have an even number of columns");
+  if (gu.shape(1) % 2) throw py::value_error(std::string(name) + ": gate_up must have an even number of columns");
   const int64_t n = gu.shape(1) / 2;
   F32Array y({gu.shape(0), n});
   const float* gp = gu.data();
   float* yp = y.mutable_data();
   py::gil_scoped_release release;
   rows_in_parallel(gu.shape(0), 8 * n, [&](int64_t r0, int64_t r1) {  // ~8 x the work of a copy
-    decoder::silu_mul(gp + r0 * 2 * n, r1 - r0, n, yp + r0 * n);
-  });
-  return y;
-}
-
-F32Array py_gelu_tanh_mul(const py::array& gu_in) {
-  F32Array gu = checked_f32(gu_in, "gate_up", 2);
-  if (gu.shape(1) % 2) throw py::value_error("gelu_tanh_mul: gate_up must have an even number of columns");
-  const int64_t n = gu.shape(1) / 2;
-  F32Array y({gu.shape(0), n});
-  const float* gp = gu.data();
-  float* yp = y.mutable_data();
-  py::gil_scoped_release release;
-  rows_in_parallel(gu.shape(0), 8 * n, [&](int64_t r0, int64_t r1) {
-    decoder::gelu_tanh_mul(gp + r0 * 2 * n, r1 - r0, n, yp + r0 * n);
+    Fn(gp + r0 * 2 * n, r1 - r0, n, yp + r0 * n);
   });
   return y;
 }
@@ -542,8 +530,10 @@ PYBIND11_MODULE(_core, m) {
         py::arg("bias"), py::arg("out"), py::arg("act_block"));
   m.def("quantize_activation", &quantize_activation, py::arg("x"), py::arg("block"));
   m.def("rms_norm", &py_rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"));
-  m.def("silu_mul", &py_silu_mul, py::arg("gate_up"));
-  m.def("gelu_tanh_mul", &py_gelu_tanh_mul, py::arg("gate_up"));
+  m.def("silu_mul", [](const py::array& gu) { return py_gated_mul<decoder::silu_mul>(gu, "silu_mul"); },
+        py::arg("gate_up"));
+  m.def("gelu_tanh_mul", [](const py::array& gu) { return py_gated_mul<decoder::gelu_tanh_mul>(gu, "gelu_tanh_mul"); },
+        py::arg("gate_up"));
   m.def("softcap", &py_softcap, py::arg("x"), py::arg("cap"));
   m.def("attend_one", &py_attend_one, py::arg("qkv"), py::arg("cos"), py::arg("sin"), py::arg("pos"),
         py::arg("k_cache"), py::arg("v_cache"), py::arg("heads"), py::arg("scale"), py::arg("window") = 0,

@@ -84,3 +84,21 @@ def compare(a, b):
     cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
     top1 = float(np.mean(a.argmax(-1) == b.argmax(-1)))
     return float(cos.mean()), float(cos.min()), top1
+
+
+def transformers_logits(checkpoints: dict) -> tuple:
+    """(ids, {name: transformers' fp32 logits}) for a fixed 80-token sequence per checkpoint."""
+    import torch
+    import transformers
+
+    ids = [int(t) for t in np.random.default_rng(7).integers(0, 1000, 80)]
+    out = {}
+    for name, path in checkpoints.items():
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        with torch.no_grad():
+            out[name] = model(torch.tensor([ids])).logits[0].numpy()
+    return ids, out
+
+
+def cosines(a, b):
+    return np.sum(a * b, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)

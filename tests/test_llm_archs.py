@@ -12,6 +12,7 @@ pytest.importorskip("jinja2")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from _llm_reference import cosines, transformers_logits  # noqa: E402
 from qlinear import llm  # noqa: E402
 from qlinear.llm import model as model_module  # noqa: E402
 from qlinear.llm import synthetic  # noqa: E402
@@ -46,17 +47,7 @@ def checkpoints(tmp_path_factory):
 @pytest.fixture(scope="session")
 def hf_logits(checkpoints):
     """transformers' fp32 logits for a fixed 80-token sequence, per architecture."""
-    ids = [int(t) for t in np.random.default_rng(7).integers(0, 1000, 80)]
-    out = {}
-    for arch, path in checkpoints.items():
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        with torch.no_grad():
-            out[arch] = model(torch.tensor([ids])).logits[0].numpy()
-    return ids, out
-
-
-def cosines(a, b):
-    return np.sum(a * b, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    return transformers_logits(checkpoints)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
