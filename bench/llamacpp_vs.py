@@ -274,7 +274,7 @@ def main() -> None:
           f"medians (best) of {a.rounds} interleaved rounds, tok/s")
     print("| model | file | phase | threads | qlinear | llama.cpp | qlinear / llama.cpp |")
     print("|---|---|---|---|---|---|---|")
-    backend, rss = "", []
+    paths, rss = {}, []
     for arch in a.arch:
         for quant in a.quants:
             path = gguf_file(quant, arch)
@@ -285,7 +285,7 @@ def main() -> None:
                 for _ in range(a.rounds):
                     runs["qlinear"].append(q.speed())
                     lc = llamacpp_speed(path, t)
-                    backend = lc.pop("backend")
+                    paths[arch, quant] = lc.pop("backend")
                     runs["llama.cpp"].append(lc)
                 for phase in ("prefill", "decode"):
                     v = {e: [r[phase] for r in rs] for e, rs in runs.items()}
@@ -295,7 +295,7 @@ def main() -> None:
                           f"{med['qlinear'] / med['llama.cpp']:.2f}x |", flush=True)
                 rss.append((arch, quant, t, qlinear_rss(path, t), max(r["rss"] for r in runs["llama.cpp"])))
                 del q
-    print(f"\nllama.cpp CPU path: {backend}\n")
+    print("\nllama.cpp CPU path: " + "; ".join(f"{a} {q}: {p}" for (a, q), p in paths.items()) + "\n")
     print("peak RSS, MB, each engine in a process of its own (qlinear: `qlinear-llm bench`; llama.cpp: llama-bench)")
     print("| model | file | threads | qlinear | llama.cpp | qlinear / llama.cpp |")
     print("|---|---|---|---|---|---|")
