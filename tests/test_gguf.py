@@ -69,8 +69,12 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
     cfg = json.loads((ckpt / "config.json").read_text())
     tj = json.loads((ckpt / "tokenizer.json").read_text())
     st = load_file(str(ckpt / "model.safetensors"))
-    arch = cfg["model_type"]
+    arch = {"gemma3_text": "gemma3"}.get(cfg["model_type"], cfg["model_type"])
     w = gguf.GGUFWriter(str(path), arch)
+    if arch == "gemma3":  # as llama.cpp's converter writes it
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_uint32("gemma3.attention.sliding_window_pattern", 3)
+        w.add_float32("gemma3.rope.freq_base_swa", cfg["rope_local_base_freq"])
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_block_count(cfg["num_hidden_layers"])
@@ -114,6 +118,9 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
              "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+    if arch == "gemma3":  # four norms a block
+        names.update({"pre_feedforward_layernorm": "ffn_norm", "post_attention_layernorm": "post_attention_norm",
+                      "post_feedforward_layernorm": "post_ffw_norm"})
     types = types or {}
     for name, a in st.items():
         a = np.ascontiguousarray(a, np.float32)
@@ -130,6 +137,8 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
             t = qtype if a.ndim == 2 else T.F32
             if arch == "llama" and mod in ("self_attn.q_proj", "self_attn.k_proj"):
                 a = permute(a, heads if mod == "self_attn.q_proj" else kv)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            a = a + 1  # Gemma stores RMSNorm weights as w - 1; llama.cpp's converter adds the 1
         t = types.get(g, t)
         data = a if t == T.F32 else a.astype(np.float16) if t == T.F16 else encode(a, t)
         w.add_tensor(g, data, raw_dtype=None if t in (T.F32, T.F16) else t)
@@ -527,6 +536,26 @@ def test_bench_vs_llamacpp_errors(files, checkpoints, tmp_path):
     assert r.returncode != 0 and "llama-bench was not found" in r.stderr and "Traceback" not in r.stderr
     r = run(str(checkpoints["qwen2"]), "--vs", "llamacpp", "--llamacpp", str(tmp_path))
     assert r.returncode != 0 and "--vs llamacpp needs a GGUF file" in r.stderr
+
+
+def test_gemma3_file_matches_its_checkpoint(tmp_path):
+    """Gemma 3 text (four norms a block stored with their 1 added, q / k norms, GeGLU, sliding
+    layers with their own RoPE base, every 3rd layer global as the file's pattern says): the
+    checkpoint's logits, through the ring caches past the window. llama.cpp scales queries by
+    head_dim ** -0.5 (not by query_pre_attn_scalar), so the checkpoint is made with the two equal."""
+    ckpt = synthetic.make_checkpoint(tmp_path / "g3", arch="gemma3", seed=3, norm_noise=0.1,
+                                     **{**SHAPE, "num_hidden_layers": 4}, head_dim=64, query_pre_attn_scalar=64,
+                                     sliding_window=8, layer_types=["sliding_attention", "sliding_attention",
+                                                                    "full_attention", "sliding_attention"])
+    path = write_gguf(ckpt, tmp_path / "g3.gguf", T.F32, embd=T.F32)
+    ids = list(range(5, 45))
+    a = llm.load(path, bits=None, act="float", max_context=64, progress=False)
+    assert a.config.arch == "gemma3_text" and a.config.layer_types == ("sliding", "sliding", "full", "sliding")
+    b = llm.load(ckpt, bits=None, act="float", max_context=64, progress=False)
+    ref = b.logits(ids)
+    np.testing.assert_allclose(a.logits(ids), ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+    q8 = llm.load(write_gguf(ckpt, tmp_path / "g3-q8.gguf", T.Q8_0), bits=8, progress=False, max_context=64)
+    assert q8.blocks[0].gate_up.weight.bits == 8 and cosines(q8.logits(ids), ref).mean() >= 0.999
 
 
 def test_qwen3_file_matches_its_checkpoint(tmp_path):

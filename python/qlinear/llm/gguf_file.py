@@ -116,7 +116,8 @@ class GGUFFile:
 
     # -- metadata -----------------------------------------------------------------------------
     def meta(self, key: str, kind, default=None, required: bool = False):
-        """A metadata value of Python type ``kind`` (int, float, str, bool, list), else ValueError."""
+        """A metadata value of Python type ``kind`` (int, float, str, bool, list, or a tuple of
+        them), else ValueError."""
         f = self.reader.get_field(key)
         if f is None:
             if required:
@@ -128,8 +129,10 @@ class GGUFFile:
             raise self.error(f"metadata {key!r} is unreadable ({type(e).__name__}: {e})") from None
         if kind is float and isinstance(v, int) and not isinstance(v, bool):
             v = float(v)
-        if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
-            raise self.error(f"metadata {key!r} is a {type(v).__name__}, expected {kind.__name__}")
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
+            raise self.error(f"metadata {key!r} is a {type(v).__name__}, "
+                             f"expected {' or '.join(k.__name__ for k in kinds)}")
         return v
 
     def count(self, key: str, default=None) -> int:

@@ -49,8 +49,8 @@ def is_gguf(p: Path) -> bool:
 
 def read_config(f: GGUFFile) -> ModelConfig:
     arch = f.meta("general.architecture", str, required=True)
-    if arch not in ("qwen2", "llama", "qwen3"):
-        raise f.error(f"architecture {arch!r} is not supported (qwen2, llama, qwen3)")
+    if arch not in ("qwen2", "llama", "qwen3", "gemma3"):
+        raise f.error(f"architecture {arch!r} is not supported (qwen2, llama, qwen3, gemma3)")
     a = arch + "."
     hidden, heads = f.count(a + "embedding_length"), f.count(a + "attention.head_count")
     embd = f.tensors.get("token_embd.weight")
@@ -69,12 +69,35 @@ def read_config(f: GGUFFile) -> ModelConfig:
           "attention_bias": "blk.0.attn_q.bias" in f.tensors,
           "bos_token_id": f.meta("tokenizer.ggml.bos_token_id", int),
           "eos_token_id": f.meta("tokenizer.ggml.eos_token_id", int)}
+    if arch == "gemma3":
+        hf.update(_gemma3_config(f, hf))
     kind = f.meta(a + "rope.scaling.type", str, "none")
     if kind == "linear":
         hf["rope_scaling"] = {"rope_type": "linear", "factor": f.meta(a + "rope.scaling.factor", float, 1.0)}
     elif kind != "none":
         raise f.error(f"rope scaling {kind!r} is not supported (none, linear)")
     return ModelConfig.from_hf(hf, str(f.path))
+
+
+def _gemma3_config(f: GGUFFile, hf: dict) -> dict:
+    """Gemma 3 (text) as llama.cpp runs it: norms stored with their 1 added by its converter,
+    every 6th layer global unless the file gives a pattern, queries scaled by head_dim ** -0.5
+    (by (hidden / heads) ** -0.5 for the 62-layer 27B), sliding layers' own RoPE base."""
+    a, n = "gemma3.", hf["num_hidden_layers"]
+    out = {"model_type": "gemma3_text", "hidden_activation": "gelu_pytorch_tanh",
+           "query_pre_attn_scalar": hf["hidden_size"] // hf["num_attention_heads"] if n == 62 else hf["head_dim"],
+           "rope_local_base_freq": f.meta(a + "rope.freq_base_swa", float, 10000.0),
+           "final_logit_softcapping": f.meta(a + "final_logit_softcapping", float)}
+    window = f.meta(a + "attention.sliding_window", int, 0)
+    if window:
+        pattern = f.meta(a + "attention.sliding_window_pattern", (int, list), 6)
+        sliding = ([bool(x) for x in pattern] if isinstance(pattern, list)
+                   else [i % pattern < pattern - 1 for i in range(n)])
+        if len(sliding) != n:
+            raise f.error(f"metadata {a}attention.sliding_window_pattern has {len(sliding)} entries for {n} layers")
+        out.update(sliding_window=window,
+                   layer_types=["sliding_attention" if s else "full_attention" for s in sliding])
+    return out
 
 
 def read(p: Path, opts: Options, progress_bar: bool = True) -> Source:
@@ -99,9 +122,12 @@ def read(p: Path, opts: Options, progress_bar: bool = True) -> Source:
         tensors[o + "down"] = w.fused(o + "down", [(b + "ffn_down.weight", (H, I), None)])
         tensors[o + "input_norm"] = w.vector(b + "attn_norm.weight", H)
         tensors[o + "post_norm"] = w.vector(b + "ffn_norm.weight", H)
-        if cfg.qk_norm:  # Qwen3
+        if cfg.qk_norm:  # Qwen3, Gemma 3
             tensors[o + "q_norm"] = w.vector(b + "attn_q_norm.weight", hd)
             tensors[o + "k_norm"] = w.vector(b + "attn_k_norm.weight", hd)
+        if cfg.sandwich_norms:  # Gemma: the attention's and the MLP's outputs normalized too
+            tensors[o + "attn_out_norm"] = w.vector(b + "post_attention_norm.weight", H)
+            tensors[o + "mlp_out_norm"] = w.vector(b + "post_ffw_norm.weight", H)
         f.drop_pages()
         trim_heap()
         bar.update(1)
