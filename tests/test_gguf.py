@@ -75,6 +75,10 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
         w.add_sliding_window(cfg["sliding_window"])
         w.add_uint32("gemma3.attention.sliding_window_pattern", 3)
         w.add_float32("gemma3.rope.freq_base_swa", cfg["rope_local_base_freq"])
+    if arch == "gemma2":
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_block_count(cfg["num_hidden_layers"])
@@ -118,7 +122,7 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
              "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
-    if arch == "gemma3":  # four norms a block
+    if arch in ("gemma2", "gemma3"):  # four norms a block
         names.update({"pre_feedforward_layernorm": "ffn_norm", "post_attention_layernorm": "post_attention_norm",
                       "post_feedforward_layernorm": "post_ffw_norm"})
     types = types or {}
@@ -137,7 +141,7 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
             t = qtype if a.ndim == 2 else T.F32
             if arch == "llama" and mod in ("self_attn.q_proj", "self_attn.k_proj"):
                 a = permute(a, heads if mod == "self_attn.q_proj" else kv)
-        if arch == "gemma3" and name.endswith("norm.weight"):
+        if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
             a = a + 1  # Gemma stores RMSNorm weights as w - 1; llama.cpp's converter adds the 1
         t = types.get(g, t)
         data = a if t == T.F32 else a.astype(np.float16) if t == T.F16 else encode(a, t)
@@ -556,6 +560,21 @@ def test_gemma3_file_matches_its_checkpoint(tmp_path):
     np.testing.assert_allclose(a.logits(ids), ref, rtol=0, atol=1e-5 * np.abs(ref).max())
     q8 = llm.load(write_gguf(ckpt, tmp_path / "g3-q8.gguf", T.Q8_0), bits=8, progress=False, max_context=64)
     assert q8.blocks[0].gate_up.weight.bits == 8 and cosines(q8.logits(ids), ref).mean() >= 0.999
+
+
+def test_gemma2_file_matches_its_checkpoint(tmp_path):
+    """Gemma 2 (four norms a block stored with their 1 added, GeGLU, soft-capped attention scores
+    and logits, every 2nd layer sliding): the checkpoint's logits past the window."""
+    ckpt = synthetic.make_checkpoint(tmp_path / "g2", arch="gemma2", seed=3, norm_noise=0.1,
+                                     **{**SHAPE, "num_hidden_layers": 4}, head_dim=64, query_pre_attn_scalar=64,
+                                     sliding_window=8, attn_logit_softcapping=5.0, final_logit_softcapping=3.0)
+    path = write_gguf(ckpt, tmp_path / "g2.gguf", T.F32, embd=T.F32)
+    ids = list(range(5, 45))
+    a = llm.load(path, bits=None, act="float", max_context=64, progress=False)
+    assert a.config.arch == "gemma2" and a.config.layer_types == ("sliding", "full") * 2
+    assert (a.config.attn_softcap, a.config.final_softcap) == (5.0, 3.0)
+    ref = llm.load(ckpt, bits=None, act="float", max_context=64, progress=False).logits(ids)
+    np.testing.assert_allclose(a.logits(ids), ref, rtol=0, atol=1e-5 * np.abs(ref).max())
 
 
 def test_qwen3_file_matches_its_checkpoint(tmp_path):

@@ -49,8 +49,8 @@ def is_gguf(p: Path) -> bool:
 
 def read_config(f: GGUFFile) -> ModelConfig:
     arch = f.meta("general.architecture", str, required=True)
-    if arch not in ("qwen2", "llama", "qwen3", "gemma3"):
-        raise f.error(f"architecture {arch!r} is not supported (qwen2, llama, qwen3, gemma3)")
+    if arch not in ("qwen2", "llama", "qwen3", "gemma2", "gemma3"):
+        raise f.error(f"architecture {arch!r} is not supported (qwen2, llama, qwen3, gemma2, gemma3)")
     a = arch + "."
     hidden, heads = f.count(a + "embedding_length"), f.count(a + "attention.head_count")
     embd = f.tensors.get("token_embd.weight")
@@ -69,8 +69,8 @@ def read_config(f: GGUFFile) -> ModelConfig:
           "attention_bias": "blk.0.attn_q.bias" in f.tensors,
           "bos_token_id": f.meta("tokenizer.ggml.bos_token_id", int),
           "eos_token_id": f.meta("tokenizer.ggml.eos_token_id", int)}
-    if arch == "gemma3":
-        hf.update(_gemma3_config(f, hf))
+    if arch in _GEMMA:
+        hf.update(_gemma_config(f, hf, arch))
     kind = f.meta(a + "rope.scaling.type", str, "none")
     if kind == "linear":
         hf["rope_scaling"] = {"rope_type": "linear", "factor": f.meta(a + "rope.scaling.factor", float, 1.0)}
@@ -79,18 +79,30 @@ def read_config(f: GGUFFile) -> ModelConfig:
     return ModelConfig.from_hf(hf, str(f.path))
 
 
-def _gemma3_config(f: GGUFFile, hf: dict) -> dict:
-    """Gemma 3 (text) as llama.cpp runs it: norms stored with their 1 added by its converter,
-    every 6th layer global unless the file gives a pattern, queries scaled by head_dim ** -0.5
-    (by (hidden / heads) ** -0.5 for the 62-layer 27B), sliding layers' own RoPE base."""
-    a, n = "gemma3.", hf["num_hidden_layers"]
-    out = {"model_type": "gemma3_text", "hidden_activation": "gelu_pytorch_tanh",
-           "query_pre_attn_scalar": hf["hidden_size"] // hf["num_attention_heads"] if n == 62 else hf["head_dim"],
-           "rope_local_base_freq": f.meta(a + "rope.freq_base_swa", float, 10000.0),
-           "final_logit_softcapping": f.meta(a + "final_logit_softcapping", float)}
-    window = f.meta(a + "attention.sliding_window", int, 0)
+# llama.cpp's Gemma conventions: (model_type, default sliding pattern, layers of the 27B model)
+_GEMMA = {"gemma2": ("gemma2", 2, 46), "gemma3": ("gemma3_text", 6, 62)}
+
+
+def _gemma_config(f: GGUFFile, hf: dict, arch: str) -> dict:
+    """Gemma 2 / Gemma 3 (text) as llama.cpp runs them: norms stored with their 1 added by its
+    converter, sliding layers by the file's pattern (else every 2nd / 6th layer global), queries
+    scaled by head_dim ** -0.5 (by (hidden / heads) ** -0.5 for the 27B models), not by
+    config.json's query_pre_attn_scalar; Gemma 2's soft-caps (llama.cpp's defaults 50 / 30 when
+    absent), Gemma 3's sliding layers with their own RoPE base."""
+    a, n = arch + ".", hf["num_hidden_layers"]
+    model_type, every, layers_27b = _GEMMA[arch]
+    out = {"model_type": model_type, "hidden_activation": "gelu_pytorch_tanh",
+           "query_pre_attn_scalar": hf["hidden_size"] // hf["num_attention_heads"] if n == layers_27b else hf["head_dim"],
+           "final_logit_softcapping": f.meta(a + "final_logit_softcapping", float, 30.0 if arch == "gemma2" else None)}
+    if arch == "gemma2":
+        out["attn_logit_softcapping"] = f.meta(a + "attn_logit_softcapping", float, 50.0)
+        if f.meta(a + "rope.freq_base_swa", float, hf["rope_theta"]) != hf["rope_theta"]:
+            raise f.error("a Gemma 2 file with a sliding layers' RoPE base of their own is not supported")
+    else:
+        out["rope_local_base_freq"] = f.meta(a + "rope.freq_base_swa", float, 10000.0)
+    window = f.meta(a + "attention.sliding_window", int, 4096 if arch == "gemma2" else 0)
     if window:
-        pattern = f.meta(a + "attention.sliding_window_pattern", (int, list), 6)
+        pattern = f.meta(a + "attention.sliding_window_pattern", (int, list), every)
         sliding = ([bool(x) for x in pattern] if isinstance(pattern, list)
                    else [i % pattern < pattern - 1 for i in range(n)])
         if len(sliding) != n:
