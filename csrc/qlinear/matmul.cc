@@ -93,8 +93,9 @@ void run_kernel(const WeightGeometry& w, const U& k, int64_t m0, int64_t m1, con
   ThreadPool& pool = ThreadPool::global();
   const int64_t m = m1 - m0, np = k.np;
   const int64_t work = m * w.npanels * w.nr * w.padded_k();
-  if (m == 1) {
-    // Two tasks per thread, taken dynamically: the first `threads` cover 3/4 of the panels, the
+  if (m <= k.mr) {
+    // One pass over the weights (a GEMV, or a GEMM whose rows fit one register tile: a batch of
+    // decode steps). Two tasks per thread, taken dynamically: the first `threads` cover 3/4 of the panels, the
     // last `threads` the rest, so each thread streams one long run and the threads finish
     // together on short ones; a thread that is slow to start (or a core taken by another
     // process) leaves its share to the others. More, shorter tasks measured slower (each
