@@ -57,6 +57,26 @@ void silu_mul_row(const float* gu, int64_t n, float* out) {
   columns_in_parallel(n, [&](int64_t c0, int64_t c1) { QLINEAR_DECODER_CALL(silu_mul_cols, gu, n, c0, c1, out); });
 }
 
+namespace {
+// The rows of a batched step as tasks of the pool; one row alone splits its columns (one_row).
+template <typename OneRow, typename Row>
+void rows_in_parallel(int64_t rows, OneRow&& one_row, Row&& row) {
+  if (rows == 1) {
+    one_row();
+  } else {
+    ThreadPool::global().parallel_for(rows, 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) row(r);
+    });
+  }
+}
+}  // namespace
+
+void silu_mul_rows(const float* gu, int64_t rows, int64_t n, float* out) {
+  rows_in_parallel(
+      rows, [&] { silu_mul_row(gu, n, out); },
+      [&](int64_t r) { QLINEAR_DECODER_CALL(silu_mul_cols, gu + r * 2 * n, n, 0, n, out + r * n); });
+}
+
 void gelu_tanh_mul(const float* gu, int64_t rows, int64_t n, float* out) {
   QLINEAR_DECODER_CALL(gelu_tanh_mul, gu, rows, n, out);
 }
@@ -65,6 +85,12 @@ void gelu_tanh_mul_row(const float* gu, int64_t n, float* out) {
   columns_in_parallel(n, [&](int64_t c0, int64_t c1) {
     QLINEAR_DECODER_CALL(gelu_tanh_mul_cols, gu, n, c0, c1, out);
   });
+}
+
+void gelu_tanh_mul_rows(const float* gu, int64_t rows, int64_t n, float* out) {
+  rows_in_parallel(
+      rows, [&] { gelu_tanh_mul_row(gu, n, out); },
+      [&](int64_t r) { QLINEAR_DECODER_CALL(gelu_tanh_mul_cols, gu + r * 2 * n, n, 0, n, out + r * n); });
 }
 
 void softcap(float* x, int64_t n, float cap) { QLINEAR_DECODER_CALL(softcap, x, n, cap); }
@@ -83,6 +109,44 @@ void attend_one(const float* qkv, const float* cos_row, const float* sin_row, in
   constexpr int64_t kMinParallelWork = 1 << 17;  // multiply-adds
   if (sh.heads * n * sh.head_dim * 2 < kMinParallelWork) heads(0, sh.heads);
   else ThreadPool::global().parallel_for(sh.heads, 1, heads);
+}
+
+void attend_batch(const AttendRow* rows, int64_t b, const AttentionShape& s, float scale) {
+  if (b == 1 || ThreadPool::global().num_threads() < 2) {
+    for (int64_t r = 0; r < b; ++r) {
+      AttentionShape sh = s;
+      sh.capacity = rows[r].capacity;
+      const AttendRow& a = rows[r];
+      attend_one(a.qkv, a.cos_row, a.sin_row, a.pos, sh, scale, a.k_cache, a.v_cache, a.out);
+    }
+    return;
+  }
+  for (int64_t r = 0; r < b; ++r) {
+    AttentionShape sh = s;
+    sh.capacity = rows[r].capacity;
+    const AttendRow& a = rows[r];
+    QLINEAR_DECODER_CALL(store_kv, a.qkv, a.cos_row, a.sin_row, a.pos, sh, a.k_cache, a.v_cache);
+  }
+  // Tasks of (row, group of heads): a row's heads are one task, or one per KV head once its
+  // context is long (the tasks of the longest rows first would balance better; rows of a
+  // batch are of similar lengths).
+  int64_t most = 1;
+  for (int64_t r = 0; r < b; ++r) most = std::max(most, std::min(rows[r].pos + 1, rows[r].capacity));
+  constexpr int64_t kMinTaskWork = 1 << 17;  // multiply-adds
+  const int64_t groups = s.heads * most * s.head_dim * 2 < 2 * kMinTaskWork ? 1 : s.kv_heads;
+  const int64_t per_group = s.heads / groups;
+  auto task = [&](int64_t t) {
+    const AttendRow& a = rows[t / groups];
+    const int64_t h0 = t % groups * per_group;
+    AttentionShape sh = s;
+    sh.capacity = a.capacity;
+    const int64_t n = std::min(a.pos + 1, sh.capacity);
+    thread_local std::vector<float> scratch;
+    scratch.resize(static_cast<size_t>(kAttendBatch * (sh.head_dim + attend_scores_stride(n - 1))));
+    QLINEAR_DECODER_CALL(attend_heads, a.qkv, a.cos_row, a.sin_row, a.pos, sh, scale, a.k_cache, a.v_cache, h0,
+                         h0 + per_group, a.out, scratch.data());
+  };
+  ThreadPool::global().run(b * groups, TaskRef(task));
 }
 
 void attend_prefill(const float* qkv, int64_t rows, const float* cos, const float* sin, int64_t start,

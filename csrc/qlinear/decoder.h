@@ -19,10 +19,15 @@ void silu_mul(const float* gu, int64_t rows, int64_t n, float* out);
 // One row of silu_mul, its columns split over the thread pool when it is wide (a decode step).
 void silu_mul_row(const float* gu, int64_t n, float* out);
 
+// The rows of a batched decode step (one token of each of `rows` sequences): rows are tasks of
+// the thread pool (one row: its columns are, as silu_mul_row). The same bits as silu_mul_row.
+void silu_mul_rows(const float* gu, int64_t rows, int64_t n, float* out);
+
 // GeGLU (Gemma): out[i] = gelu_tanh(gate[i]) * up[i], gelu_tanh(x) = x * sigmoid(2u) with
 // u = sqrt(2 / pi) (x + 0.044715 x^3) (the same as 0.5 x (1 + tanh u), without tanh's cancellation).
 void gelu_tanh_mul(const float* gu, int64_t rows, int64_t n, float* out);
 void gelu_tanh_mul_row(const float* gu, int64_t n, float* out);
+void gelu_tanh_mul_rows(const float* gu, int64_t rows, int64_t n, float* out);
 
 // Soft-capping (Gemma 2's attention scores and final logits): x = cap * tanh(x / cap), in place.
 void softcap(float* x, int64_t n, float cap);
@@ -53,6 +58,18 @@ inline int64_t attend_scores_stride(int64_t pos) { return (pos + 1 + 15) / 16 * 
 void attend_one(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
                 const AttentionShape& s, float scale, float* k_cache, float* v_cache, float* out);
 
+
+// One token of each sequence of a batched decode step, each over its own caches and position:
+// attend_one's work for every row, the rows (and a long context's heads) as tasks of one pool
+// job. A row's result does not depend on the other rows (the same bits as attend_one).
+struct AttendRow {
+  const float* qkv;
+  const float* cos_row;
+  const float* sin_row;
+  int64_t pos, capacity;
+  float *k_cache, *v_cache, *out;
+};
+void attend_batch(const AttendRow* rows, int64_t b, const AttentionShape& s, float scale);
 
 // A prompt of `rows` tokens at positions start.. (prefill): RoPE on the queries and keys, the
 // keys and values stored into the caches at start.. (start + rows <= capacity), and causal

@@ -22,6 +22,7 @@ void DecodeStep::reserve(int64_t b) {
   proj_.resize(b * m_.hidden);
   gu_.resize(b * 2 * m_.intermediate);
   act_.resize(b * m_.intermediate);
+  attend_.resize(b);
   rows_ = b;
 }
 
@@ -80,20 +81,17 @@ void DecodeStep::forward(const float* h_in, const StepRow* rows, int64_t b, floa
       float* qkv = qkv_.data() + r * nqkv;
       const int64_t pos = rows[r].pos;
       const LayerCache& c = rows[r].caches[li];
-      AttentionShape sh = m_.attn;
-      sh.capacity = c.capacity;
       if (L.q_norm) rms_norm(qkv, L.q_norm, m_.eps, heads, d, qkv);
       if (L.k_norm) rms_norm(qkv + heads * d, L.k_norm, m_.eps, kv_heads, d, qkv + heads * d);
-      attend_one(qkv, L.cos + pos * half, L.sin + pos * half, pos, sh, m_.scale, c.k, c.v, att_.data() + r * natt);
+      attend_[r] = {qkv, L.cos + pos * half, L.sin + pos * half, pos, c.capacity, c.k, c.v, att_.data() + r * natt};
     }
+    attend_batch(attend_.data(), b, m_.attn, m_.scale);
     linear(L.o, att_.data(), b, proj_.data());
     residual(L.attn_out_norm, proj_.data());
     rms_norm(h, L.post_norm, m_.eps, b, n, x_.data());
     linear(L.gate_up, x_.data(), b, gu_.data());
-    for (int64_t r = 0; r < b; ++r) {
-      if (m_.gelu) gelu_tanh_mul_row(gu_.data() + r * 2 * inter, inter, act_.data() + r * inter);
-      else silu_mul_row(gu_.data() + r * 2 * inter, inter, act_.data() + r * inter);
-    }
+    if (m_.gelu) gelu_tanh_mul_rows(gu_.data(), b, inter, act_.data());
+    else silu_mul_rows(gu_.data(), b, inter, act_.data());
     linear(L.down, act_.data(), b, proj_.data());
     residual(L.mlp_out_norm, proj_.data());
   }

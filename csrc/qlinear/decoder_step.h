@@ -110,6 +110,7 @@ class DecodeStep {
   std::vector<LayerCache> own_;
   std::mutex mutex_;  // one step at a time per object (the buffers below)
   std::vector<float> h_, x_, qkv_, att_, proj_, gu_, act_;  // room for rows_ rows
+  std::vector<AttendRow> attend_;
   int64_t rows_ = 0, last_rows_ = 1;
   double last_total_ = 0, last_matmul_ = 0, matmul_ = 0;
 };
