@@ -118,7 +118,6 @@ struct MaddubsDot {
   static void block_dot(const uint8_t* w, int64_t, int64_t block, const int8_t* const* xq, __m256i* acc) {
     static_assert(NP == 1, "one panel per ymm");
     const __m256i ones = _mm256_set1_epi16(1);
-    for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_si256();
     if constexpr (BITS == 4) {
       const __m256i low4 = _mm256_set1_epi8(0x0F);
       for (int64_t kk = 0; kk < block; kk += 32, w += 128) {  // 4 chunks of 8 k

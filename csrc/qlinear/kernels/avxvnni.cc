@@ -19,6 +19,7 @@ using x86::Ymm;
 
 struct YmmVnni : Ymm {
   static __m256i dpbusd(__m256i acc, __m256i a, __m256i b) { return _mm256_dpbusd_avx_epi32(acc, a, b); }
+  static __m256i dpbusd_x(__m256i acc, __m256i a, const int8_t* x) { return dpbusd(acc, a, bcast4(x)); }
 };
 
 using Dot = x86::DpbusdDot<YmmVnni>;

@@ -38,6 +38,7 @@ struct Ymm {
   using I = __m256i;
   using F = __m256;
   static constexpr int kPanels = 1;
+  static constexpr int64_t kPrefetchAhead = 2048;  // bytes ahead in the weight stream
 
   static I zero() { return _mm256_setzero_si256(); }
   static F fzero() { return _mm256_setzero_ps(); }
@@ -103,7 +104,8 @@ inline void unpack_int4_block(const uint8_t* codes, int64_t code_bytes, int8_t* 
 // Block dot product with VPDPBUSD (the VNNI levels; V supplies dpbusd): unsigned codes times 4
 // activation bytes broadcast to every lane, 4 products added to int32 lanes exactly. Two
 // accumulators per row (low / high nibbles, or even / odd chunks) halve the dependency chains.
-// Codes are used as stored (code_shift 0).
+// Codes are used as stored (code_shift 0). V::dpbusd_x(acc, codes, x) is dpbusd with the 4
+// activation bytes at x broadcast.
 template <class V>
 struct DpbusdDot {
   static constexpr int32_t code_shift(int /*bits*/) { return 0; }
@@ -113,12 +115,26 @@ struct DpbusdDot {
                         typename V::I* acc) {
     using I = typename V::I;
     I acc2[MR];
-    for (int i = 0; i < MR; ++i) acc[i] = acc2[i] = V::zero();
-    if constexpr (BITS == 4) {
+    for (int i = 0; i < MR; ++i) acc2[i] = V::zero();
+    if constexpr (BITS == 4 && MR >= 4) {
+      // Rows enough for independent chains: one accumulator per row; the activations as the
+      // instruction's broadcast operand where the level has one (V::dpbusd_x).
+      const I low4 = V::set1_8(0x0F);
+      for (int64_t kk = 0; kk < block; kk += 8, w += 32) {
+        if constexpr (PREFETCH) {
+          if ((kk & 15) == 0) V::template prefetch<NP>(w + V::kPrefetchAhead, panel_bytes);
+        }
+        const I raw = V::template load_codes<NP>(w, panel_bytes);
+        const I lo = V::and_(raw, low4), hi = V::high_nibbles(raw);
+        for (int i = 0; i < MR; ++i) acc[i] = V::dpbusd_x(acc[i], lo, xq[i] + kk);
+        for (int i = 0; i < MR; ++i) acc[i] = V::dpbusd_x(acc[i], hi, xq[i] + kk + 4);
+      }
+      return;
+    } else if constexpr (BITS == 4) {
       const I low4 = V::set1_8(0x0F);
       for (int64_t kk = 0; kk < block; kk += 8, w += 32) {  // a chunk: 8 k
         if constexpr (PREFETCH) {
-          if ((kk & 15) == 0) V::template prefetch<NP>(w + 2048, panel_bytes);
+          if ((kk & 15) == 0) V::template prefetch<NP>(w + V::kPrefetchAhead, panel_bytes);
         }
         const I raw = V::template load_codes<NP>(w, panel_bytes);
         const I lo = V::and_(raw, low4), hi = V::high_nibbles(raw);
@@ -129,7 +145,7 @@ struct DpbusdDot {
       }
     } else {
       for (int64_t kk = 0; kk < block; kk += 8, w += 64) {  // two chunks: 8 k
-        if constexpr (PREFETCH) V::template prefetch<NP>(w + 2048, panel_bytes);
+        if constexpr (PREFETCH) V::template prefetch<NP>(w + V::kPrefetchAhead, panel_bytes);
         const I c0 = V::template load_codes<NP>(w, panel_bytes), c1 = V::template load_codes<NP>(w + 32, panel_bytes);
         for (int i = 0; i < MR; ++i) {
           acc[i] = V::dpbusd(acc[i], c0, V::bcast4(xq[i] + kk));
@@ -143,7 +159,7 @@ struct DpbusdDot {
 
 // ---------------------------------------------------------------------------------------------
 // Row tiles over the packed panels: MR activation rows x NP panels (one register of V per row),
-// all blocks. Dot::block_dot fills the block's integer sums of x * (code - code_shift).
+// all blocks. Dot::block_dot adds the block's integer sums of x * (code - code_shift) to acc.
 
 template <class V, class Dot, int BITS, int MR, int NP, bool PREFETCH>
 void panel_tile(const Int8MatmulArgs& a, int64_t m, int64_t p) {
@@ -161,18 +177,24 @@ void panel_tile(const Int8MatmulArgs& a, int64_t m, int64_t p) {
   }
   for (int64_t b = 0; b < g.nblocks; ++b) {
     const uint8_t* block = panel + b * g.block_bytes;
-    typename V::I acc[MR];
+    typename V::I acc[MR];  // from the row's shifted sum: acc + shifted_sum without an addition
+    for (int i = 0; i < MR; ++i) acc[i] = V::set1_32(zsum[i * g.nblocks + b]);
     Dot::template block_dot<BITS, MR, NP, PREFETCH>(block, g.panel_bytes, g.block, xq, acc);
     const F scale = V::template load_halves<NP>(block + g.code_bytes, g.panel_bytes);
-    for (int i = 0; i < MR; ++i) {
+    // per row: y += (s_x * scale) * float(acc + shifted_sum), then (asymmetric) y += offset * scaled_sum
+    const auto scaled = [&](int i) {
       const int64_t at = i * g.nblocks + b;
-      const auto acc_q = V::add32(acc[i], V::set1_32(zsum[at]));
-      y[i] = V::fmadd(V::cvt(acc_q), V::mul(scale, V::bcast(sx + at)), y[i]);
+      y[i] = V::fmadd(V::cvt(acc[i]), V::mul(scale, V::bcast(sx + at)), y[i]);
       xq[i] += g.block;
-    }
-    if (!g.symmetric) {
+    };
+    if (g.symmetric) {
+      for (int i = 0; i < MR; ++i) scaled(i);
+    } else {
       const F offset = V::template load_halves<NP>(block + g.code_bytes + 16, g.panel_bytes);
-      for (int i = 0; i < MR; ++i) y[i] = V::fmadd(offset, V::bcast(sxsum + i * g.nblocks + b), y[i]);
+      for (int i = 0; i < MR; ++i) {
+        scaled(i);
+        y[i] = V::fmadd(offset, V::bcast(sxsum + i * g.nblocks + b), y[i]);
+      }
     }
   }
   const int64_t n0 = p * 8, rows = std::min<int64_t>(8 * NP, g.n - n0);
@@ -200,7 +222,7 @@ void gemv(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p
 // registers are allocated worse (the int4 4x8 tile measured 17% slower).
 template <class V, class Dot, int BITS, int MR>
 [[gnu::noinline]] void panel_row_tile(const Int8MatmulArgs& a, int64_t m, int64_t p0, int64_t p1) {
-  panel_row<V, Dot, BITS, MR, false>(a, m, p0, p1);
+  panel_row<V, Dot, BITS, MR, true>(a, m, p0, p1);
 }
 
 // Small GEMM: rows in chunks whose int8 activations stay in L2 (32 x K bytes) while the panels

@@ -23,6 +23,7 @@
 #undef _mm512_inserti64x4
 #undef _mm512_dpbusd_epi32
 #undef _mm256_dpbusd_avx_epi32
+#undef _mm256_dpbusd_epi32
 #undef _tile_loadconfig
 #undef _tile_release
 #undef _tile_loadd
@@ -49,6 +50,8 @@ inline __m256i dpbusd_epi32_256(__m256i acc, __m256i a, __m256i b) {
 
 // AVX-VNNI (VEX-encoded VPDPBUSD on ymm).
 inline __m256i _mm256_dpbusd_avx_epi32(__m256i acc, __m256i a, __m256i b) { return dpbusd_epi32_256(acc, a, b); }
+// AVX512-VNNI + VL (EVEX-encoded VPDPBUSD on ymm): the same operation.
+inline __m256i _mm256_dpbusd_epi32(__m256i acc, __m256i a, __m256i b) { return dpbusd_epi32_256(acc, a, b); }
 
 // ---------------------------------------------------------------------------------------------
 // AVX-512: a 512-bit register as two 256-bit halves (lo = bits 0..255, elements 0..7 of 32 bits).

@@ -13,6 +13,9 @@ struct Zmm {
   using I = __m512i;
   using F = __m512;
   static constexpr int kPanels = 2;
+  // bytes ahead in each of the two panels' streams (measured on Zen 4: decode batches of 8 steps
+  // 10% faster than at 2048)
+  static constexpr int64_t kPrefetchAhead = 4096;
 
   static I zero() { return _mm512_setzero_si512(); }
   static F fzero() { return _mm512_setzero_ps(); }
@@ -22,6 +25,16 @@ struct Zmm {
   static I and_(I a, I b) { return _mm512_and_si512(a, b); }
   static I high_nibbles(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
   static I dpbusd(I acc, I a, I b) { return _mm512_dpbusd_epi32(acc, a, b); }
+  // acc += codes x (4 activation bytes at x, broadcast): the broadcast as the instruction's
+  // memory operand ({1to16}), which compilers do not fold from the intrinsics.
+  static I dpbusd_x(I acc, I codes, const int8_t* x) {
+#ifdef QLINEAR_EMULATE_X86
+    return dpbusd(acc, codes, bcast4(x));
+#else
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(codes), "m"(*reinterpret_cast<const int32_t*>(x)));
+    return acc;
+#endif
+  }
   static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
