@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import threading
 import time
 from typing import AsyncIterator, Optional
 
@@ -57,6 +58,28 @@ class TextStream:
         return out
 
 
+class Mailbox:
+    """Events from the scheduler's thread to the requests' queues on the event loop: a decode
+    step's tokens of every sequence wake the loop once, not once per sequence."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.lock = loop, threading.Lock()
+        self.pending: list = []
+
+    def post(self, queue: asyncio.Queue, item) -> None:
+        with self.lock:
+            self.pending.append((queue, item))
+            if len(self.pending) > 1:  # a delivery is already scheduled
+                return
+        self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self.lock:
+            items, self.pending = self.pending, []
+        for queue, item in items:
+            queue.put_nowait(item)
+
+
 def _sse(obj) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
@@ -67,6 +90,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
     scheduler = Scheduler(model, max_batch=max_batch, max_queue=max_queue)
     tokenizer, max_context = model.tokenizer, model.max_context
     created = int(time.time())
+    mailbox: Optional[Mailbox] = None  # of the event loop serving the requests
 
     def check_auth(request: Request) -> None:
         if api_key is None:
@@ -96,10 +120,13 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
             raise ApiError(400, f"this model's context holds {max_context} tokens; the prompt has {len(ids)} "
                                 f"and {wanted} more were requested", param="messages" if chat else "prompt",
                            code="context_length_exceeded")
-        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        nonlocal mailbox
+        if mailbox is None or mailbox.loop is not asyncio.get_running_loop():
+            mailbox = Mailbox(asyncio.get_running_loop())
+        events, box = asyncio.Queue(), mailbox
         seq = Sequence(ids, req.max_tokens or max_context - len(ids),
                        Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed),
-                       emit=lambda kind, value: loop.call_soon_threadsafe(events.put_nowait, (kind, value)),
+                       emit=lambda kind, value: box.post(events, (kind, value)),
                        ignore_eos=req.ignore_eos)
         try:
             scheduler.submit(seq)
