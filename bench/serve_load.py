@@ -10,7 +10,7 @@ load        N requests from C concurrent clients: streaming, non-streaming, canc
             its 4xx, none be lost, and the server's RSS return to its idle level.
 
     python bench/serve_load.py step [--threads 2] [--clients 1 4 8]
-    python bench/serve_load.py throughput [--threads 2] [--clients 1 4 8] [--tokens 64]
+    python bench/serve_load.py throughput [--threads 2] [--clients 1 4 8] [--tokens 64] [--rounds 3]
     python bench/serve_load.py load [--requests 200] [--concurrency 16]
     python bench/serve_load.py all --model DIR      # any model qlinear.llm.load opens
 """
@@ -147,37 +147,50 @@ def step_alone(model_dir, threads: int, batches, position: int = 64, repeats: in
 
 
 # -- throughput ---------------------------------------------------------------------------------
-def throughput(model, threads: int, clients_list, tokens: int, prompt_tokens: int) -> list:
-    rows = []
+def throughput(model, threads: int, clients_list, tokens: int, prompt_tokens: int, rounds: int = 1) -> list:
+    """Per client count, the median over `rounds` rounds (the counts interleaved in each round, so
+    that a slow spell of a shared machine does not fall on one count only)."""
+    runs = {c: [] for c in clients_list}
     with Server(model, threads, max_batch=max(clients_list)) as server:
         prompt = [(7 * i) % 3000 + 10 for i in range(prompt_tokens)]  # token ids: no tokenizer needed here
         body = {"model": NAME, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
         with httpx.Client(timeout=600) as http:
             stream_completion(http, server.url, {**body, "max_tokens": 4})  # warm up
-        for clients in clients_list:
-            start = threading.Barrier(clients)
-
-            def one(_):
-                with httpx.Client(timeout=600) as http:
-                    start.wait()
-                    return stream_completion(http, server.url, body)
-
-            with ThreadPoolExecutor(clients) as pool:
-                results = list(pool.map(one, range(clients)))
-            assert all(r["status"] == 200 and len(r["times"]) >= tokens - 1 for r in results), results
-            # decode: from the last client's first token to the first client's last (all decoding)
-            first, last = max(r["times"][0] for r in results), min(r["times"][-1] for r in results)
-            if last <= first:
-                raise SystemExit("the clients never decoded all at once: give them more --tokens")
-            steps = sum(sum(first <= t <= last for t in r["times"]) - 1 for r in results)  # intervals
-            ttft = [r["times"][0] - r["t0"] for r in results]
-            rows.append({"clients": clients, "decode_tok_s": steps / (last - first),
-                         "ttft_mean_ms": 1000 * sum(ttft) / len(ttft), "ttft_max_ms": 1000 * max(ttft),
-                         "tokens_each": tokens})
-            print(f"{clients} clients: aggregate decode {rows[-1]['decode_tok_s']:.1f} tok/s "
-                  f"({rows[-1]['decode_tok_s'] / rows[0]['decode_tok_s']:.2f}x one client), time to first token "
-                  f"mean {rows[-1]['ttft_mean_ms']:.0f} ms, max {rows[-1]['ttft_max_ms']:.0f} ms", flush=True)
+        for _ in range(rounds):
+            for clients in clients_list:
+                runs[clients].append(_concurrent_decode(server, body, clients, tokens))
+    rows = []
+    for clients in clients_list:
+        tok_s = sorted(r[0] for r in runs[clients])
+        ttft = [t for r in runs[clients] for t in r[1]]
+        rows.append({"clients": clients, "decode_tok_s": tok_s[len(tok_s) // 2], "rounds_tok_s": tok_s,
+                     "ttft_mean_ms": 1000 * sum(ttft) / len(ttft), "ttft_max_ms": 1000 * max(ttft),
+                     "tokens_each": tokens})
+        print(f"{clients} clients: aggregate decode {rows[-1]['decode_tok_s']:.1f} tok/s "
+              f"({rows[-1]['decode_tok_s'] / rows[0]['decode_tok_s']:.2f}x one client; rounds "
+              f"{', '.join(f'{t:.0f}' for t in tok_s)}), time to first token "
+              f"mean {rows[-1]['ttft_mean_ms']:.0f} ms, max {rows[-1]['ttft_max_ms']:.0f} ms", flush=True)
     return rows
+
+
+def _concurrent_decode(server, body: dict, clients: int, tokens: int) -> tuple:
+    """(aggregate decode tok/s, times to first token) of `clients` streaming clients at once."""
+    start = threading.Barrier(clients)
+
+    def one(_):
+        with httpx.Client(timeout=600) as http:
+            start.wait()
+            return stream_completion(http, server.url, body)
+
+    with ThreadPoolExecutor(clients) as pool:
+        results = list(pool.map(one, range(clients)))
+    assert all(r["status"] == 200 and len(r["times"]) >= tokens - 1 for r in results), results
+    # decode: from the last client's first token to the first client's last (all decoding)
+    first, last = max(r["times"][0] for r in results), min(r["times"][-1] for r in results)
+    if last <= first:
+        raise SystemExit("the clients never decoded all at once: give them more --tokens")
+    steps = sum(sum(first <= t <= last for t in r["times"]) - 1 for r in results)  # intervals
+    return steps / (last - first), [r["times"][0] - r["t0"] for r in results]
 
 
 # -- load ---------------------------------------------------------------------------------------
@@ -276,6 +289,7 @@ def main(argv=None) -> None:
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
     p.add_argument("--tokens", type=int, default=64, help="tokens each throughput client generates")
     p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=3, help="throughput rounds (the median is reported)")
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--max-batch", type=int, default=8, help="the load test server's --max-batch")
@@ -286,7 +300,7 @@ def main(argv=None) -> None:
     if args.what in ("step", "all"):
         out["step"] = step_alone(model, args.threads, args.clients)
     if args.what in ("throughput", "all"):
-        out["throughput"] = throughput(model, args.threads, args.clients, args.tokens, args.prompt_tokens)
+        out["throughput"] = throughput(model, args.threads, args.clients, args.tokens, args.prompt_tokens, args.rounds)
     if args.what in ("load", "all"):
         out["load"] = load_test(model, args.threads, args.requests, args.concurrency, args.max_batch)
     if args.json:
