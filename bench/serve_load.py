@@ -9,7 +9,7 @@ load        N requests from C concurrent clients: streaming, non-streaming, canc
             and malformed ones; every valid one must complete well-formed, every invalid one get
             its 4xx, none be lost, and the server's RSS return to its idle level.
 
-    python bench/serve_load.py step [--threads 2] [--clients 1 4 8]
+    python bench/serve_load.py step [--threads 2] [--clients 1 4 8] [--rounds 3]
     python bench/serve_load.py throughput [--threads 2] [--clients 1 4 8] [--tokens 64] [--rounds 3]
     python bench/serve_load.py load [--requests 200] [--concurrency 16]
     python bench/serve_load.py all --model DIR      # any model qlinear.llm.load opens
@@ -121,7 +121,8 @@ def stream_completion(http: httpx.Client, url: str, body: dict, cancel_after: in
 
 
 # -- the step alone ----------------------------------------------------------------------------
-def step_alone(model_dir, threads: int, batches, position: int = 64, repeats: int = 20) -> list:
+def step_alone(model_dir, threads: int, batches, position: int = 64, repeats: int = 20, rounds: int = 3) -> list:
+    """ms per step of each batch size: the median over interleaved rounds of each round's median."""
     import numpy as np
 
     from qlinear import llm
@@ -129,17 +130,21 @@ def step_alone(model_dir, threads: int, batches, position: int = 64, repeats: in
 
     model = llm.load(model_dir, threads=threads, max_context=position + repeats + 1, progress=False)
     step = decode_step(model.blocks, model.norm, model.lm_head, model.cache)
+    caches = {b: [KVCache(model.config, position + repeats + 1) for _ in range(b)] for b in batches}
+    inputs = {b: np.ascontiguousarray(model.embedding([11] * b), np.float32) for b in batches}
+    per_round = {b: [] for b in batches}
+    for _ in range(rounds):
+        for b in batches:
+            times = []
+            for i in range(repeats + 1):
+                t0 = time.perf_counter()
+                step.step_batch(inputs[b], [position + i] * b, [c.k for c in caches[b]], [c.v for c in caches[b]],
+                                [c.capacity for c in caches[b]])
+                times.append(time.perf_counter() - t0)
+            per_round[b].append(1000 * float(np.median(times[1:])))
     rows = []
     for b in batches:
-        caches = [KVCache(model.config, position + repeats + 1) for _ in range(b)]
-        h = np.ascontiguousarray(model.embedding([11] * b), np.float32)
-        times = []
-        for i in range(repeats + 1):
-            t0 = time.perf_counter()
-            step.step_batch(h, [position + i] * b, [c.k for c in caches], [c.v for c in caches],
-                            [c.capacity for c in caches])
-            times.append(time.perf_counter() - t0)
-        ms = 1000 * float(np.median(times[1:]))
+        ms = float(np.median(per_round[b]))
         rows.append({"batch": b, "ms_per_step": ms, "tok_s": 1000 * b / ms})
         print(f"B={b}: {ms:.1f} ms per step, {1000 * b / ms:.1f} tok/s "
               f"({rows[-1]['tok_s'] / rows[0]['tok_s']:.2f}x B={batches[0]})", flush=True)
@@ -289,7 +294,7 @@ def main(argv=None) -> None:
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
     p.add_argument("--tokens", type=int, default=64, help="tokens each throughput client generates")
     p.add_argument("--prompt-tokens", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=3, help="throughput rounds (the median is reported)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of step and throughput (the median is reported)")
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--max-batch", type=int, default=8, help="the load test server's --max-batch")
@@ -298,7 +303,7 @@ def main(argv=None) -> None:
     model = args.model or default_model()
     out = {}
     if args.what in ("step", "all"):
-        out["step"] = step_alone(model, args.threads, args.clients)
+        out["step"] = step_alone(model, args.threads, args.clients, rounds=args.rounds)
     if args.what in ("throughput", "all"):
         out["throughput"] = throughput(model, args.threads, args.clients, args.tokens, args.prompt_tokens, args.rounds)
     if args.what in ("load", "all"):
