@@ -514,3 +514,35 @@ def test_text_stream_stop_strings():
                 break
         assert got == pieces and text.stopped == stopped, (stop, got)
         assert text.flush() == ""
+
+
+def test_mailbox_delivers_in_order_with_one_wake_up_per_burst():
+    """Events posted from another thread reach their queues in order; a burst posted before the
+    loop runs (a decode step's tokens) is one wake-up of the loop, not one per event."""
+    import asyncio
+
+    from qlinear.llm.serve.app import Mailbox
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        wake_ups = []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda f, *a: (wake_ups.append(f) if f == box._deliver else None, real(f, *a))[1]
+        box, queues = Mailbox(loop), [asyncio.Queue() for _ in range(3)]
+
+        def burst(n):  # posted from another thread while the loop is busy (here: waiting for it)
+            t = threading.Thread(target=lambda: [box.post(queues[i % 3], i) for i in range(n)])
+            t.start()
+            t.join()
+
+        burst(30)
+        await asyncio.sleep(0)
+        first = len(wake_ups)
+        burst(6)  # a second burst after the first was delivered
+        await asyncio.sleep(0)
+        got = [[q.get_nowait() for _ in range(q.qsize())] for q in queues]
+        return first, len(wake_ups), got
+
+    first, total, got = asyncio.run(main())
+    assert (first, total) == (1, 2)
+    assert got == [[*range(0, 30, 3), 0, 3], [*range(1, 30, 3), 1, 4], [*range(2, 30, 3), 2, 5]]
