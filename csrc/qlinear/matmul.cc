@@ -93,11 +93,13 @@ void run_kernel(const WeightGeometry& w, const U& k, int64_t m0, int64_t m1, con
   ThreadPool& pool = ThreadPool::global();
   const int64_t m = m1 - m0, np = k.np;
   const int64_t work = m * w.npanels * w.nr * w.padded_k();
-  if (m <= k.mr) {
-    // One pass over the weights (a GEMV, or a GEMM whose rows fit one register tile: a batch of
-    // decode steps). Two tasks per thread, taken dynamically: the first `threads` cover 3/4 of the panels, the
-    // last `threads` the rest, so each thread streams one long run and the threads finish
-    // together on short ones; a thread that is slow to start (or a core taken by another
+  constexpr int64_t kStreamedRows = 8;  // a batch of decode steps: still a stream of the weights
+  if (m <= std::max<int64_t>(k.mr, kStreamedRows)) {
+    // A GEMV, or a GEMM of a few rows (a panel's tiles pass over it while it is in L1): one
+    // long weight stream per thread (AVX2 on Zen 4, 8 rows in two 4-row tiles: the step's
+    // matmuls 20.1 -> 17.8 ms). Two tasks per thread, taken dynamically: the first `threads`
+    // cover 3/4 of the panels, the last `threads` the rest, so each thread streams one long run
+    // and the threads finish together on short ones; a thread that is slow to start (or a core taken by another
     // process) leaves its share to the others. More, shorter tasks measured slower (each
     // restart of a weight stream costs), e.g. decode of a 0.5B model at 2 threads 142 -> 151
     // tokens/s going from 4 equal tasks per thread to this.
