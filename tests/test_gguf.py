@@ -3,6 +3,7 @@ writer: logits against numpy float math on the file's dequantized weights, codes
 the rebuilt tokenizer, W4A8 generation, hostile files."""
 
 import json
+import math
 import os
 import struct
 
@@ -79,6 +80,18 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
         w.add_sliding_window(cfg["sliding_window"])
         w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    if arch == "phi3":  # as llama.cpp's converter writes it
+        hd = cfg["hidden_size"] // cfg["num_attention_heads"]
+        w.add_rope_dimension_count(int(hd * cfg.get("partial_rotary_factor", 1.0)))
+        w.add_sliding_window(cfg.get("sliding_window") or 0)
+        rs = cfg.get("rope_scaling")
+        if rs:
+            orig = cfg["original_max_position_embeddings"]
+            scale = cfg["max_position_embeddings"] / orig
+            w.add_rope_scaling_orig_ctx_len(orig)
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0)
+            w.add_tensor("rope_factors_long.weight", np.array(rs["long_factor"], np.float32))
+            w.add_tensor("rope_factors_short.weight", np.array(rs["short_factor"], np.float32))
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_block_count(cfg["num_hidden_layers"])
@@ -121,7 +134,8 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
     names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+             "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}  # Phi-3's fused ones
     if arch in ("gemma2", "gemma3"):  # four norms a block
         names.update({"pre_feedforward_layernorm": "ffn_norm", "post_attention_layernorm": "post_attention_norm",
                       "post_feedforward_layernorm": "post_ffw_norm"})
@@ -587,3 +601,71 @@ def test_qwen3_file_matches_its_checkpoint(tmp_path):
     b = llm.load(ckpt, bits=None, act="float", max_context=64, progress=False)
     ref = b.logits(ids)
     np.testing.assert_allclose(a.logits(ids), ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+
+
+def _phi3_checkpoint(out, **overrides):
+    return synthetic.make_checkpoint(out, arch="phi3", seed=3, norm_noise=0.1,
+                                     **{**SHAPE, "num_hidden_layers": 3}, **overrides)
+
+
+@pytest.mark.parametrize("longrope", [False, True])
+def test_phi3_file_matches_its_checkpoint(tmp_path, longrope):
+    """Phi-3 (q / k / v and gate / up fused in the file, as llama.cpp's converter writes them;
+    LongRoPE's factors as tensors, its attention factor as metadata): the checkpoint's logits,
+    with the long factors when the context passes the pretraining length. Quantized files move
+    the fused tensors' codes."""
+    extra = {}
+    if longrope:
+        half = SHAPE["hidden_size"] // SHAPE["num_attention_heads"] // 2
+        rng = np.random.default_rng(0)
+        extra = {"max_position_embeddings": 256, "original_max_position_embeddings": 32,
+                 "rope_scaling": {"type": "longrope", "short_factor": (1 + rng.random(half)).tolist(),
+                                  "long_factor": (1 + 4 * rng.random(half)).tolist()}}
+    ckpt = _phi3_checkpoint(tmp_path / "phi3", **extra)
+    path = write_gguf(ckpt, tmp_path / "phi3.gguf", T.F32, embd=T.F32)
+    ids = list(range(5, 45))
+    for context in (32, 128) if longrope else (64,):
+        a = llm.load(path, bits=None, act="float", max_context=context, progress=False)
+        assert a.config.arch == "phi3" and (a.config.rope_scaling is not None) == longrope
+        ref = llm.load(ckpt, bits=None, act="float", max_context=context, progress=False).logits(ids[:context])
+        np.testing.assert_allclose(a.logits(ids[:context]), ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+    q4 = llm.load(write_gguf(ckpt, tmp_path / "phi3-q4.gguf", T.Q4_0), progress=False, max_context=64)
+    assert any("attn_qkv" in m for m in q4.info["gguf_moved"]) and any("ffn_up" in m for m in q4.info["gguf_moved"])
+    assert cosines(q4.logits(ids), ref).mean() >= 0.96
+
+
+def test_phi3_file_runs_without_its_sliding_window(tmp_path):
+    """llama.cpp does not apply Phi-3's sliding window (it warns and attends over the whole
+    context): a file is read the same way, so its logits past the window are those of the same
+    weights without one."""
+    windowed = _phi3_checkpoint(tmp_path / "a", sliding_window=8)
+    plain = _phi3_checkpoint(tmp_path / "b")  # the same seed: the same weights
+    a = llm.load(write_gguf(windowed, tmp_path / "phi3.gguf", T.F32, embd=T.F32), bits=None, act="float",
+                 max_context=64, progress=False)
+    assert a.config.sliding_window is None
+    ids = list(range(5, 45))
+    ref = llm.load(plain, bits=None, act="float", max_context=64, progress=False).logits(ids)
+    np.testing.assert_allclose(a.logits(ids), ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+    with_window = llm.load(windowed, bits=None, act="float", max_context=64, progress=False)
+    assert with_window.config.sliding_window == 8 and not np.allclose(with_window.logits(ids), ref, atol=1e-3)
+
+
+def test_phi3_files_it_cannot_run_are_refused(tmp_path):
+    """RoPE on part of each head (Phi-4-mini) and half of LongRoPE's factors: clear errors."""
+    ckpt = _phi3_checkpoint(tmp_path / "phi3")
+    path = write_gguf(ckpt, tmp_path / "p.gguf", T.F32, embd=T.F32)
+    data = bytearray(path.read_bytes())
+    key = b"phi3.rope.dimension_count"
+    at = data.index(key) + len(key) + 4  # the key, its value type (uint32), the value
+    struct.pack_into("<I", data, at, struct.unpack_from("<I", data, at)[0] // 2)
+    partial = tmp_path / "partial.gguf"
+    partial.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        llm.load(partial, progress=False)
+    half = tmp_path / "half.gguf"
+    long_ckpt = _phi3_checkpoint(tmp_path / "long", max_position_embeddings=256, original_max_position_embeddings=32,
+                                 rope_scaling={"type": "longrope", "short_factor": [1.0] * 32, "long_factor": [2.0] * 32})
+    data = write_gguf(long_ckpt, tmp_path / "l.gguf", T.F32, embd=T.F32).read_bytes()
+    half.write_bytes(data.replace(b"rope_factors_short.weight", b"rope_factors_shorx.weight"))
+    with pytest.raises(ValueError, match="LongRoPE needs both"):
+        llm.load(half, progress=False)

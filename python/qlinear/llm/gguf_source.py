@@ -1,5 +1,5 @@
-"""Source: a GGUF file (llama.cpp's format; Qwen2, Qwen3 and Llama, which llama.cpp's converter
-also writes Mistral as). Metadata -> config, the GGUF
+"""Source: a GGUF file (llama.cpp's format; Qwen2, Qwen3, Llama (which llama.cpp's converter
+also writes Mistral as), Gemma 2 / 3 and Phi-3). Metadata -> config (gguf_config.py), the GGUF
 tokenizer rebuilt as a ``tokenizers`` one, weights mapped by tensor name (``blk.N.attn_q`` ...).
 
 Codes are moved, not re-rounded, where the formats agree: Q4_0 is our symmetric int4 group 32
@@ -24,8 +24,9 @@ from typing import Optional
 import numpy as np
 
 from .._packed import PackedWeight, pack_quantized, pack_weight
-from .config import ModelConfig
 from .embedding import EmbeddingFile, MemoryEmbedding, _check_ids
+from .config import ModelConfig
+from .gguf_config import read_config
 from .gguf_file import MAGIC, GGUFFile, Moved, codes, dequantize
 from .gguf_tokenizer import read_tokenizer
 from .heap import trim_heap
@@ -47,71 +48,6 @@ def is_gguf(p: Path) -> bool:
         return fh.read(4) == MAGIC
 
 
-def read_config(f: GGUFFile) -> ModelConfig:
-    arch = f.meta("general.architecture", str, required=True)
-    if arch not in ("qwen2", "llama", "qwen3", "gemma2", "gemma3"):
-        raise f.error(f"architecture {arch!r} is not supported (qwen2, llama, qwen3, gemma2, gemma3)")
-    a = arch + "."
-    hidden, heads = f.count(a + "embedding_length"), f.count(a + "attention.head_count")
-    embd = f.tensors.get("token_embd.weight")
-    if embd is None or len(embd.shape) != 2 or int(embd.shape[0]) != hidden:
-        raise f.error("tensor 'token_embd.weight' is missing or not [vocab, hidden]")
-    hf = {"model_type": arch, "hidden_size": hidden, "num_attention_heads": heads,
-          "intermediate_size": f.count(a + "feed_forward_length"),
-          "num_hidden_layers": f.count(a + "block_count"),
-          "num_key_value_heads": f.count(a + "attention.head_count_kv", heads),
-          "head_dim": f.count(a + "attention.key_length", hidden // heads),
-          "vocab_size": int(embd.shape[1]),
-          "rms_norm_eps": f.meta(a + "attention.layer_norm_rms_epsilon", float, 1e-6),
-          "rope_theta": f.meta(a + "rope.freq_base", float, 10000.0),
-          "max_position_embeddings": f.count(a + "context_length", 4096),
-          "tie_word_embeddings": "output.weight" not in f.tensors,
-          "attention_bias": "blk.0.attn_q.bias" in f.tensors,
-          "bos_token_id": f.meta("tokenizer.ggml.bos_token_id", int),
-          "eos_token_id": f.meta("tokenizer.ggml.eos_token_id", int)}
-    if arch in _GEMMA:
-        hf.update(_gemma_config(f, hf, arch))
-    kind = f.meta(a + "rope.scaling.type", str, "none")
-    if kind == "linear":
-        hf["rope_scaling"] = {"rope_type": "linear", "factor": f.meta(a + "rope.scaling.factor", float, 1.0)}
-    elif kind != "none":
-        raise f.error(f"rope scaling {kind!r} is not supported (none, linear)")
-    return ModelConfig.from_hf(hf, str(f.path))
-
-
-# llama.cpp's Gemma conventions: (model_type, default sliding pattern, layers of the 27B model)
-_GEMMA = {"gemma2": ("gemma2", 2, 46), "gemma3": ("gemma3_text", 6, 62)}
-
-
-def _gemma_config(f: GGUFFile, hf: dict, arch: str) -> dict:
-    """Gemma 2 / Gemma 3 (text) as llama.cpp runs them: norms stored with their 1 added by its
-    converter, sliding layers by the file's pattern (else every 2nd / 6th layer global), queries
-    scaled by head_dim ** -0.5 (by (hidden / heads) ** -0.5 for the 27B models), not by
-    config.json's query_pre_attn_scalar; Gemma 2's soft-caps (llama.cpp's defaults 50 / 30 when
-    absent), Gemma 3's sliding layers with their own RoPE base."""
-    a, n = arch + ".", hf["num_hidden_layers"]
-    model_type, every, layers_27b = _GEMMA[arch]
-    out = {"model_type": model_type, "hidden_activation": "gelu_pytorch_tanh",
-           "query_pre_attn_scalar": hf["hidden_size"] // hf["num_attention_heads"] if n == layers_27b else hf["head_dim"],
-           "final_logit_softcapping": f.meta(a + "final_logit_softcapping", float, 30.0 if arch == "gemma2" else None)}
-    if arch == "gemma2":
-        out["attn_logit_softcapping"] = f.meta(a + "attn_logit_softcapping", float, 50.0)
-        if f.meta(a + "rope.freq_base_swa", float, hf["rope_theta"]) != hf["rope_theta"]:
-            raise f.error("a Gemma 2 file with a sliding layers' RoPE base of their own is not supported")
-    else:
-        out["rope_local_base_freq"] = f.meta(a + "rope.freq_base_swa", float, 10000.0)
-    window = f.meta(a + "attention.sliding_window", int, 4096 if arch == "gemma2" else 0)
-    if window:
-        pattern = f.meta(a + "attention.sliding_window_pattern", (int, list), every)
-        sliding = ([bool(x) for x in pattern] if isinstance(pattern, list)
-                   else [i % pattern < pattern - 1 for i in range(n)])
-        if len(sliding) != n:
-            raise f.error(f"metadata {a}attention.sliding_window_pattern has {len(sliding)} entries for {n} layers")
-        out.update(sliding_window=window,
-                   layer_types=["sliding_attention" if s else "full_attention" for s in sliding])
-    return out
-
-
 def read(p: Path, opts: Options, progress_bar: bool = True) -> Source:
     f = GGUFFile(p)
     cfg = read_config(f)
@@ -125,12 +61,16 @@ def read(p: Path, opts: Options, progress_bar: bool = True) -> Source:
         b, o = f"blk.{i}.", f"layers.{i}."
         qkv = [(b + "attn_q", cfg.q_size, cfg.num_heads), (b + "attn_k", cfg.kv_size, cfg.num_kv_heads),
                (b + "attn_v", cfg.kv_size, None)]
+        if b + "attn_qkv.weight" in f.tensors:  # Phi-3: fused in the file, in our order
+            qkv = [(b + "attn_qkv", cfg.q_size + 2 * cfg.kv_size, None)]
         tensors[o + "qkv"] = w.fused(o + "qkv", [(n + ".weight", (r, H), h) for n, r, h in qkv])
         if b + "attn_q.bias" in f.tensors:
             tensors[o + "qkv.bias"] = np.concatenate([w.vector(n + ".bias", r, h) for n, r, h in qkv])
         tensors[o + "o"] = w.fused(o + "o", [(b + "attn_output.weight", (H, cfg.q_size), None)])
-        tensors[o + "gate_up"] = w.fused(o + "gate_up", [(b + "ffn_gate.weight", (I, H), None),
-                                                        (b + "ffn_up.weight", (I, H), None)])
+        gate_up = [(b + "ffn_gate.weight", (I, H), None), (b + "ffn_up.weight", (I, H), None)]
+        if b + "ffn_gate.weight" not in f.tensors and cfg.arch == "phi3":  # ffn_up: gate, then up
+            gate_up = [(b + "ffn_up.weight", (2 * I, H), None)]
+        tensors[o + "gate_up"] = w.fused(o + "gate_up", gate_up)
         tensors[o + "down"] = w.fused(o + "down", [(b + "ffn_down.weight", (H, I), None)])
         tensors[o + "input_norm"] = w.vector(b + "attn_norm.weight", H)
         tensors[o + "post_norm"] = w.vector(b + "ffn_norm.weight", H)
