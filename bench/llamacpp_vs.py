@@ -11,7 +11,7 @@ qwen2's) and `llama-quantize` (Q4_0, Q4_K_M).
 
     python bench/llamacpp_vs.py --build                     # build llama.cpp's tools only
     python bench/llamacpp_vs.py [--quants Q4_0 Q8_0 Q4_K_M] [--threads 1 2] [--rounds 3]
-    python bench/llamacpp_vs.py --logits [--arch qwen2 llama] [--quants ...]   # needs llama-cpp-python
+    python bench/llamacpp_vs.py --logits [--arch qwen2 llama phi3] [--quants ...]   # needs llama-cpp-python
     python bench/llamacpp_vs.py --tokenizer [--arch qwen2 llama]               # needs llama-cpp-python
 
 --logits compares teacher-forced logits over 160 positions of a random prompt: llama.cpp through
@@ -23,7 +23,9 @@ weights). --tokenizer encodes strings with special tokens, unicode and emoji wit
 tokenizer and with the one qlinear rebuilds from the same file. The speed table also gives each
 engine's peak RSS, each in a process of its own (`qlinear-llm bench FILE --vs llamacpp`).
 The Llama files come from a Llama-architecture checkpoint of the same shape (llama.cpp's
-converter permutes its Q / K rows; qlinear puts them back).
+converter permutes its Q / K rows; qlinear puts them back). `--arch phi3`: a small Phi-3 with
+LongRoPE (pretraining length 64), q / k / v and gate / up fused in the file; llama.cpp pads its
+context to a multiple of 256 and so takes the long factors at any context, as qlinear does past 64.
 
 llama.cpp's figures are `llama-bench -p 64 -n 32` (its prompt of random tokens, then generation
 from it); qlinear's are the same token counts through `qlinear.llm.load(FILE.gguf)` (W4A8 for the
@@ -76,6 +78,15 @@ def build() -> None:
     """Fetches the llama-cpp-python sdist and builds llama-bench and llama-quantize (once)."""
     if tool("llama-bench").exists() and tool("llama-quantize").exists():
         return
+    fetch_source()
+    subprocess.run(["cmake", "-S", str(SRC), "-B", str(BUILD), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                    "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"], check=True)
+    subprocess.run(["cmake", "--build", str(BUILD), "-t", "llama-bench", "llama-quantize"], check=True)
+
+
+def fetch_source() -> None:
+    """llama.cpp's source (its converter), from the llama-cpp-python sdist (once)."""
     CACHE.mkdir(parents=True, exist_ok=True)
     sdist = CACHE / f"llama_cpp_python-{VERSION}.tar.gz"
     if not sdist.exists():
@@ -84,10 +95,6 @@ def build() -> None:
     if not SRC.exists():
         with tarfile.open(sdist) as t:
             t.extractall(CACHE, filter="data")
-    subprocess.run(["cmake", "-S", str(SRC), "-B", str(BUILD), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                    "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"], check=True)
-    subprocess.run(["cmake", "--build", str(BUILD), "-t", "llama-bench", "llama-quantize"], check=True)
 
 
 def checkpoint(arch: str) -> Path:
@@ -99,6 +106,8 @@ def checkpoint(arch: str) -> Path:
         return _checkpoint()
     if arch == "llama-spm":
         return _spm_checkpoint(ROOT / "llama-small-spm")
+    if arch == "phi3":
+        return _phi3_checkpoint(ROOT / "phi3-small-longrope")
     hf = ROOT / f"llama-0.5b-v{VOCAB}"
     if not (hf / "model.safetensors").is_file():
         from qlinear.llm import synthetic
@@ -126,17 +135,39 @@ def _spm_checkpoint(hf: Path) -> Path:
     return hf
 
 
+def _phi3_checkpoint(hf: Path) -> Path:
+    """A small Phi-3 with LongRoPE (pretraining length 64, random factors) and its byte-level BPE
+    tokenizer declared as GPT-2's (llama.cpp's converter reads Phi-3 vocabularies as GPT-2 BPE
+    or SentencePiece)."""
+    if (hf / "model.safetensors").is_file():
+        return hf
+    from qlinear.llm import synthetic
+    half = 256 // 8 // 2
+    rng = np.random.default_rng(0)
+    synthetic.make_checkpoint(hf, arch="phi3", shape="small", norm_noise=0.1, force=True,
+                              max_position_embeddings=4096, original_max_position_embeddings=64,
+                              rope_scaling={"type": "longrope", "short_factor": (1 + rng.random(half)).tolist(),
+                                            "long_factor": (1 + 4 * rng.random(half)).tolist()})
+    tc = json.loads((hf / "tokenizer_config.json").read_text())
+    (hf / "tokenizer_config.json").write_text(json.dumps({**tc, "tokenizer_class": "GPT2Tokenizer"}))
+    return hf
+
+
+CONVERTER_TYPES = ("Q8_0", "BF16", "F32")  # written by the converter; others by llama-quantize
+
+
 def gguf_file(quant: str, arch: str = "qwen2") -> Path:
     """The synthetic checkpoint as a GGUF file of the given type (made once)."""
     from test_llm import VOCAB
-    name = {"qwen2": f"qwen2.5-0.5b-v{VOCAB}", "llama": f"llama-0.5b-v{VOCAB}", "llama-spm": "llama-small-spm"}[arch]
+    name = {"qwen2": f"qwen2.5-0.5b-v{VOCAB}", "llama": f"llama-0.5b-v{VOCAB}", "llama-spm": "llama-small-spm",
+            "phi3": "phi3-small-longrope"}[arch]
     out = CACHE / f"{name}-{quant}.gguf"
     if out.exists():
         return out
     env = dict(os.environ, PYTHONPATH=str(SRC / "gguf-py"))
     wrapper = CACHE / "convert_wrapper.py"
     wrapper.write_text(_CONVERT_WRAPPER)
-    if quant in ("Q8_0", "BF16"):
+    if quant in CONVERTER_TYPES:
         subprocess.run([sys.executable, str(wrapper), str(SRC), str(checkpoint(arch)), "--outtype", quant.lower(),
                         "--outfile", str(out)], check=True, env=env)
     else:
@@ -197,18 +228,22 @@ def near_ties(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
 def compare_logits(quants, archs, positions: int = 160) -> None:
     from llama_cpp import Llama
     from qlinear import llm
-    ids = [int(t) for t in np.random.default_rng(1).integers(0, 4096, positions)]
-    print(f"teacher-forced logits over {positions} positions, qlinear (W4A8 / W8A8) vs llama.cpp on the same file")
+    print(f"teacher-forced logits over {positions} positions, qlinear (W4A8 / W8A8; float weights and "
+          f"activations for F32 / BF16 files) vs llama.cpp on the same file")
     print("| model | file | cosine mean | cosine min | top-1 agreement | near-ties set aside | top-1 on the rest |")
     print("|---|---|---|---|---|---|---|")
     for arch in archs:
         for quant in quants:
             path = gguf_file(quant, arch)
+            exact = {"bits": None, "act": "float"} if quant in ("F32", "BF16") else {}
+            model = llm.load(path, max_context=positions + 8, progress=False, **exact)
+            ids = [int(t) for t in np.random.default_rng(1).integers(0, min(4096, model.config.vocab_size), positions)]
+            ours = model.logits(ids).astype(np.float64)
+            del model
             ref = Llama(model_path=str(path), n_ctx=positions + 8, logits_all=True, n_threads=2, verbose=False)
             ref.eval(ids)
             theirs = np.array(ref.scores[:positions], dtype=np.float64)
             del ref
-            ours = llm.load(path, max_context=positions + 8, progress=False).logits(ids).astype(np.float64)
             cos = (ours * theirs).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1))
             same = ours.argmax(1) == theirs.argmax(1)
             ties = near_ties(ours, theirs)
@@ -253,13 +288,17 @@ def main() -> None:
     ap.add_argument("--quants", nargs="+", default=["Q4_0", "Q8_0"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--arch", nargs="+", default=["qwen2"], choices=["qwen2", "llama", "llama-spm"],
-                    help="llama-spm: a small Llama with a SentencePiece tokenizer (for --tokenizer)")
+    ap.add_argument("--arch", nargs="+", default=["qwen2"], choices=["qwen2", "llama", "llama-spm", "phi3"],
+                    help="llama-spm: a small Llama with a SentencePiece tokenizer (for --tokenizer); "
+                         "phi3: a small Phi-3 with LongRoPE")
     ap.add_argument("--logits", action="store_true", help="compare logits instead of speed")
     ap.add_argument("--tokenizer", action="store_true", help="compare tokenizers instead of speed")
     ap.add_argument("--build", action="store_true", help="build llama.cpp's tools, then stop")
     a = ap.parse_args()
-    build()
+    if a.build or not (a.logits or a.tokenizer) or set(a.quants) - set(CONVERTER_TYPES):
+        build()
+    else:  # the converter's types through llama.cpp's Python bindings: no tools needed
+        fetch_source()
     if a.build:
         print(f"llama.cpp tools in {BUILD / 'bin'}")
         return

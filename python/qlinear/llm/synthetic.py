@@ -64,7 +64,8 @@ GEMMA = ChatFormat(
 PHI3 = ChatFormat(
     "{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}",
-    "<s>", "<|end|>", "<|endoftext|>", ("<s>", "<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>"))
+    "<s>", "<|end|>", "<|endoftext|>",
+    ("<unk>", "<s>", "</s>", "<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>"))
 MISTRAL = ChatFormat(
     "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
     "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ message['content'] + '</s>' }}{% endif %}"
