@@ -62,8 +62,8 @@ def read(d: Path, opts: Options, progress_bar: bool = True) -> Source:
         raise ValueError("slim_vocab is not supported for MNN exports")
     export = read_export(d)
     cfg = ModelConfig.from_hf(export.config, str(d / "llm_config.json"))
-    if cfg.arch not in ("qwen2", "llama"):  # the graph is read as their block's
-        raise ValueError(f"{d}: MNN exports of {cfg.arch!r} models are not supported (qwen2, llama)")
+    if cfg.arch not in ("qwen2", "llama", "qwen3"):  # the graph is read as their block's
+        raise ValueError(f"{d}: MNN exports of {cfg.arch!r} models are not supported (qwen2, llama, qwen3)")
     lin, fallbacks, tensors = export.linears, [], {}
     bar = progress(cfg.num_layers + 1, "repacking", progress_bar)
     for i in range(cfg.num_layers):
@@ -78,6 +78,9 @@ def read(d: Path, opts: Options, progress_bar: bool = True) -> Source:
                 tensors[f"layers.{i}.{ours}.bias"] = b
         tensors[f"layers.{i}.input_norm"] = export.norms[f"model.layers.{i}.input_layernorm"]
         tensors[f"layers.{i}.post_norm"] = export.norms[f"model.layers.{i}.post_attention_layernorm"]
+        if cfg.qk_norm:  # Qwen3
+            tensors[f"layers.{i}.q_norm"] = export.norms[f"model.layers.{i}.self_attn.q_norm"]
+            tensors[f"layers.{i}.k_norm"] = export.norms[f"model.layers.{i}.self_attn.k_norm"]
         trim_heap()
         bar.update(1)
     tensors["norm"] = export.norms["model.norm"]

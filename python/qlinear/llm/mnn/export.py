@@ -11,12 +11,13 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ..._arrays import bf16_to_float32
-from .graph import NORM_RE, PROJ_PARENT, hf_linear_name, read_graph, rope_from_graph, theta_from_inv_freq
+from .graph import HEAD_NORMS, NORM_RE, PROJ_PARENT, hf_linear_name, read_graph, rope_from_graph, theta_from_inv_freq
 from .jsonfile import load_json
 from .tokenizer import read_tokenizer
 from .weights import Linear, Linears, WeightFile, read_linear
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3")
+_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
 @dataclass
@@ -103,12 +104,13 @@ def read_export(path, tokenizer: bool = True) -> MnnExport:
                 gamma = np.asarray(main["gamma"], dtype=np.float32)
             else:
                 raise ValueError(f"{mnn_path}: norm {name!r} has no weight")
-            if gamma.shape != (hidden,):
+            m = NORM_RE.match(name)
+            kind = m.group(2).replace("/", ".") if m else None
+            if kind not in HEAD_NORMS and gamma.shape != (hidden,):  # head norms: checked with head_dim
                 raise ValueError(f"{weight_path}: norm {name}: {gamma.size} values, expected {hidden}")
             eps.add(float(main.get("epsilon", 1e-6)))
-            m = NORM_RE.match(name)
             if m:
-                norms[f"model.layers.{m.group(1)}.{m.group(2)}"] = gamma
+                norms[f"model.layers.{m.group(1)}.{kind}"] = gamma
             else:
                 loose_norms.append((name, gamma))
         elif t == "Attention":
@@ -124,9 +126,12 @@ def read_export(path, tokenizer: bool = True) -> MnnExport:
 
     missing = [f"model.layers.{i}.{p}.{proj}" for i in range(n_layers)
                for proj, p in PROJ_PARENT.items() if f"model.layers.{i}.{p}.{proj}" not in linears]
-    missing += [f"model.layers.{i}.{n}" for i in range(n_layers)
-                for n in ("input_layernorm", "post_attention_layernorm")
+    layer_norms = ("input_layernorm", "post_attention_layernorm") + (HEAD_NORMS if model_type == "qwen3" else ())
+    missing += [f"model.layers.{i}.{n}" for i in range(n_layers) for n in layer_norms
                 if f"model.layers.{i}.{n}" not in norms]
+    stray = sorted(n for n in norms if n.endswith(HEAD_NORMS))
+    if stray and model_type != "qwen3":
+        raise ValueError(f"{mnn_path}: per-head q / k norms ({stray[0]}, ...) in a {model_type} export")
     if "lm_head" not in linears:
         missing.append("lm_head")
     if missing:
@@ -153,6 +158,9 @@ def read_export(path, tokenizer: bool = True) -> MnnExport:
     head_dim = 2 * inv_freq.size
     if q_n % head_dim or k_n % head_dim:
         raise ValueError(f"{mnn_path}: q/k sizes {q_n}/{k_n} are not multiples of head_dim {head_dim}")
+    for name, gamma in norms.items():
+        if name.endswith(HEAD_NORMS) and gamma.shape != (head_dim,):
+            raise ValueError(f"{weight_path}: norm {name}: {gamma.size} values, expected head_dim {head_dim}")
     if len(eps) != 1:
         raise ValueError(f"{mnn_path}: norms disagree on epsilon: {sorted(eps)}")
     def has_bias(name):
@@ -174,7 +182,7 @@ def read_export(path, tokenizer: bool = True) -> MnnExport:
 
     config = {
         "model_type": model_type,
-        "architectures": ["Qwen2ForCausalLM" if model_type == "qwen2" else "LlamaForCausalLM"],
+        "architectures": [_ARCHITECTURES[model_type]],
         "hidden_size": hidden,
         "intermediate_size": inter,
         "num_hidden_layers": n_layers,

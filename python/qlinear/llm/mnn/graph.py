@@ -28,7 +28,8 @@ import numpy as np
 PROJ_PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
                "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
 LINEAR_RE = re.compile(r"^/layers\.(\d+)/(self_attn|mlp)/(\w+)/Linear$")
-NORM_RE = re.compile(r"^/blocks\.(\d+)/(input_layernorm|post_attention_layernorm)/")
+NORM_RE = re.compile(r"^/blocks\.(\d+)/(input_layernorm|post_attention_layernorm|self_attn/q_norm|self_attn/k_norm)/")
+HEAD_NORMS = ("self_attn.q_norm", "self_attn.k_norm")  # Qwen3: per head, head_dim values
 
 
 def read_graph(mnn_path) -> dict:
