@@ -363,29 +363,39 @@ def test_qlinear_chat_and_cli_bench_vs_mnn(exports, read):
 
 
 @pytest.fixture(scope="session")
-def qwen3_export(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mnn_qwen3")
-    args = json.dumps({"out": str(root / "hf"), **SHAPE})
-    code = ("import json, sys; from qlinear.llm.synthetic import make_checkpoint; "
-            "a = json.loads(sys.argv[1]); out = a.pop('out'); "
-            "make_checkpoint(out, arch='qwen3', shape='tiny', norm_noise=0.1, **a)")
-    subprocess.run([sys.executable, "-c", code, args], check=True, capture_output=True)
-    return root / "hf", export_with_llmexport(root / "hf", root / "int4-b32", bits=4, block=32)
+def family_exports(tmp_path_factory):
+    """Exports of other families, made on first use: {arch: (checkpoint, int4 block 32 export)}."""
+    made = {}
+
+    def get(arch):
+        if arch not in made:
+            root = tmp_path_factory.mktemp(f"mnn_{arch}")
+            args = json.dumps({"out": str(root / "hf"), "arch": arch, **SHAPE})
+            code = ("import json, sys; from qlinear.llm.synthetic import make_checkpoint; "
+                    "a = json.loads(sys.argv[1]); out = a.pop('out'); "
+                    "make_checkpoint(out, shape='tiny', norm_noise=0.1, **a)")
+            subprocess.run([sys.executable, "-c", code, args], check=True, capture_output=True)
+            made[arch] = root / "hf", export_with_llmexport(root / "hf", root / "int4-b32", bits=4, block=32)
+        return made[arch]
+
+    return get
 
 
-def test_qwen3_export_runs_like_mnn_and_its_checkpoint(qwen3_export):
-    """A Qwen3 export (per-head q / k RMSNorms in the graph, head_dim values each): read with
-    its head norms, run W4A8 on our kernels; logits against MNN.llm's on the same export and
+@pytest.mark.parametrize("arch", ["qwen3", "mistral"])
+def test_other_family_exports_run_like_mnn_and_their_checkpoint(family_exports, arch):
+    """Qwen3 (per-head q / k RMSNorms in the graph, head_dim values each) and Mistral (Llama's
+    block; llmexport records no sliding window and MNN attends over the whole context, as we do
+    then): read, run W4A8 on our kernels; logits against MNN.llm's on the same export and
     against the checkpoint in float."""
     from qlinear import llm
     from qlinear.llm.mnn.engine import MnnLlm
 
-    hf, export_dir = qwen3_export
+    hf, export_dir = family_exports(arch)
     export = read_export(export_dir)
-    assert export.config["architectures"] == ["Qwen3ForCausalLM"]
-    assert export.norms["model.layers.0.self_attn.q_norm"].shape == (export.config["head_dim"],)
     model = llm.load(export_dir, progress=False, max_context=300)
-    assert model.config.arch == "qwen3" and model.config.qk_norm
+    assert model.config.arch == arch and model.config.qk_norm == (arch == "qwen3")
+    if arch == "qwen3":
+        assert export.norms["model.layers.0.self_attn.q_norm"].shape == (export.config["head_dim"],)
     ids = _prompt_ids(export, 256)
     ours = model.logits(ids)
     cos_mean, _, top1 = compare(ours, MnnLlm(export_dir, threads=1).logits(ids))

@@ -62,8 +62,8 @@ def read(d: Path, opts: Options, progress_bar: bool = True) -> Source:
         raise ValueError("slim_vocab is not supported for MNN exports")
     export = read_export(d)
     cfg = ModelConfig.from_hf(export.config, str(d / "llm_config.json"))
-    if cfg.arch not in ("qwen2", "llama", "qwen3"):  # the graph is read as their block's
-        raise ValueError(f"{d}: MNN exports of {cfg.arch!r} models are not supported (qwen2, llama, qwen3)")
+    if cfg.arch not in ("qwen2", "llama", "qwen3", "mistral"):  # the graph is read as their block's
+        raise ValueError(f"{d}: MNN exports of {cfg.arch!r} models are not supported (qwen2, llama, qwen3, mistral)")
     lin, fallbacks, tensors = export.linears, [], {}
     bar = progress(cfg.num_layers + 1, "repacking", progress_bar)
     for i in range(cfg.num_layers):

@@ -16,8 +16,9 @@ from .jsonfile import load_json
 from .tokenizer import read_tokenizer
 from .weights import Linear, Linears, WeightFile, read_linear
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3")
-_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3", "mistral")
+_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                  "mistral": "MistralForCausalLM"}
 
 
 @dataclass
