@@ -1,5 +1,5 @@
 """qlinear.llm's architectures beyond Qwen2 / Llama (Qwen3, Mistral, Gemma 2, Gemma 3 text,
-Phi-3) against transformers, on small random checkpoints built here. Sliding windows are 16
+Phi-3, Qwen3-MoE) against transformers, on small random checkpoints built here. Sliding windows are 16
 positions and the sequences 80, so the ring caches wrap several times."""
 
 import json
@@ -34,6 +34,7 @@ ARCHS = {
                    layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
     "phi3": dict(sliding_window=WINDOW, rope_scaling=_LONGROPE, original_max_position_embeddings=1024,
                  max_position_embeddings=8192),
+    "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2),  # experts of 176 (half the shape's MLP)
 }
 
 
@@ -85,7 +86,7 @@ def test_decode_with_cache_equals_full_forward(checkpoints, arch):
     prompt = model.tokenizer.encode("def main():\n    return sorted(x for x in range(10))")[:20]
     gen = model.generate_ids(prompt, 30)
     assert len(gen) == 30
-    assert model._step is not None  # the compiled step ran
+    assert (model._step is None) == (arch == "qwen3_moe")  # the compiled step ran (routed experts: the blocks)
     full = model.logits(prompt + gen)
     assert full[len(prompt) - 1:-1].argmax(-1).tolist() == gen
     model.reset()
@@ -180,3 +181,30 @@ def test_unsupported_variants_are_named(hf, names):
         ModelConfig.from_hf(hf)
     for name in names:
         assert name in str(e.value)
+
+
+def test_moe_decode_runs_only_the_chosen_experts(checkpoints):
+    """A decode token of Qwen3-MoE reads the k chosen experts of each layer: k / E of the experts'
+    bytes (int4 here), while a prompt's rows together reach more of them."""
+    model = llm.load(checkpoints["qwen3_moe"], bits=4, group_size=64, max_context=64, progress=False)
+    total = sum(b.expert_bytes for b in model.blocks)
+    model._forward(list(range(5, 25)), 0)
+    read = sum(b.expert_bytes_read for b in model.blocks)
+    assert read > total * 2 / 8  # 20 rows pick more than 2 experts per layer
+    model._forward([7], 20)
+    token = sum(b.expert_bytes_read for b in model.blocks) - read
+    assert token == total * 2 // 8
+
+
+def test_moe_variants_and_modes_it_cannot_run_are_named(checkpoints, tmp_path):
+    hf = json.loads((checkpoints["qwen3_moe"] / "config.json").read_text())
+    for extra, names in (({"mlp_only_layers": [0]}, "mlp_only_layers"), ({"decoder_sparse_step": 2}, "decoder_sparse_step"),
+                         ({"num_experts_per_tok": 9}, "exceeds num_experts"), ({"num_experts": None}, "num_experts")):
+        with pytest.raises(ValueError, match=names):
+            ModelConfig.from_hf({**hf, **extra})
+    out = llm.convert(checkpoints["qwen3_moe"], tmp_path / "q4", bits=4, group_size=64, progress=False)
+    with pytest.raises(ValueError, match="memory='flash' does not support routed experts"):
+        llm.load(out, memory="flash", progress=False)
+    with pytest.raises(ValueError, match="GPTQ of routed experts"):
+        llm.convert(checkpoints["qwen3_moe"], tmp_path / "g", bits=4, method="gptq", calibration=list(range(64)),
+                    progress=False)

@@ -30,6 +30,14 @@ def make_block(cfg: ModelConfig, i: int, linear: Callable, vector: Callable, rop
     qk = (vector(p + "q_norm", d), vector(p + "k_norm", d)) if cfg.qk_norm else ()
     attn = Attention(cfg, i, linear(p + "qkv", (cfg.q_size + 2 * cfg.kv_size, H)),
                      linear(p + "o", (H, cfg.q_size)), local_rope if cfg.window(i) else rope, *qk)
+    if cfg.num_experts:  # routed experts (Qwen3-MoE)
+        from .moe import MoeBlock  # noqa: PLC0415
+
+        M = cfg.moe_intermediate_size
+        experts = [(linear(f"{p}experts.{e}.gate_up", (2 * M, H)), linear(f"{p}experts.{e}.down", (H, M)))
+                   for e in range(cfg.num_experts)]
+        return MoeBlock(cfg, attn, linear(p + "router", (cfg.num_experts, H)), experts,
+                        vector(p + "input_norm", H), vector(p + "post_norm", H))
     out_norms = (vector(p + "attn_out_norm", H), vector(p + "mlp_out_norm", H)) if cfg.sandwich_norms else ()
     return Block(cfg, attn, linear(p + "gate_up", (2 * I, H)), linear(p + "down", (H, I)),
                  vector(p + "input_norm", H), vector(p + "post_norm", H), *out_norms)

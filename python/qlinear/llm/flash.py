@@ -184,6 +184,9 @@ def load_flash(d: Path, opts: Options, max_context: int, memory_budget_mb: Optio
     path = d / converted_source.MODEL_FILE
     entries, meta = tensor_entries(path)
     cfg = ModelConfig.from_dict(meta.get("config") or {}, str(path))
+    if cfg.num_experts:
+        raise ValueError(f"{path}: memory='flash' does not support routed experts ({cfg.arch}); "
+                         "load it with memory='low'")
     ffn = FFNFile(path, entries, meta, cfg)
     sparse = None
     if predictor is not None:

@@ -180,6 +180,8 @@ def read(d: Path, opts: Options, calibration: Calibration, damp: float = DAMP, a
     except ImportError:
         raise ImportError("method='gptq' needs torch (pip install torch): its rounding is qlinear.torch's") from None
     cfg, tokenizer, ckpt, embedding, rows = open_checkpoint(d, opts)
+    if cfg.num_experts:
+        raise ValueError(f"{d}: GPTQ of routed experts ({cfg.arch}) is not supported; convert with method='rtn'")
     calib = calibration_set(calibration, tokenizer, cfg.vocab_size, calibration_tokens)
     rounding = _Rounding(opts.bits, opts.group_size, opts.symmetric, float(damp), act_order)
     seq_len = max(len(s) for s in calib.sequences)

@@ -11,7 +11,7 @@ import numpy as np
 
 from .._packed import pack_weight
 from . import archs
-from .archs.base import LINEARS
+from .archs.base import LINEARS, layer_linears
 from .config import ModelConfig
 from .embedding import EmbeddingFile
 from .heap import trim_heap
@@ -73,7 +73,7 @@ def _tensors(ckpt: Checkpoint, cfg: ModelConfig, opts: Options, rows: Optional[n
     bar = progress(cfg.num_layers + 1, "quantizing" if opts.bits else "loading", progress_bar, leave=bar_leave)
     for i in range(cfg.num_layers):
         layer = layer_tensors(ckpt, cfg, i)
-        for n in LINEARS:
+        for n in layer_linears(cfg):
             layer[f"layers.{i}.{n}"] = quantize(layer[f"layers.{i}.{n}"])
         out.update(layer)
         del layer
@@ -105,6 +105,12 @@ def layer_tensors(ckpt: Checkpoint, cfg: ModelConfig, i: int) -> dict:
             out[f"layers.{i}.{ours}.bias"] = _fused(ckpt, biases)
         elif any(present):
             raise ValueError(f"{ckpt.directory}: layer {i} has biases on some of {', '.join(names)} only")
+    if cfg.num_experts:  # the router, float; each expert's gate / up fused, and its down
+        out[f"layers.{i}.router"] = ckpt.float32(p + "mlp.gate.weight")
+        for e in range(cfg.num_experts):
+            x = f"{p}mlp.experts.{e}."
+            out[f"layers.{i}.experts.{e}.gate_up"] = _fused(ckpt, [x + "gate_proj.weight", x + "up_proj.weight"])
+            out[f"layers.{i}.experts.{e}.down"] = ckpt.float32(x + "down_proj.weight")
     return out
 
 

@@ -263,8 +263,10 @@ def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache)
     """The decode step of the whole model as one compiled call (``_core.DecodeStep``: norms,
     projections, RoPE, attention over ``cache``, MLP and residuals of every block, then the final
     norm and the lm head, without the GIL), or None when a layer's weights are kept in float."""
+    if not blocks or any(b.gate_up is None for b in blocks):  # routed experts: the blocks' own mlp
+        return None
     linears = [lm_head] + [m for b in blocks for m in (b.attention.qkv, b.attention.o, b.gate_up, b.down)]
-    if not blocks or any(not isinstance(m.weight, PackedWeight) for m in linears):
+    if any(not isinstance(m.weight, PackedWeight) for m in linears):
         return None
     if blocks[0].cfg.hidden_act not in ("silu", "gelu_tanh"):  # the compiled step's MLPs: SwiGLU, GeGLU
         return None

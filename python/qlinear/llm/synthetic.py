@@ -81,6 +81,7 @@ ARCHS = {
     "gemma2": ("Gemma2Config", {"tie_word_embeddings": True, "sliding_window": 4096, "rope_theta": 10000.0}, GEMMA),
     "gemma3": ("Gemma3TextConfig", {"tie_word_embeddings": True, "sliding_window": 512}, GEMMA),
     "phi3": ("Phi3Config", {"rope_theta": 10000.0}, PHI3),
+    "qwen3_moe": ("Qwen3MoeConfig", {"num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True}, CHATML),
 }
 
 
@@ -154,6 +155,8 @@ def make_checkpoint(out_dir, arch: str = "qwen2", shape: str = "tiny", seed: int
     common.update(extra)
     if arch not in ("qwen2", "llama"):  # their own default head_dim (128, 256) would not fit a small shape
         common["head_dim"] = fields["hidden_size"] // fields["num_attention_heads"]
+    if arch == "qwen3_moe":  # experts half the shape's MLP width (transformers' default, 768, is a 30B's)
+        common["moe_intermediate_size"] = fields["intermediate_size"] // 2
     common.update(fields)
     config = getattr(transformers, config_class)(**common)
     torch.manual_seed(seed)

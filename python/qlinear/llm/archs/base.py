@@ -20,6 +20,14 @@ LLAMA_LAYER = {
     "down": ("mlp.down_proj.weight",),
 }
 LINEARS = ("qkv", "o", "gate_up", "down")
+
+
+def layer_linears(cfg) -> list:
+    """Our names of a layer's quantized linears: LINEARS, or with routed experts the attention's
+    and every expert's (``experts.E.gate_up`` / ``experts.E.down``; the router stays float)."""
+    if not cfg.num_experts:
+        return list(LINEARS)
+    return ["qkv", "o"] + [f"experts.{e}.{n}" for e in range(cfg.num_experts) for n in ("gate_up", "down")]
 QK_NORMS = {"q_norm": ("self_attn.q_norm.weight",), "k_norm": ("self_attn.k_norm.weight",)}
 
 
