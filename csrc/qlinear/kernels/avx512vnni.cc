@@ -11,22 +11,6 @@
 #include "x86_zmm.h"
 
 namespace qlinear {
-namespace {
-
-// ymm with AVX512-VL's VPDPBUSD, whose activation operand can be a broadcast from memory.
-struct YmmEvex : x86::Ymm {
-  static __m256i dpbusd(__m256i acc, __m256i a, __m256i b) { return _mm256_dpbusd_epi32(acc, a, b); }
-  static __m256i dpbusd_x(__m256i acc, __m256i codes, const int8_t* x) {
-#ifdef QLINEAR_EMULATE_X86
-    return dpbusd(acc, codes, bcast4(x));
-#else
-    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(codes), "m"(*reinterpret_cast<const int32_t*>(x)));
-    return acc;
-#endif
-  }
-};
-
-}  // namespace
 
 const KernelTable& avx512vnni_kernels() {
   using namespace x86;

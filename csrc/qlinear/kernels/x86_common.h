@@ -102,10 +102,10 @@ inline void unpack_int4_block(const uint8_t* codes, int64_t code_bytes, int8_t* 
 
 // ---------------------------------------------------------------------------------------------
 // Block dot product with VPDPBUSD (the VNNI levels; V supplies dpbusd): unsigned codes times 4
-// activation bytes broadcast to every lane, 4 products added to int32 lanes exactly. Two
-// accumulators per row (low / high nibbles, or even / odd chunks) halve the dependency chains.
-// Codes are used as stored (code_shift 0). V::dpbusd_x(acc, codes, x) is dpbusd with the 4
-// activation bytes at x broadcast.
+// activation bytes broadcast to every lane, 4 products added to int32 lanes exactly. Tiles of
+// fewer than 4 rows keep two accumulators per row (low / high nibbles, or even / odd chunks) to
+// halve the dependency chains; int4 tiles of 4+ rows one (V::dpbusd_x: dpbusd with the 4
+// activation bytes at x broadcast). Codes are used as stored (code_shift 0).
 template <class V>
 struct DpbusdDot {
   static constexpr int32_t code_shift(int /*bits*/) { return 0; }

@@ -1,6 +1,7 @@
-// Vector traits of the AVX-512 levels (avx512vnni, amx) for x86_common.h's kernel bodies: one zmm
-// holds the same 32-byte chunk of two consecutive panels (16 output rows x 4 k per 32-bit lane:
-// panel p in the low half, p + 1 in the high half; an odd last panel runs with a zero high half).
+// Vector traits of the AVX-512 levels (avx512vnni, amx) for x86_common.h's kernel bodies. Zmm: one
+// zmm holds the same 32-byte chunk of two consecutive panels (16 output rows x 4 k per 32-bit
+// lane: panel p in the low half, p + 1 in the high half; an odd last panel runs with a zero high
+// half). YmmEvex: the AVX2 level's one panel per ymm, with AVX512-VL's VPDPBUSD.
 // Include only from files compiled with AVX-512F/BW/VL + AVX512-VNNI (or emulated: x86_simd.h).
 #pragma once
 
@@ -25,16 +26,7 @@ struct Zmm {
   static I and_(I a, I b) { return _mm512_and_si512(a, b); }
   static I high_nibbles(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
   static I dpbusd(I acc, I a, I b) { return _mm512_dpbusd_epi32(acc, a, b); }
-  // acc += codes x (4 activation bytes at x, broadcast): the broadcast as the instruction's
-  // memory operand ({1to16}), which compilers do not fold from the intrinsics.
-  static I dpbusd_x(I acc, I codes, const int8_t* x) {
-#ifdef QLINEAR_EMULATE_X86
-    return dpbusd(acc, codes, bcast4(x));
-#else
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(codes), "m"(*reinterpret_cast<const int32_t*>(x)));
-    return acc;
-#endif
-  }
+  static I dpbusd_x(I acc, I codes, const int8_t* x);
   static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
@@ -78,6 +70,35 @@ struct Zmm {
     _mm512_mask_storeu_ps(out, row_mask(rows), _mm512_add_ps(y, vbias));
   }
 };
+
+// ymm with AVX512-VL's VPDPBUSD (EVEX-encoded: its activation operand can be a memory broadcast).
+struct YmmEvex : Ymm {
+  static __m256i dpbusd(__m256i acc, __m256i a, __m256i b) { return _mm256_dpbusd_epi32(acc, a, b); }
+  static __m256i dpbusd_x(__m256i acc, __m256i codes, const int8_t* x);
+};
+
+// acc += codes x (the 4 activation bytes at x in every 32-bit lane): VPDPBUSD with its broadcast
+// memory operand ({1to16} / {1to8}), which compilers do not fold from the intrinsics.
+template <class V>
+inline typename V::I dpbusd_broadcast(typename V::I acc, typename V::I codes, const int8_t* x) {
+#ifdef QLINEAR_EMULATE_X86
+  return V::dpbusd(acc, codes, V::bcast4(x));
+#else
+  const auto& bytes = *reinterpret_cast<const int32_t*>(x);
+  if constexpr (std::is_same_v<typename V::I, __m512i>)
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(codes), "m"(bytes));
+  else
+    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(codes), "m"(bytes));
+  return acc;
+#endif
+}
+
+inline __m512i Zmm::dpbusd_x(__m512i acc, __m512i codes, const int8_t* x) {
+  return dpbusd_broadcast<Zmm>(acc, codes, x);
+}
+inline __m256i YmmEvex::dpbusd_x(__m256i acc, __m256i codes, const int8_t* x) {
+  return dpbusd_broadcast<YmmEvex>(acc, codes, x);
+}
 
 }  // namespace
 }  // namespace qlinear::x86
