@@ -95,16 +95,26 @@ void gelu_tanh_mul_rows(const float* gu, int64_t rows, int64_t n, float* out) {
 
 void softcap(float* x, int64_t n, float cap) { QLINEAR_DECODER_CALL(softcap, x, n, cap); }
 
+namespace {
+// Heads [h0, h1) of one token over its caches (stored already), with this thread's scratch.
+void heads_of_one(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
+                  const AttentionShape& sh, float scale, const float* k_cache, const float* v_cache,
+                  int64_t h0, int64_t h1, float* out) {
+  const int64_t n = std::min(pos + 1, sh.capacity);  // keys attended
+  thread_local std::vector<float> scratch;
+  scratch.resize(static_cast<size_t>(kAttendBatch * (sh.head_dim + attend_scores_stride(n - 1))));
+  QLINEAR_DECODER_CALL(attend_heads, qkv, cos_row, sin_row, pos, sh, scale, k_cache, v_cache, h0, h1, out,
+                       scratch.data());
+}
+}  // namespace
+
 void attend_one(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
                 const AttentionShape& sh, float scale, float* k_cache, float* v_cache, float* out) {
   QLINEAR_DECODER_CALL(store_kv, qkv, cos_row, sin_row, pos, sh, k_cache, v_cache);
   // Heads split over the pool once a long context makes them worth a job (~100 us of work).
   const int64_t n = std::min(pos + 1, sh.capacity);  // keys attended
   const auto heads = [&](int64_t h0, int64_t h1) {
-    thread_local std::vector<float> scratch;
-    scratch.resize(static_cast<size_t>(kAttendBatch * (sh.head_dim + attend_scores_stride(n - 1))));
-    QLINEAR_DECODER_CALL(attend_heads, qkv, cos_row, sin_row, pos, sh, scale, k_cache, v_cache, h0, h1,
-                         out, scratch.data());
+    heads_of_one(qkv, cos_row, sin_row, pos, sh, scale, k_cache, v_cache, h0, h1, out);
   };
   constexpr int64_t kMinParallelWork = 1 << 17;  // multiply-adds
   if (sh.heads * n * sh.head_dim * 2 < kMinParallelWork) heads(0, sh.heads);
@@ -140,11 +150,7 @@ void attend_batch(const AttendRow* rows, int64_t b, const AttentionShape& s, flo
     const int64_t h0 = t % groups * per_group;
     AttentionShape sh = s;
     sh.capacity = a.capacity;
-    const int64_t n = std::min(a.pos + 1, sh.capacity);
-    thread_local std::vector<float> scratch;
-    scratch.resize(static_cast<size_t>(kAttendBatch * (sh.head_dim + attend_scores_stride(n - 1))));
-    QLINEAR_DECODER_CALL(attend_heads, a.qkv, a.cos_row, a.sin_row, a.pos, sh, scale, a.k_cache, a.v_cache, h0,
-                         h0 + per_group, a.out, scratch.data());
+    heads_of_one(a.qkv, a.cos_row, a.sin_row, a.pos, sh, scale, a.k_cache, a.v_cache, h0, h0 + per_group, a.out);
   };
   ThreadPool::global().run(b * groups, TaskRef(task));
 }
