@@ -14,9 +14,10 @@ struct Zmm {
   using I = __m512i;
   using F = __m512;
   static constexpr int kPanels = 2;
-  // bytes ahead in each of the two panels' streams (measured on Zen 4: decode batches of 8 steps
-  // 10% faster than at 2048)
-  static constexpr int64_t kPrefetchAhead = 4096;
+  // bytes ahead in each of the two panels' streams. Zen 4, a decode step of 8 sequences of a
+  // 0.5B model: 2048 -> 4096 10% faster, 4096 -> 8192 7% faster again (13.2 -> 12.2 ms; 6144 to
+  // 16384 within 2% of each other)
+  static constexpr int64_t kPrefetchAhead = 8192;
 
   static I zero() { return _mm512_setzero_si512(); }
   static F fzero() { return _mm512_setzero_ps(); }
