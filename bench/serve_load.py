@@ -11,6 +11,7 @@ load        N requests from C concurrent clients: streaming, non-streaming, canc
 
     python bench/serve_load.py step [--threads 2] [--clients 1 4 8] [--rounds 3]
     python bench/serve_load.py throughput [--threads 2] [--clients 1 4 8] [--tokens 64] [--rounds 3]
+                                          [--client light|httpx]
     python bench/serve_load.py load [--requests 200] [--concurrency 16]
     python bench/serve_load.py all --model DIR      # any model qlinear.llm.load opens
 """
@@ -18,6 +19,7 @@ load        N requests from C concurrent clients: streaming, non-streaming, canc
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -152,7 +154,8 @@ def step_alone(model_dir, threads: int, batches, position: int = 64, repeats: in
 
 
 # -- throughput ---------------------------------------------------------------------------------
-def throughput(model, threads: int, clients_list, tokens: int, prompt_tokens: int, rounds: int = 1) -> list:
+def throughput(model, threads: int, clients_list, tokens: int, prompt_tokens: int, rounds: int = 1,
+               client: str = "light") -> list:
     """Per client count, the median over `rounds` rounds (the counts interleaved in each round, so
     that a slow spell of a shared machine does not fall on one count only)."""
     runs = {c: [] for c in clients_list}
@@ -163,39 +166,96 @@ def throughput(model, threads: int, clients_list, tokens: int, prompt_tokens: in
             stream_completion(http, server.url, {**body, "max_tokens": 4})  # warm up
         for _ in range(rounds):
             for clients in clients_list:
-                runs[clients].append(_concurrent_decode(server, body, clients, tokens))
+                runs[clients].append(_concurrent_decode(server, body, clients, tokens, client))
     rows = []
     for clients in clients_list:
         tok_s = sorted(r[0] for r in runs[clients])
         ttft = [t for r in runs[clients] for t in r[1]]
+        cpu_ms = sorted(r[2] for r in runs[clients])[len(runs[clients]) // 2]
         rows.append({"clients": clients, "decode_tok_s": tok_s[len(tok_s) // 2], "rounds_tok_s": tok_s,
                      "ttft_mean_ms": 1000 * sum(ttft) / len(ttft), "ttft_max_ms": 1000 * max(ttft),
-                     "tokens_each": tokens})
+                     "tokens_each": tokens, "client": client, "client_cpu_ms_per_token": cpu_ms})
         print(f"{clients} clients: aggregate decode {rows[-1]['decode_tok_s']:.1f} tok/s "
               f"({rows[-1]['decode_tok_s'] / rows[0]['decode_tok_s']:.2f}x one client; rounds "
               f"{', '.join(f'{t:.0f}' for t in tok_s)}), time to first token "
-              f"mean {rows[-1]['ttft_mean_ms']:.0f} ms, max {rows[-1]['ttft_max_ms']:.0f} ms", flush=True)
+              f"mean {rows[-1]['ttft_mean_ms']:.0f} ms, max {rows[-1]['ttft_max_ms']:.0f} ms; clients ({client}) "
+              f"{cpu_ms:.2f} ms CPU per token", flush=True)
     return rows
 
 
-def _concurrent_decode(server, body: dict, clients: int, tokens: int) -> tuple:
-    """(aggregate decode tok/s, times to first token) of `clients` streaming clients at once."""
-    start = threading.Barrier(clients)
+def _concurrent_decode(server, body: dict, clients: int, tokens: int, client: str = "light") -> tuple:
+    """(aggregate decode tok/s, times to first token, the clients' CPU ms per token received) of
+    `clients` streaming clients at once."""
+    cpu0 = time.process_time()
+    if client == "light":
+        results = asyncio.run(_light_clients(server.port, body, clients))
+    else:
+        start = threading.Barrier(clients)
 
-    def one(_):
-        with httpx.Client(timeout=600) as http:
-            start.wait()
-            return stream_completion(http, server.url, body)
+        def one(_):
+            with httpx.Client(timeout=600) as http:
+                start.wait()
+                return stream_completion(http, server.url, body)
 
-    with ThreadPoolExecutor(clients) as pool:
-        results = list(pool.map(one, range(clients)))
-    assert all(r["status"] == 200 and len(r["times"]) >= tokens - 1 for r in results), results
+        with ThreadPoolExecutor(clients) as pool:
+            results = list(pool.map(one, range(clients)))
+    assert all(r["status"] == 200 and len(r["times"]) >= tokens - 1 and r["done"] for r in results), results
     # decode: from the last client's first token to the first client's last (all decoding)
     first, last = max(r["times"][0] for r in results), min(r["times"][-1] for r in results)
     if last <= first:
         raise SystemExit("the clients never decoded all at once: give them more --tokens")
     steps = sum(sum(first <= t <= last for t in r["times"]) - 1 for r in results)  # intervals
-    return steps / (last - first), [r["times"][0] - r["t0"] for r in results]
+    cpu_ms = 1000 * (time.process_time() - cpu0) / sum(len(r["times"]) for r in results)
+    return steps / (last - first), [r["times"][0] - r["t0"] for r in results], cpu_ms
+
+
+# The clients share the server's cores here (on a network they would not): httpx in a thread per
+# client costs ~0.45 ms of CPU per token received (Zen 4), a tenth of a 2-core 8-sequence step's
+# time taken from the server. These clients speak HTTP/1.1 on asyncio streams, one thread for
+# all, and still parse every event.
+async def _light_clients(port: int, body: dict, clients: int) -> list:
+    conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(clients)]
+    payload = json.dumps({**body, "stream": True}).encode()
+    request = (f"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n"
+               f"content-length: {len(payload)}\r\n\r\n").encode() + payload
+    try:
+        return await asyncio.gather(*(_light_stream(r, w, request) for r, w in conns))
+    finally:
+        for _, w in conns:
+            w.close()
+
+
+async def _light_stream(reader, writer, request: bytes) -> dict:
+    """One streaming completion over a raw connection: the response's chunked body read as it
+    comes, each `data:` event parsed; the times of the events that carry text."""
+    t0 = time.perf_counter()
+    writer.write(request)
+    status = int((await reader.readline()).split()[1])
+    headers = {}
+    while (line := await reader.readline()) != b"\r\n":
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if status != 200 or headers.get("transfer-encoding") != "chunked":
+        return {"status": status, "body": (await reader.read(65536)).decode(errors="replace")}
+    times, text, finish, done, buf = [], [], None, False, b""
+    while not done:
+        size = int((await reader.readline()).strip(), 16)
+        if size == 0:
+            break
+        buf += await reader.readexactly(size + 2)  # the chunk and its CRLF
+        buf = buf[:-2]
+        *events, buf = buf.split(b"\n\n")
+        for event in events:
+            assert event.startswith(b"data: "), event
+            if event == b"data: [DONE]":
+                done = True
+                continue
+            choice = json.loads(event[6:])["choices"][0]
+            if choice["text"]:
+                times.append(time.perf_counter())
+                text.append(choice["text"])
+            finish = choice["finish_reason"] or finish
+    return {"status": 200, "t0": t0, "times": times, "text": "".join(text), "finish": finish, "done": done}
 
 
 # -- load ---------------------------------------------------------------------------------------
@@ -295,6 +355,8 @@ def main(argv=None) -> None:
     p.add_argument("--tokens", type=int, default=64, help="tokens each throughput client generates")
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3, help="rounds of step and throughput (the median is reported)")
+    p.add_argument("--client", choices=["light", "httpx"], default="light",
+                   help="throughput clients: asyncio streams in one thread, or httpx in a thread each")
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--max-batch", type=int, default=8, help="the load test server's --max-batch")
@@ -305,7 +367,8 @@ def main(argv=None) -> None:
     if args.what in ("step", "all"):
         out["step"] = step_alone(model, args.threads, args.clients, rounds=args.rounds)
     if args.what in ("throughput", "all"):
-        out["throughput"] = throughput(model, args.threads, args.clients, args.tokens, args.prompt_tokens, args.rounds)
+        out["throughput"] = throughput(model, args.threads, args.clients, args.tokens, args.prompt_tokens, args.rounds,
+                                       args.client)
     if args.what in ("load", "all"):
         out["load"] = load_test(model, args.threads, args.requests, args.concurrency, args.max_batch)
     if args.json:
