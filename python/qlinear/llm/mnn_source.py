@@ -1,10 +1,13 @@
 """Source: an MNN LLM export (``llm.mnn``, ``llm.mnn.weight``, ``embeddings_bf16.bin``,
 ``tokenizer.mtok``; see ``qlinear.llm.mnn``). Its int4 / int8 records are repacked into our
-layout as they are (no re-rounding), its bf16 embedding file is the embedding, its tokenizer is
-turned into a ``tokenizers`` one."""
+layout as they are (no re-rounding), its bf16 embedding file is the embedding (with tied
+embeddings: the lm head's records, dequantized per row), its tokenizer is turned into a
+``tokenizers`` one. The model computes what MNN's engine computes on the export, which for Gemma
+differs from the checkpoint (see ``qlinear.llm.mnn.features``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +23,10 @@ from .source import Source
 from .tokenizer import Tokenizer
 
 KIND = "mnn"
+SUPPORTED = ("qwen2", "llama", "qwen3", "mistral", "gemma2", "gemma3_text")
+NORMS = {"input_norm": "input_layernorm", "post_norm": "post_attention_layernorm"}
+GEMMA_NORMS = {"input_norm": "input_layernorm", "post_norm": "pre_feedforward_layernorm",
+               "attn_out_norm": "post_attention_layernorm", "mlp_out_norm": "post_feedforward_layernorm"}
 
 
 def is_export(d: Path) -> bool:
@@ -62,8 +69,11 @@ def read(d: Path, opts: Options, progress_bar: bool = True) -> Source:
         raise ValueError("slim_vocab is not supported for MNN exports")
     export = read_export(d)
     cfg = ModelConfig.from_hf(export.config, str(d / "llm_config.json"))
-    if cfg.arch not in ("qwen2", "llama", "qwen3", "mistral"):  # the graph is read as their block's
-        raise ValueError(f"{d}: MNN exports of {cfg.arch!r} models are not supported (qwen2, llama, qwen3, mistral)")
+    if cfg.arch not in SUPPORTED:  # the graph is read as their block's
+        raise ValueError(f"{d}: MNN exports of {cfg.arch!r} models are not supported ({', '.join(SUPPORTED)})")
+    # Gemma 3's sliding layers rotate with the graph's one RoPE too, not the checkpoint's local base
+    cfg = dataclasses.replace(cfg, rope_local_theta=None)
+    norm_names = GEMMA_NORMS if cfg.sandwich_norms else NORMS
     lin, fallbacks, tensors = export.linears, [], {}
     bar = progress(cfg.num_layers + 1, "repacking", progress_bar)
     for i in range(cfg.num_layers):
@@ -76,9 +86,9 @@ def read(d: Path, opts: Options, progress_bar: bool = True) -> Source:
             b = _bias(recs)
             if b is not None:
                 tensors[f"layers.{i}.{ours}.bias"] = b
-        tensors[f"layers.{i}.input_norm"] = export.norms[f"model.layers.{i}.input_layernorm"]
-        tensors[f"layers.{i}.post_norm"] = export.norms[f"model.layers.{i}.post_attention_layernorm"]
-        if cfg.qk_norm:  # Qwen3
+        for ours, theirs in norm_names.items():  # Gemma's gammas: 1 + w already
+            tensors[f"layers.{i}.{ours}"] = export.norms[f"model.layers.{i}.{theirs}"]
+        if cfg.qk_norm:  # Qwen3, Gemma 3
             tensors[f"layers.{i}.q_norm"] = export.norms[f"model.layers.{i}.self_attn.q_norm"]
             tensors[f"layers.{i}.k_norm"] = export.norms[f"model.layers.{i}.self_attn.k_norm"]
         trim_heap()
@@ -93,7 +103,7 @@ def read(d: Path, opts: Options, progress_bar: bool = True) -> Source:
     tokenizer = Tokenizer(export.tokenizer, chat_template=export.chat_template, bos_token=export.bos_token)
     tokenizer.stop_ids |= set(export.stop_token_ids)
     vocab, hidden = export.embedding_shape
-    embedding = EmbeddingFile(str(export.embedding_path), 0, vocab, hidden, "bfloat16")
+    embedding = export.tied_embedding or EmbeddingFile(str(export.embedding_path), 0, vocab, hidden, "bfloat16")
     bits = {w.bits for w in tensors.values() if isinstance(w, PackedWeight)}
     quantization = {"bits": bits.pop() if len(bits) == 1 else None, "group_size": None, "symmetric": False}
     return Source(KIND, d, cfg, tokenizer, embedding, tensors, quantization,

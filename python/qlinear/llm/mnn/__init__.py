@@ -7,10 +7,12 @@ An export directory holds:
 - ``llm_config.json``: the model's type, hidden size, layer count and chat template;
 - ``llm.mnn``: the graph (``graph``);
 - ``llm.mnn.weight``: the weight records (``weights``);
-- ``embeddings_bf16.bin``: raw bf16 ``[vocab, hidden]``, the embedding table read from disk;
+- ``embeddings_bf16.bin``: raw bf16 ``[vocab, hidden]``, the embedding table read from disk (absent
+  with tied embeddings: the lm head's records are the embedding, see ``embedding``);
 - ``tokenizer.mtok`` (or ``tokenizer.txt``): the tokenizer (``mtok``, ``tokenizer``).
 
-``export.read_export`` reads a directory as a whole; ``llmexport_runner.export_with_llmexport``
+``export.read_export`` reads a directory as a whole (``features``: what the graph computes
+beyond its weights, and how that makes a Gemma export differ from its checkpoint); ``llmexport_runner.export_with_llmexport``
 builds one; ``engine.MnnLlm`` runs ``MNN.llm`` on one. ``qlinear.llm.mnn_source`` turns an
 export into a qlinear model.
 """

@@ -11,14 +11,21 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ..._arrays import bf16_to_float32
+from .embedding import TiedEmbedding, tied_embedding
+from .features import GEMMA_TYPES, embed_scale, final_softcap, gemma_config
 from .graph import HEAD_NORMS, NORM_RE, PROJ_PARENT, hf_linear_name, read_graph, rope_from_graph, theta_from_inv_freq
 from .jsonfile import load_json
 from .tokenizer import read_tokenizer
 from .weights import Linear, Linears, WeightFile, read_linear
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3", "mistral")
 _ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                  "mistral": "MistralForCausalLM"}
+                  "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                  "gemma3_text": "Gemma3ForCausalLM"}
+SUPPORTED_MODEL_TYPES = tuple(_ARCHITECTURES)
+QK_NORM_TYPES = ("qwen3", "gemma3_text")   # per-head q / k RMSNorms
+# exports of model types whose text model we could read but the export holds more than it
+NOT_TEXT_ONLY = {"gemma3": "Gemma 3 with vision (Gemma3ForConditionalGeneration): its vision model is not "
+                           "supported; a text-only Gemma 3 (Gemma3ForCausalLM) exports as 'gemma3_text'"}
 
 
 @dataclass
@@ -29,7 +36,7 @@ class MnnExport:
     config: dict                          # Hugging Face config.json terms
     linears: Mapping[str, Linear]         # "model.layers.0.self_attn.q_proj", ..., "lm_head" (read on access)
     norms: Dict[str, np.ndarray]          # "model.layers.0.input_layernorm", ..., "model.norm"
-    embedding_path: Path                  # raw bf16 [vocab, hidden]
+    embedding_path: Path                  # raw bf16 [vocab, hidden]; tied: llm.mnn.weight
     embedding_shape: Tuple[int, int]
     tokenizer: object                     # tokenizers.Tokenizer
     chat_template: Optional[str]
@@ -39,16 +46,22 @@ class MnnExport:
     rope_inv_freq: Optional[np.ndarray] = None   # float32 [head_dim // 2], as the graph holds it
     runtime_config: dict = field(default_factory=dict)   # the export's config.json
     llm_config: dict = field(default_factory=dict)       # the export's llm_config.json
+    tied_embedding: Optional[TiedEmbedding] = None       # no embedding file: the lm head's records
 
     def embedding(self, mmap: bool = True) -> np.ndarray:
         """The embedding table as uint16 bf16 bits [vocab, hidden] (memory-mapped by default)."""
+        if self.tied_embedding is not None:
+            raise ValueError(f"{self.path}: the embedding is the lm head's quantized records, not a bf16 "
+                             "table (see embed)")
         if mmap:
             return np.memmap(self.embedding_path, dtype=np.uint16, mode="r",
                              shape=self.embedding_shape)
         return np.fromfile(self.embedding_path, dtype=np.uint16).reshape(self.embedding_shape)
 
     def embed(self, ids) -> np.ndarray:
-        """float32 rows of the embedding for token ids."""
+        """float32 rows of the embedding for token ids (unscaled: Gemma's graph scales them)."""
+        if self.tied_embedding is not None:
+            return self.tied_embedding(np.asarray(ids, dtype=np.int64))
         return bf16_to_float32(self.embedding()[np.asarray(ids, dtype=np.int64)])
 
 
@@ -60,13 +73,17 @@ def read_export(path, tokenizer: bool = True) -> MnnExport:
     runtime = load_json(d / "config.json", "runtime settings")
     llm_cfg = load_json(d / "llm_config.json", "model settings")
     model_type = llm_cfg.get("model_type")
+    if model_type in NOT_TEXT_ONLY:
+        raise ValueError(f"{d / 'llm_config.json'}: model_type {model_type!r} is not supported: "
+                         f"{NOT_TEXT_ONLY[model_type]}")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"{d / 'llm_config.json'}: model_type {model_type!r} is not supported "
                          f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
     for key in ("hidden_size", "layer_nums"):
         if not isinstance(llm_cfg.get(key), int):
             raise ValueError(f"{d / 'llm_config.json'}: missing {key!r}")
-    if llm_cfg.get("is_mrope") or llm_cfg.get("attention_type", "full") != "full":
+    gemma = model_type in GEMMA_TYPES   # sliding layers: see features
+    if llm_cfg.get("is_mrope") or (llm_cfg.get("attention_type", "full") != "full" and not gemma):
         raise ValueError(f"{d / 'llm_config.json'}: attention_type={llm_cfg.get('attention_type')!r}, "
                          f"is_mrope={llm_cfg.get('is_mrope')!r}: only full attention with plain RoPE "
                          "is supported")
@@ -101,6 +118,9 @@ def read_export(path, tokenizer: bool = True) -> MnnExport:
             ext = main.get("external")
             if ext:
                 gamma = wf.floats(int(ext[0]), int(ext[1]), f"norm {name} weight").copy()
+                if len(ext) > 2 and int(ext[2]) and wf.floats(int(ext[0]) + int(ext[1]), int(ext[2]),
+                                                              f"norm {name} bias").any():
+                    raise ValueError(f"{mnn_path}: norm {name!r} has a bias (beta)")
             elif main.get("gamma"):
                 gamma = np.asarray(main["gamma"], dtype=np.float32)
             else:
@@ -127,12 +147,14 @@ def read_export(path, tokenizer: bool = True) -> MnnExport:
 
     missing = [f"model.layers.{i}.{p}.{proj}" for i in range(n_layers)
                for proj, p in PROJ_PARENT.items() if f"model.layers.{i}.{p}.{proj}" not in linears]
-    layer_norms = ("input_layernorm", "post_attention_layernorm") + (HEAD_NORMS if model_type == "qwen3" else ())
+    layer_norms = (("input_layernorm", "post_attention_layernorm")
+                   + (("pre_feedforward_layernorm", "post_feedforward_layernorm") if gemma else ())
+                   + (HEAD_NORMS if model_type in QK_NORM_TYPES else ()))
     missing += [f"model.layers.{i}.{n}" for i in range(n_layers) for n in layer_norms
                 if f"model.layers.{i}.{n}" not in norms]
-    stray = sorted(n for n in norms if n.endswith(HEAD_NORMS))
-    if stray and model_type != "qwen3":
-        raise ValueError(f"{mnn_path}: per-head q / k norms ({stray[0]}, ...) in a {model_type} export")
+    stray = sorted(n for n in norms if n != "model.norm" and n.split(".", 3)[3] not in layer_norms)
+    if stray:
+        raise ValueError(f"{mnn_path}: norms a {model_type} export does not have ({stray[0]}, ...)")
     if "lm_head" not in linears:
         missing.append("lm_head")
     if missing:
@@ -170,16 +192,21 @@ def read_export(path, tokenizer: bool = True) -> MnnExport:
 
     q_bias, o_bias = has_bias("model.layers.0.self_attn.q_proj"), has_bias("model.layers.0.self_attn.o_proj")
 
-    emb_name = runtime.get("embedding_file", "embeddings_bf16.bin")
-    emb_path = d / emb_name
-    if not emb_path.is_file():
-        others = sorted(p.name for p in d.glob("embeddings_*.bin"))
-        raise ValueError(f"{emb_path}: missing (the bf16 embedding table)"
-                         + (f"; found {', '.join(others)}: only bf16 embeddings are supported" if others else ""))
-    expected = vocab * hidden * 2
-    if emb_path.stat().st_size != expected:
-        raise ValueError(f"{emb_path}: {emb_path.stat().st_size} bytes, expected {expected} "
-                         f"(bf16 [{vocab}, {hidden}])")
+    tied = None
+    if "tie_embeddings" in llm_cfg:   # MNN's engine then reads the lm head's records, file or not
+        tied = tied_embedding(wf, llm_cfg["tie_embeddings"], linears["lm_head"], vocab, hidden,
+                              str(d / "llm_config.json"))
+        emb_path = weight_path
+    else:
+        emb_path = d / runtime.get("embedding_file", "embeddings_bf16.bin")
+        if not emb_path.is_file():
+            others = sorted(p.name for p in d.glob("embeddings_*.bin"))
+            raise ValueError(f"{emb_path}: missing (the bf16 embedding table)"
+                             + (f"; found {', '.join(others)}: only bf16 embeddings are supported" if others else ""))
+        expected = vocab * hidden * 2
+        if emb_path.stat().st_size != expected:
+            raise ValueError(f"{emb_path}: {emb_path.stat().st_size} bytes, expected {expected} "
+                             f"(bf16 [{vocab}, {hidden}])")
 
     config = {
         "model_type": model_type,
@@ -193,13 +220,20 @@ def read_export(path, tokenizer: bool = True) -> MnnExport:
         "rms_norm_eps": eps.pop(),
         "rope_theta": theta_from_inv_freq(inv_freq, head_dim),
         "vocab_size": vocab,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": tied is not None,
         # Not recorded in an export; RoPE itself has no limit.
         "max_position_embeddings": int(llm_cfg.get("max_position_embeddings", 32768)),
         "attention_bias": q_bias,
         "attention_output_bias": o_bias,
         "hidden_act": "silu",
     }
+    if gemma:
+        config.update(gemma_config(graph, llm_cfg, hidden, n_layers, str(mnn_path)),
+                      rope_local_base_freq=config["rope_theta"])   # one RoPE for all layers: see features
+    elif (embed_scale(graph) is not None or final_softcap(graph) is not None
+          or abs(float(llm_cfg.get("attn_scale", head_dim ** -0.5)) * head_dim ** 0.5 - 1) > 1e-6):
+        raise ValueError(f"{mnn_path}: a {model_type} export with a scaled embedding, soft-capped logits "
+                         f"or an attention scale other than head_dim ** -0.5 is not supported")
     tok = None
     stop, template, eos, bos = [], None, None, None
     if tokenizer:
@@ -215,6 +249,7 @@ def read_export(path, tokenizer: bool = True) -> MnnExport:
     if tok is not None:
         config["eos_token_id"] = stop[0] if len(stop) == 1 else list(stop)
     return MnnExport(path=d, config=config, linears=Linears(wf, linears), norms=norms, embedding_path=emb_path,
-                     embedding_shape=(vocab, hidden), tokenizer=tok, chat_template=template,
+                     embedding_shape=(vocab, hidden), tied_embedding=tied,
+                     tokenizer=tok, chat_template=template,
                      stop_token_ids=list(stop), bos_token=bos, eos_token=eos, rope_inv_freq=inv_freq,
                      runtime_config=runtime, llm_config=llm_cfg)

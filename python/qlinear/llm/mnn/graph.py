@@ -5,7 +5,7 @@ Every linear layer is a 1x1 ``Convolution`` op named after its module
 (``/layers.0/self_attn/q_proj/Linear``, ``/lm/lm_head/Linear``); its weights are not in the graph
 but in ``llm.mnn.weight`` at ``main.external = [offset, weight_bytes, alpha_bytes, bias_bytes, 0]``.
 RMSNorms are ``LayerNorm`` ops (``useRMSNorm``) with ``external = [offset, gamma_bytes,
-beta_bytes]``. RoPE's inverse frequencies are a float ``Const`` (``/rotary/...``).
+beta_bytes]`` (beta all zeros; Gemma's gammas hold ``1 + w``). RoPE's inverse frequencies are a float ``Const`` (``/rotary/...``).
 
 The graph is converted to JSON by MNN's compiled converter (the ``_tools`` module, run in a
 subprocess; never the ``MNN.tools`` Python package, which installs packages and sends usage logs
@@ -28,8 +28,9 @@ import numpy as np
 PROJ_PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
                "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
 LINEAR_RE = re.compile(r"^/layers\.(\d+)/(self_attn|mlp)/(\w+)/Linear$")
-NORM_RE = re.compile(r"^/blocks\.(\d+)/(input_layernorm|post_attention_layernorm|self_attn/q_norm|self_attn/k_norm)/")
-HEAD_NORMS = ("self_attn.q_norm", "self_attn.k_norm")  # Qwen3: per head, head_dim values
+NORM_RE = re.compile(r"^/blocks\.(\d+)/(input_layernorm|post_attention_layernorm|pre_feedforward_layernorm|"
+                     r"post_feedforward_layernorm|self_attn/q_norm|self_attn/k_norm)/")
+HEAD_NORMS = ("self_attn.q_norm", "self_attn.k_norm")  # Qwen3, Gemma 3: per head, head_dim values
 
 
 def read_graph(mnn_path) -> dict:
