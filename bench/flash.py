@@ -5,6 +5,7 @@ on a Qwen2.5-1.5B-shaped int4 model whose file is >= 2x the limit.
     python bench/flash.py                     # builds the model under --dir the first time
     python bench/flash.py --limit-mb 600 --decode-tokens 16 --threads 2
     python bench/flash.py --no-budget         # flash streams every FFN layer (no memory_budget_mb)
+    python bench/flash.py --read-ahead-kb 128 # the device's readahead set for the runs (then restored)
 
 Per run (a fresh process inside the cgroup, the model file's pages dropped from the page cache
 first: posix_fadvise DONTNEED on the file, or with --drop-caches `echo 3 > drop_caches`):
@@ -43,6 +44,8 @@ def worker(args) -> None:
                      max_context=args.prompt_tokens + args.decode_tokens + 8, progress=False, **budget)
     ids = list(range(100, 100 + args.prompt_tokens))
     model.generate_ids(ids, 1, stop_ids=())        # prefill (and warm up)
+    flash = getattr(model, "flash", None)
+    f0 = flash.bytes_read if flash else 0
     r0, t0 = read_bytes(), time.perf_counter()
     logits = model.prefill(ids)
     token = int(logits.argmax())
@@ -50,13 +53,15 @@ def worker(args) -> None:
         token = int(model._forward([token], model.cache.length)[0].argmax())
     dt = time.perf_counter() - t0
     # the prefill's reads: one more forward of the prompt
-    r1 = read_bytes()
+    r1, f1 = read_bytes(), flash.bytes_read if flash else 0
     model.reset()
     model.prefill(ids)
     prefill_bytes = read_bytes() - r1
+    ffn_prefill = (flash.bytes_read if flash else 0) - f1
     print(json.dumps({"tok_s": args.decode_tokens / dt, "decode_s": dt, "last_token": token,
                       "held_layers": len(model.info.get("flash_pinned_layers", [])),
                       "bytes_per_token": (r1 - r0 - prefill_bytes) / args.decode_tokens,
+                      "ffn_bytes_per_token": (f1 - f0 - ffn_prefill) / args.decode_tokens,
                       "peak_rss_mb": model.stats.peak_rss_mb}))
     model.close()
 
@@ -68,6 +73,16 @@ def drop_cache(path: Path, everything: bool) -> None:
     else:
         from qlinear.llm.flash_cost import drop_file_cache
         drop_file_cache(path)
+
+
+def read_ahead_file(path: Path):
+    """The read_ahead_kb setting of the block device holding ``path`` (None: not a block device)."""
+    st = os.stat(path)
+    dev = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+    for q in (dev / "queue" / "read_ahead_kb", dev.resolve().parent / "queue" / "read_ahead_kb"):
+        if q.exists():
+            return q
+    return None
 
 
 def build(d: Path, shape: str) -> None:
@@ -92,6 +107,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--drop-caches", action="store_true", help="echo 3 > /proc/sys/vm/drop_caches before each run")
+    p.add_argument("--read-ahead-kb", type=int, default=None,
+                   help="set the model's block device's read_ahead_kb for the runs (restored after): "
+                        "plain mmap's page faults read ahead by it; 128 is the kernel's default")
     p.add_argument("--no-budget", action="store_true",
                    help="flash modes without memory_budget_mb (every FFN layer streamed; by default the "
                         "limit is the budget, and its room holds FFN layers in memory)")
@@ -101,8 +119,7 @@ def main() -> None:
     if args.worker:
         return worker(args)
 
-    from qlinear.llm.cgroup import MemoryCgroup, unavailable_reason
-    from qlinear.llm.flash_cost import read_throughput
+    from qlinear.llm.cgroup import unavailable_reason
 
     d = Path(args.dir)
     build(d, args.shape)
@@ -112,10 +129,28 @@ def main() -> None:
     why = unavailable_reason()
     if why:
         raise SystemExit(f"no memory limit can be set here: {why}")
+    ra = read_ahead_file(file)
+    ra_before = ra.read_text().strip() if ra else None
+    if args.read_ahead_kb is not None:
+        if ra is None:
+            raise SystemExit(f"{file}: not on a block device whose read_ahead_kb can be set")
+        ra.write_text(str(args.read_ahead_kb))
+    try:
+        run_modes(args, d, file, size, limit, ra)
+    finally:
+        if args.read_ahead_kb is not None:
+            ra.write_text(ra_before)
+
+
+def run_modes(args, d: Path, file: Path, size: int, limit: int, ra) -> None:
+    from qlinear.llm.cgroup import MemoryCgroup
+    from qlinear.llm.flash_cost import read_throughput
+
     drop_cache(file, args.drop_caches)
     throughput = read_throughput(file, workers=4)
     print(f"model file {size / 2**20:.0f} MB, limit {limit / 2**20:.0f} MB (RSS + page cache), "
-          f"sequential read {throughput / 1e9:.2f} GB/s (4 reader threads, 4 MiB preadv, cache dropped)")
+          f"sequential read {throughput / 1e9:.2f} GB/s (4 reader threads, 4 MiB preadv, cache dropped), "
+          f"the device's readahead {ra.read_text().strip() + ' KB' if ra else 'unknown'}")
     rows = {}
     for mode in args.modes.split(","):
         sub = d / MODES[mode][0] / "model.qlinear"
@@ -130,12 +165,13 @@ def main() -> None:
                 print(f"{mode}: exit {r.returncode} {r.stderr[-2000:]}")
                 continue
             rows[mode] = {**json.loads(r.stdout.strip().splitlines()[-1]), "cgroup_peak_mb": cg.peak / 2**20}
-    print("\n| mode | FFN layers held | decode tok/s | MB read per token | peak RSS MB | peak RSS + cache MB "
+    print("\n| mode | FFN layers held | decode tok/s | MB read per token (of them FFN) | peak RSS MB | peak RSS + cache MB "
           f"(limit {limit / 2**20:.0f}) | bound: throughput / bytes per token | % of bound |")
     print("|---|---|---|---|---|---|---|---|")
     for mode, r in rows.items():
         bound = throughput / r["bytes_per_token"] if r["bytes_per_token"] > 0 else float("inf")
-        print(f"| {mode} | {r['held_layers']} | {r['tok_s']:.2f} | {r['bytes_per_token'] / 2**20:.1f} | "
+        ffn = f" ({r['ffn_bytes_per_token'] / 2**20:.1f})" if r["ffn_bytes_per_token"] else ""
+        print(f"| {mode} | {r['held_layers']} | {r['tok_s']:.2f} | {r['bytes_per_token'] / 2**20:.1f}{ffn} | "
               f"{r['peak_rss_mb']:.0f} | {r['cgroup_peak_mb']:.0f} | {bound:.2f} | {100 * r['tok_s'] / bound:.0f}% |")
     if "mmap" in rows and "flash" in rows:
         print(f"\nflash / mmap: {rows['flash']['tok_s'] / rows['mmap']['tok_s']:.2f}x; the same greedy "

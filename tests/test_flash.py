@@ -265,8 +265,8 @@ def test_cgroup_limited_run(models, tmp_path):
 
 
 def test_budget_room_holds_ffn_layers(models):
-    """A budget with room beyond what flash needs holds whole FFN layers in memory, spread over
-    the depth; only the others are read per token; the logits stay the normal mode's."""
+    """A budget with room beyond what flash needs holds whole FFN layers in memory, the last
+    ones; only the others are read per token; the logits stay the normal mode's."""
     from qlinear._format import tensor_entries
     from qlinear.llm import converted_source, flash, flash_plan
     from qlinear.llm.config import ModelConfig
@@ -283,7 +283,7 @@ def test_budget_room_holds_ffn_layers(models):
         with llm.load(models["plain"], memory="flash", memory_budget_mb=budget, max_context=256,
                       progress=False) as m:
             pinned = m.info["flash_pinned_layers"]
-            assert len(pinned) == held and pinned == sorted(set(pinned))
+            assert pinned == list(range(3 - held, 3))
             before = m.flash.bytes_read
             np.testing.assert_array_equal(m.logits(IDS), want)
             assert m.generate_ids(IDS[:6], 4) == want_gen
@@ -291,3 +291,29 @@ def test_budget_room_holds_ffn_layers(models):
             # and at most two layers' reads in flight beyond them
             assert m.flash.bytes_read - before <= (6 * (3 - held) + 2) * ffn.layer_bytes
             assert (m.flash.bytes_read > before) == (held < 3)
+
+
+def test_converted_files_hold_the_ffns_in_one_run(models, tmp_path):
+    """A converted file stores every layer's FFN after all the rest, layer after layer (one run
+    for flash's reader, which then reads with the kernel's readahead); a file with each FFN
+    beside its layer's attention weights (converted before) is read without it, to the same
+    logits."""
+    from qlinear._format import load_weights, save_weights, tensor_entries
+    from qlinear.llm import converted_source, flash
+    from qlinear.llm.config import ModelConfig
+
+    def ffn_file(d):
+        file = d / converted_source.MODEL_FILE
+        entries, meta = tensor_entries(file)
+        return flash.FFNFile(file, entries, meta, ModelConfig.from_dict(meta["config"]))
+
+    assert ffn_file(models["plain"]).one_run and ffn_file(models["bundled"]).one_run
+    tensors, meta = load_weights(models["plain"] / converted_source.MODEL_FILE, mmap_mode=False)
+    by_layer = sorted(tensors, key=lambda n: int(n.split(".")[1]) if n.startswith("layers.") else -1)
+    old = tmp_path / "interleaved"
+    shutil.copytree(models["plain"], old)
+    save_weights(old / converted_source.MODEL_FILE, {n: tensors[n] for n in by_layer}, meta)
+    assert not ffn_file(old).one_run
+    want = llm.load(models["plain"], progress=False).logits(IDS)
+    with llm.load(old, memory="flash", progress=False) as m:
+        np.testing.assert_array_equal(m.logits(IDS), want)

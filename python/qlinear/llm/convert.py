@@ -82,6 +82,8 @@ def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 6
             "quantization": source.quantization}
     if flash:
         tensors, meta[flash_layout.FLASH_META] = flash_layout.bundle_file_tensors(tensors, source.config.num_layers)
+    else:
+        tensors = flash_layout.ffn_last(tensors, source.config.num_layers)
     bar = progress_bar(1, f"writing {out / converted_source.MODEL_FILE}", progress, unit="file", leave=True)
     save_weights(out / converted_source.MODEL_FILE, tensors, meta)
     bar.update(1)

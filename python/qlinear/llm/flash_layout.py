@@ -153,6 +153,16 @@ class FFNLayout:
         return gate_up, down
 
 
+def ffn_last(tensors: dict, num_layers: int) -> dict:
+    """``tensors`` in the order of a converted file: the FFN weights (gate_up, down) after all
+    the rest, layer after layer, so that ``memory="flash"`` reads them as one run of the file."""
+    ffn = [f"layers.{i}.{part}" for i in range(num_layers) for part in ("gate_up", "down")]
+    ffn = [n for n in ffn if n in tensors]
+    last = set(ffn)
+    rest = {n: t for n, t in tensors.items() if n not in last}
+    return {**rest, **{n: tensors[n] for n in ffn}}
+
+
 def bundle_file_tensors(tensors: dict, num_layers: int) -> dict:
     """The tensors of a bundled file: each layer's gate_up and down replaced by its bundles; the
     metadata entry (gate_up / down geometry) goes under ``FLASH_META``."""

@@ -90,13 +90,17 @@ class FlashReader:
     """Worker threads reading one file. ``submit(reads)`` -> Job; ``close()`` stops the workers
     and closes the file (also at garbage collection of the owner: see ``flash``)."""
 
-    def __init__(self, path, workers: int = 4, drop_cache: bool = True):
+    def __init__(self, path, workers: int = 4, drop_cache: bool = True, readahead: bool = True):
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"reader workers must be an int >= 1, got {workers!r}")
         self.path = os.fspath(path)
         self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         self.identity = self._identity()
         self.drop_cache = drop_cache and hasattr(os, "posix_fadvise")
+        if not readahead and hasattr(os, "posix_fadvise"):
+            # the bytes asked for and no more: the kernel's readahead runs on past the end of each
+            # range (up to the device's read_ahead_kb, 8 MiB on some virtual disks)
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
         self.stats = ReadStats()
         self._stats_lock = threading.Lock()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
