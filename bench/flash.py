@@ -75,16 +75,6 @@ def drop_cache(path: Path, everything: bool) -> None:
         drop_file_cache(path)
 
 
-def read_ahead_file(path: Path):
-    """The read_ahead_kb setting of the block device holding ``path`` (None: not a block device)."""
-    st = os.stat(path)
-    dev = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
-    for q in (dev / "queue" / "read_ahead_kb", dev.resolve().parent / "queue" / "read_ahead_kb"):
-        if q.exists():
-            return q
-    return None
-
-
 def build(d: Path, shape: str) -> None:
     from qlinear import llm
     from qlinear.llm.synthetic import make_checkpoint
@@ -129,7 +119,10 @@ def main() -> None:
     why = unavailable_reason()
     if why:
         raise SystemExit(f"no memory limit can be set here: {why}")
-    ra = read_ahead_file(file)
+    from qlinear.llm.flash_reader import read_ahead_path
+
+    ra = read_ahead_path(file)
+    ra = Path(ra) if ra else None
     ra_before = ra.read_text().strip() if ra else None
     if args.read_ahead_kb is not None:
         if ra is None:

@@ -30,12 +30,13 @@ from . import converted_source, flash_layout
 from .assemble import build_model
 from .config import ModelConfig
 from .flash_plan import check_budget, pinned_layers, plan_memory
-from .flash_reader import FlashReader, split_reads
+from .flash_reader import FlashReader, device_read_ahead_kb, split_reads
 from .layers import Block, Linear, mlp_activation
 from .model import Model
 from .options import Options
 
 FFN_PARTS = ("gate_up", "down")
+READAHEAD_MIN_KB = 1024   # the device's readahead window from which one run is read with it
 
 
 class FFNFile:
@@ -218,12 +219,15 @@ def load_flash(d: Path, opts: Options, max_context: int, memory_budget_mb: Optio
     model = build_model(source, opts, max_context)
     del source, tensors, placeholder
 
-    # FFNs in one run of the file are read as one stream, ahead of which the kernel's readahead
-    # keeps reads in flight; FFNs between the attention weights of their layers are read
-    # without readahead, exactly their bytes (it would run on into the attention weights each
-    # time). Qwen2.5-1.5B-shaped bench model, Zen 4 VM, 8 MiB read_ahead_kb: a file of the
-    # second kind read with readahead 505-536 MB per token, without 443 (2.36 -> 2.62 tok/s).
-    reader = FlashReader(path, workers=reader_workers, readahead=ffn.one_run)
+    # FFNs in one run of the file, on a device whose readahead window is large, are read as one
+    # stream that the kernel's readahead keeps ahead of; otherwise without readahead, exactly
+    # their bytes (between attention weights it would run on into them each time; a small window
+    # only adds reads of its own). Qwen2.5-1.5B-shaped bench model, Zen 4 VM: 8 MiB read_ahead_kb,
+    # one run 2.97-3.01 tok/s with readahead, the FFNs beside the attention weights 2.36 with it
+    # (505-536 MB read per token) and 2.62 without (443); 128 KB, one run, 2.25-2.29 with it.
+    ra_kb = device_read_ahead_kb(path)
+    reader = FlashReader(path, workers=reader_workers,
+                         readahead=ffn.one_run and ra_kb is not None and ra_kb >= READAHEAD_MIN_KB)
     try:
         biases = [(b.gate_up.bias, b.down.bias) for b in model.blocks]
         act = mlp_activation(cfg)

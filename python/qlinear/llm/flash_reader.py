@@ -25,6 +25,30 @@ IOV_MAX = 1024          # iovecs per preadv (Linux's limit)
 CHUNK_BYTES = 4 << 20   # a large read is split into reads of this size, for reads in flight
 
 
+def read_ahead_path(path) -> Optional[str]:
+    """The sysfs file of the kernel's readahead window (read_ahead_kb) of the block device
+    holding ``path``; None where there is none (not a block device, no sysfs)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    dev = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    for q in (os.path.join(dev, "queue"), os.path.join(os.path.realpath(dev), "..", "queue")):
+        if os.path.exists(os.path.join(q, "read_ahead_kb")):
+            return os.path.join(q, "read_ahead_kb")
+    return None
+
+
+def device_read_ahead_kb(path) -> Optional[int]:
+    """read_ahead_kb of the device holding ``path`` (None: unknown)."""
+    where = read_ahead_path(path)
+    try:
+        with open(where) as f:
+            return int(f.read())
+    except (TypeError, OSError, ValueError):
+        return None
+
+
 @dataclass
 class ReadStats:
     bytes: int = 0
