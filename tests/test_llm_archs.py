@@ -1,7 +1,8 @@
 """qlinear.llm's architectures beyond Qwen2 / Llama (Qwen3, Mistral, Gemma 2, Gemma 3 text,
-Phi-3, Qwen3-MoE) against transformers, on small random checkpoints built here. Sliding windows are 16
+Phi-3, Qwen3-MoE, OLMoE) against transformers, on small random checkpoints built here. Sliding windows are 16
 positions and the sequences 80, so the ring caches wrap several times."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -17,7 +18,7 @@ from qlinear import llm  # noqa: E402
 from qlinear.llm import model as model_module  # noqa: E402
 from qlinear.llm import synthetic  # noqa: E402
 from qlinear.llm.config import ModelConfig  # noqa: E402
-from qlinear.llm.layers import Rope  # noqa: E402
+from qlinear.llm.layers import Rope, decode_step  # noqa: E402
 
 SHAPE = dict(hidden_size=128, intermediate_size=352, num_attention_heads=4, num_key_value_heads=2,
              num_hidden_layers=2, vocab_size=1024)
@@ -35,14 +36,18 @@ ARCHS = {
     "phi3": dict(sliding_window=WINDOW, rope_scaling=_LONGROPE, original_max_position_embeddings=1024,
                  max_position_embeddings=8192),
     "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2),  # experts of 176 (half the shape's MLP)
+    "olmoe": dict(num_experts=8, num_experts_per_tok=2),  # experts of 352, weights not renormalized
+    # the same weights with q, k, v clamped to 0.3: ~77% of the normed q / k values and ~19% of v
+    "olmoe_clip": dict(arch="olmoe", num_experts=8, num_experts_per_tok=2, clip_qkv=0.3),
 }
+ROUTED = {"qwen3_moe", "olmoe", "olmoe_clip"}  # decode runs through the Python blocks
 
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("archs")
-    return {arch: synthetic.make_checkpoint(root / arch, arch=arch, seed=0, norm_noise=0.1, **{**SHAPE, **extra})
-            for arch, extra in ARCHS.items()}
+    return {name: synthetic.make_checkpoint(root / name, seed=0, norm_noise=0.1, **{"arch": name, **SHAPE, **extra})
+            for name, extra in ARCHS.items()}
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +66,8 @@ def test_float_weights_match_transformers(checkpoints, hf_logits, arch):
 
 # W4A8 g64 on random weights, mean cosine over checkpoint seeds 0-4: qwen3 0.980, mistral 0.984,
 # phi3 0.984, gemma2 0.966 (0.961-0.976), gemma3 0.960 (0.957-0.965; float activations give the
-# same: it is the weights' rounding). Gemma 3 sits on the 0.96 line, its bound is set below it.
+# same: it is the weights' rounding), olmoe 0.983, olmoe_clip 0.988. Gemma 3 sits on the 0.96 line,
+# its bound is set below it.
 W4A8_MIN = {"gemma3": 0.955}
 
 
@@ -86,7 +92,7 @@ def test_decode_with_cache_equals_full_forward(checkpoints, arch):
     prompt = model.tokenizer.encode("def main():\n    return sorted(x for x in range(10))")[:20]
     gen = model.generate_ids(prompt, 30)
     assert len(gen) == 30
-    assert (model._step is None) == (arch == "qwen3_moe")  # the compiled step ran (routed experts: the blocks)
+    assert (model._step is None) == (arch in ROUTED)  # the compiled step ran (routed experts: the blocks)
     full = model.logits(prompt + gen)
     assert full[len(prompt) - 1:-1].argmax(-1).tolist() == gen
     model.reset()
@@ -128,7 +134,7 @@ def test_longrope_tables_match_transformers(checkpoints):
     assert factor > 1
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "qwen3"])
+@pytest.mark.parametrize("arch", ["gemma2", "qwen3", "olmoe_clip"])
 def test_convert_keeps_the_architecture(checkpoints, hf_logits, arch, tmp_path):
     ids = hf_logits[0][:40]
     out = llm.convert(checkpoints[arch], tmp_path / "c", bits=4, group_size=64, progress=False)
@@ -140,7 +146,8 @@ def test_convert_keeps_the_architecture(checkpoints, hf_logits, arch, tmp_path):
 
 @pytest.mark.parametrize("arch, opens, stop", [("gemma2", "<start_of_turn>user\n", "<end_of_turn>"),
                                                 ("phi3", "<|user|>\n", "<|end|>"),
-                                                ("qwen3", "<|im_start|>user\n", "<|im_end|>")])
+                                                ("qwen3", "<|im_start|>user\n", "<|im_end|>"),
+                                                ("olmoe", "<|user|>\n", "<|endoftext|>")])
 def test_chat_uses_the_models_own_template(checkpoints, arch, opens, stop):
     model = llm.load(checkpoints[arch], bits=4, max_context=128, progress=False)
     text = model.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
@@ -174,7 +181,7 @@ def _config(**kw):
      ["short_factor"]),
     (_config(model_type="gemma2", sliding_window=0, layer_types=["sliding_attention", "full_attention"]),
      ["sliding_window"]),
-    (_config(model_type="olmoe"), ["model_type 'olmoe'", "qwen3"]),
+    (_config(model_type="gpt_neox"), ["model_type 'gpt_neox'", "qwen3", "olmoe"]),
 ])
 def test_unsupported_variants_are_named(hf, names):
     with pytest.raises(ValueError) as e:
@@ -183,10 +190,11 @@ def test_unsupported_variants_are_named(hf, names):
         assert name in str(e.value)
 
 
-def test_moe_decode_runs_only_the_chosen_experts(checkpoints):
-    """A decode token of Qwen3-MoE reads the k chosen experts of each layer: k / E of the experts'
-    bytes (int4 here), while a prompt's rows together reach more of them."""
-    model = llm.load(checkpoints["qwen3_moe"], bits=4, group_size=64, max_context=64, progress=False)
+@pytest.mark.parametrize("arch", ["qwen3_moe", "olmoe"])
+def test_moe_decode_runs_only_the_chosen_experts(checkpoints, arch):
+    """A decode token reads the k chosen experts of each layer: k / E of the experts' bytes (int4
+    here), while a prompt's rows together reach more of them."""
+    model = llm.load(checkpoints[arch], bits=4, group_size=64, max_context=64, progress=False)
     total = sum(b.expert_bytes for b in model.blocks)
     model._forward(list(range(5, 25)), 0)
     read = sum(b.expert_bytes_read for b in model.blocks)
@@ -208,3 +216,38 @@ def test_moe_variants_and_modes_it_cannot_run_are_named(checkpoints, tmp_path):
     with pytest.raises(ValueError, match="GPTQ of routed experts"):
         llm.convert(checkpoints["qwen3_moe"], tmp_path / "g", bits=4, method="gptq", calibration=list(range(64)),
                     progress=False)
+
+
+def test_olmoe_norms_span_the_projection_and_clamp(checkpoints, hf_logits):
+    """OLMoE's q / k norms are one RMSNorm over each whole projection, and clip_qkv clamps q, k, v
+    after them: the clamp changes transformers' logits (the family tests match both)."""
+    model = llm.load(checkpoints["olmoe_clip"], bits=None, act="float", max_context=64, progress=False)
+    cfg, attn = model.config, model.blocks[0].attention
+    assert (cfg.qk_norm_whole, cfg.clip_qkv, cfg.moe_intermediate_size) == (True, 0.3, SHAPE["intermediate_size"])
+    assert attn.q_norm.shape == (cfg.q_size,) and attn.k_norm.shape == (cfg.kv_size,)
+    ref, clipped = hf_logits[1]["olmoe"], hf_logits[1]["olmoe_clip"]
+    assert np.abs(clipped - ref).max() > 0.1 * np.abs(ref).max()
+
+
+def test_olmoe_variants_and_modes_it_cannot_run_are_named(checkpoints, tmp_path):
+    hf = json.loads((checkpoints["olmoe"] / "config.json").read_text())
+    for extra, names in (({"head_dim": 16}, "head_dim 16 differs"), ({"clip_qkv": -1}, "clip_qkv"),
+                         ({"num_experts": None}, "num_experts"), ({"num_experts_per_tok": 9}, "exceeds num_experts")):
+        with pytest.raises(ValueError, match=names):
+            ModelConfig.from_hf({**hf, **extra})
+    out = llm.convert(checkpoints["olmoe"], tmp_path / "q4", bits=4, group_size=64, progress=False)
+    with pytest.raises(ValueError, match="memory='flash' does not support routed experts"):
+        llm.load(out, memory="flash", progress=False)
+    with pytest.raises(ValueError, match="GPTQ of routed experts"):
+        llm.convert(checkpoints["olmoe"], tmp_path / "g", bits=4, method="gptq", calibration=list(range(64)),
+                    progress=False)
+
+
+def test_compiled_step_is_not_used_for_whole_projection_norms_or_clamps(checkpoints):
+    """The compiled decode step normalizes each head and clamps nothing: a model that needs
+    either runs through the Python blocks."""
+    model = llm.load(checkpoints["qwen3"], bits=4, max_context=64, progress=False)
+    assert decode_step(model.blocks, model.norm, model.lm_head, model.cache) is not None
+    for change in ({"qk_norm_whole": True}, {"clip_qkv": 1.0}):
+        model.blocks[0].cfg = dataclasses.replace(model.config, **change)
+        assert decode_step(model.blocks, model.norm, model.lm_head, model.cache) is None

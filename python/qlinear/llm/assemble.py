@@ -27,10 +27,13 @@ def make_block(cfg: ModelConfig, i: int, linear: Callable, vector: Callable, rop
     """Block ``i`` of ``cfg``'s architecture from our named tensors: ``linear(name, shape)`` and
     ``vector(name, n)`` give its layers and norms."""
     H, I, d, p = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, f"layers.{i}."
-    qk = (vector(p + "q_norm", d), vector(p + "k_norm", d)) if cfg.qk_norm else ()
+    if cfg.qk_norm_whole:  # OLMoE: one norm over all heads of q, one over all of k
+        qk = (vector(p + "q_norm", cfg.q_size), vector(p + "k_norm", cfg.kv_size))
+    else:
+        qk = (vector(p + "q_norm", d), vector(p + "k_norm", d)) if cfg.qk_norm else ()
     attn = Attention(cfg, i, linear(p + "qkv", (cfg.q_size + 2 * cfg.kv_size, H)),
                      linear(p + "o", (H, cfg.q_size)), local_rope if cfg.window(i) else rope, *qk)
-    if cfg.num_experts:  # routed experts (Qwen3-MoE)
+    if cfg.num_experts:  # routed experts (Qwen3-MoE, OLMoE)
         from .moe import MoeBlock  # noqa: PLC0415
 
         M = cfg.moe_intermediate_size

@@ -35,6 +35,8 @@ class ModelConfig:
     # -- architecture features (the defaults are Qwen2's / Llama's block) --
     hidden_act: str = "silu"               # MLP: "silu" (SwiGLU), "gelu_tanh" (GeGLU) or "relu" (ReLU Llama)
     qk_norm: bool = False                  # RMSNorm of each query / key head before RoPE
+    qk_norm_whole: bool = False            # ... of the whole q / k projection instead (OLMoE)
+    clip_qkv: Optional[float] = None       # q, k, v clamped to [-c, c] after those norms (OLMoE)
     sandwich_norms: bool = False           # RMSNorm of the attention's / MLP's output too
     embed_scale: bool = False              # embeddings times sqrt(hidden_size)
     attn_scale: Optional[float] = None     # queries' scale (None: head_dim ** -0.5)
@@ -43,7 +45,7 @@ class ModelConfig:
     layer_types: Optional[tuple] = None    # "sliding" / "full" per layer (None: all full)
     sliding_window: Optional[int] = None   # positions a sliding layer sees, its own included
     rope_local_theta: Optional[float] = None  # sliding layers' own RoPE base, unscaled (Gemma 3)
-    # routed experts (Qwen3-MoE): every layer's MLP is num_experts SwiGLU experts of
+    # routed experts (Qwen3-MoE, OLMoE): every layer's MLP is num_experts SwiGLU experts of
     # moe_intermediate_size, a token runs the experts_per_token its router ranks highest
     num_experts: int = 0
     experts_per_token: int = 0

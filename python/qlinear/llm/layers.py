@@ -186,7 +186,8 @@ class KVCache:
 
 
 def _per_head_norm(qkv: np.ndarray, c0: int, c1: int, weight: np.ndarray, eps: float) -> None:
-    """RMSNorm of each head_dim-wide head in columns [c0, c1) of ``qkv``, in place."""
+    """RMSNorm of each ``len(weight)``-wide group of columns [c0, c1) of ``qkv``, in place: each
+    head (a head_dim weight), or the whole projection (OLMoE's, c1 - c0 wide)."""
     d = weight.shape[0]
     x = np.ascontiguousarray(qkv[:, c0:c1]).reshape(-1, d)
     qkv[:, c0:c1] = rms_norm(x, weight, eps).reshape(qkv.shape[0], c1 - c0)
@@ -208,6 +209,8 @@ class Attention:
             _per_head_norm(qkv, 0, cfg.q_size, self.q_norm, cfg.rms_norm_eps)
         if self.k_norm is not None:
             _per_head_norm(qkv, cfg.q_size, cfg.q_size + cfg.kv_size, self.k_norm, cfg.rms_norm_eps)
+        if cfg.clip_qkv is not None:  # q, k and v alike, after the norms (OLMoE)
+            np.clip(qkv, -cfg.clip_qkv, cfg.clip_qkv, out=qkv)
         k, v, ring = cache.k[self.layer], cache.v[self.layer], cache.windows[self.layer]
         rope, heads, scale = self.rope, cfg.num_heads, float(self.scale)
         if x.shape[0] == 1:  # decode: RoPE, cache update and attention in one call
@@ -262,19 +265,23 @@ class Block:
 def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache):
     """The decode step of the whole model as one compiled call (``_core.DecodeStep``: norms,
     projections, RoPE, attention over ``cache``, MLP and residuals of every block, then the final
-    norm and the lm head, without the GIL), or None when a layer's weights are kept in float."""
+    norm and the lm head, without the GIL), or None when a layer's weights are kept in float or the
+    model needs what the step lacks (routed experts, whole-projection q / k norms, q/k/v clamps)."""
     if not blocks or any(b.gate_up is None for b in blocks):  # routed experts: the blocks' own mlp
+        return None
+    cfg = blocks[0].cfg
+    if cfg.qk_norm_whole or cfg.clip_qkv is not None:  # the compiled step: per-head norms, no clamp
         return None
     linears = [lm_head] + [m for b in blocks for m in (b.attention.qkv, b.attention.o, b.gate_up, b.down)]
     if any(not isinstance(m.weight, PackedWeight) for m in linears):
         return None
-    if blocks[0].cfg.hidden_act not in ("silu", "gelu_tanh"):  # the compiled step's MLPs: SwiGLU, GeGLU
+    if cfg.hidden_act not in ("silu", "gelu_tanh"):  # the compiled step's MLPs: SwiGLU, GeGLU
         return None
 
     def spec(m: Linear):
         return (core_handle(m.weight), m.bias, m.act == "int8", int(m._block))
 
-    cfg, first = blocks[0].cfg, blocks[0].attention
+    first = blocks[0].attention
     layers = [(spec(b.attention.qkv), spec(b.attention.o), spec(b.gate_up), spec(b.down), b.input_norm, b.post_norm,
                cache.k[i], cache.v[i], b.attention.rope.cos, b.attention.rope.sin,
                {"q_norm": b.attention.q_norm, "k_norm": b.attention.k_norm,

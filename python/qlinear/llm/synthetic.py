@@ -71,6 +71,11 @@ MISTRAL = ChatFormat(
     "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ message['content'] + '</s>' }}{% endif %}"
     "{% endfor %}",
     "<s>", "</s>", "<unk>", ("<unk>", "<s>", "</s>", "[INST]", "[/INST]"))
+OLMOE = ChatFormat(  # the Tulu turns of OLMoE's instruct model
+    "{{ bos_token }}{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + message['content'] }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}",
+    None, "<|endoftext|>", "<|padding|>", ("<|endoftext|>", "<|padding|>", "<|system|>", "<|user|>", "<|assistant|>"))
 
 # arch -> (transformers config class, its fields beyond the shape, chat format)
 ARCHS = {
@@ -82,6 +87,7 @@ ARCHS = {
     "gemma3": ("Gemma3TextConfig", {"tie_word_embeddings": True, "sliding_window": 512}, GEMMA),
     "phi3": ("Phi3Config", {"rope_theta": 10000.0}, PHI3),
     "qwen3_moe": ("Qwen3MoeConfig", {"num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True}, CHATML),
+    "olmoe": ("OlmoeConfig", {"num_experts": 8, "num_experts_per_tok": 2}, OLMOE),  # experts: intermediate_size
 }
 
 
@@ -153,7 +159,8 @@ def make_checkpoint(out_dir, arch: str = "qwen2", shape: str = "tiny", seed: int
                   eos_token_id=tok.token_to_id(chat.eos), pad_token_id=tok.token_to_id(chat.pad),
                   dtype=dtype)
     common.update(extra)
-    if arch not in ("qwen2", "llama"):  # their own default head_dim (128, 256) would not fit a small shape
+    # (Qwen2, Llama and OLMoE take hidden / heads; the others' default, 128 or 256, would not fit)
+    if arch not in ("qwen2", "llama", "olmoe"):
         common["head_dim"] = fields["hidden_size"] // fields["num_attention_heads"]
     if arch == "qwen3_moe":  # experts half the shape's MLP width (transformers' default, 768, is a 30B's)
         common["moe_intermediate_size"] = fields["intermediate_size"] // 2
