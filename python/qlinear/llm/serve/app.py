@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import hmac
 import json
+import os
+import sys
 import threading
 import time
 from typing import AsyncIterator, Optional
@@ -78,6 +80,18 @@ class Mailbox:
             items, self.pending = self.pending, []
         for queue, item in items:
             queue.put_nowait(item)
+
+
+def _yield_to_decode(niceness: int = 5) -> None:
+    """Lower this thread's (the event loop's) priority below the decode threads', started before
+    it: on a CPU the step saturates, the HTTP work of streaming clients (~0.12 ms of CPU per token
+    sent, Zen 4) then waits for the step's gaps rather than slowing it (8 clients on 2 cores: 506-533
+    -> 540-565 tok/s). Linux sets priorities per thread; elsewhere this would apply to the whole
+    process, so it is left alone there."""
+    if sys.platform.startswith("linux") and hasattr(os, "setpriority"):
+        tid = threading.get_native_id()
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
 
 
 def _sse(obj) -> str:
@@ -230,6 +244,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
     @contextlib.asynccontextmanager
     async def lifespan(app):
         scheduler.start()
+        _yield_to_decode()
         try:
             yield
         finally:
