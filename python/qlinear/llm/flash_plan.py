@@ -56,11 +56,11 @@ def pinned_layers(plan: MemoryPlan, budget_mb: Optional[float], layer_bytes: int
     """The FFN layers that the budget holds in memory (not read per token): the last ones. A cyclic
     scan over more than the memory holds is the worst case of a page cache's LRU (each page is
     evicted just before it is needed again); a fixed set of layers held is the best. The last
-    ones, so that in a bundled file (every layer's FFN after the other, ``flash_layout``) the
-    streamed FFNs are one run of the file, one sequential stream per token that the kernel's
-    readahead follows: held layers spread over the depth cut it into runs of 2-3 layers, each
-    read past its end (Qwen2.5-1.5B-shaped bench model, Zen 4 VM: 2.79-2.85 -> 3.44-3.58 tok/s,
-    540 -> 470 MB read per token; an unbundled file read the same either way)."""
+    ones, so that where every layer's FFN follows the one before in the file (a bundled file, a
+    converted one: ``flash_layout``) the streamed FFNs are one run, one sequential stream per token
+    that the kernel's readahead follows: held layers spread over the depth cut it into runs of
+    2-3 layers, each read past its end (Qwen2.5-1.5B-shaped bench model, bundled, Zen 4 VM:
+    2.79-2.85 -> 3.44-3.58 tok/s, 540 -> 470 MB read per token)."""
     if budget_mb is None:
         return []
     n = min(num_layers, int(max(0, budget_mb * 2**20 - plan.total - PROCESS_RESERVE) // layer_bytes))
