@@ -5,6 +5,7 @@ the bounded queue. Servers run in-process on a loopback port with a tiny synthet
 import contextlib
 import json
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -60,6 +61,7 @@ def running_server(model, **options):
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    app.state.event_loop_thread = thread
     thread.start()
     deadline = time.monotonic() + WAIT
     while not server.started:
@@ -546,3 +548,16 @@ def test_mailbox_delivers_in_order_with_one_wake_up_per_burst():
     first, total, got = asyncio.run(main())
     assert (first, total) == (1, 2)
     assert got == [[*range(0, 30, 3), 0, 3], [*range(1, 30, 3), 1, 4], [*range(2, 30, 3), 2, 5]]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread priorities are per thread on Linux only")
+def test_event_loop_yields_to_the_decode_threads(server):
+    """The event loop's thread runs 5 nice levels below the scheduler's (which decodes), so
+    that streaming many clients' events does not slow the step."""
+    _, app = server
+
+    def nice(thread):
+        with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[16])
+
+    assert nice(app.state.event_loop_thread) == min(19, nice(app.state.scheduler._thread) + 5)
