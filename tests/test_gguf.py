@@ -357,6 +357,8 @@ def test_loading_leaves_no_pages_of_the_file_resident(checkpoints, tmp_path):
     assert _mapped_kb(path) < file_kb // 4, (_mapped_kb(path), file_kb)  # metadata and the last reads
     model.generate_ids([1, 2, 3], 2)  # embedding rows are read from the mapping as needed
     assert _mapped_kb(path) < file_kb // 4, (_mapped_kb(path), file_kb)
+    assert model.info["disk_embedding"]
+    assert not llm.load(path, progress=False, disk_embedding=False).info["disk_embedding"]
 
 
 TEXTS = ["def main():\n    return 0", "<|im_start|>user\nhi<|im_end|>\n", "naïve café — 日本語 ✓",

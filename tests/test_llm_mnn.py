@@ -463,6 +463,7 @@ def test_gemma_tied_embedding_is_the_lm_head(family_exports):
     on_disk, in_memory = (llm.load(export_dir, progress=False, disk_embedding=d, max_context=64) for d in (True, False))
     ids = _prompt_ids(export, 16)
     np.testing.assert_array_equal(on_disk.logits(ids), in_memory.logits(ids))
+    assert on_disk.info["disk_embedding"] and not in_memory.info["disk_embedding"]
 
 
 def test_gemma_exports_refused_for_what_they_cannot_express(family_exports, tmp_path):

@@ -10,7 +10,7 @@ import numpy as np
 from .. import _core
 from .._packed import PackedWeight
 from .config import ModelConfig
-from .embedding import DiskEmbedding, ScaledEmbedding, embed_scale
+from .embedding import MemoryEmbedding, ScaledEmbedding, embed_scale
 from .layers import Attention, Block, CappedLinear, Linear, Rope
 from .model import Model
 from .options import Options
@@ -91,7 +91,7 @@ def build_model(source: Source, opts: Options, max_context: int) -> Model:
                else linear("lm_head", head_shape))
     norm = vector("norm", H)
     embedding = source.embedding.open(on_disk=opts.disk_embedding)
-    on_disk = isinstance(embedding, DiskEmbedding)
+    on_disk = not isinstance(embedding, MemoryEmbedding)  # rows read from the file as needed
     if cfg.embed_scale:
         embedding = ScaledEmbedding(embedding, embed_scale(H, source.embedding.dtype))
     info = {"source": source.kind, "path": str(source.path), **source.info,
