@@ -204,17 +204,22 @@ def test_moe_decode_runs_only_the_chosen_experts(checkpoints, arch):
     assert token == total * 2 // 8
 
 
-def test_moe_variants_and_modes_it_cannot_run_are_named(checkpoints, tmp_path):
-    hf = json.loads((checkpoints["qwen3_moe"] / "config.json").read_text())
-    for extra, names in (({"mlp_only_layers": [0]}, "mlp_only_layers"), ({"decoder_sparse_step": 2}, "decoder_sparse_step"),
-                         ({"num_experts_per_tok": 9}, "exceeds num_experts"), ({"num_experts": None}, "num_experts")):
+@pytest.mark.parametrize("arch, variants", [
+    ("qwen3_moe", (({"mlp_only_layers": [0]}, "mlp_only_layers"), ({"decoder_sparse_step": 2}, "decoder_sparse_step"),
+                   ({"num_experts_per_tok": 9}, "exceeds num_experts"), ({"num_experts": None}, "num_experts"))),
+    ("olmoe", (({"head_dim": 16}, "head_dim 16 differs"), ({"clip_qkv": -1}, "clip_qkv"),
+               ({"num_experts": None}, "num_experts"), ({"num_experts_per_tok": 9}, "exceeds num_experts"))),
+])
+def test_moe_variants_and_modes_it_cannot_run_are_named(checkpoints, tmp_path, arch, variants):
+    hf = json.loads((checkpoints[arch] / "config.json").read_text())
+    for extra, names in variants:
         with pytest.raises(ValueError, match=names):
             ModelConfig.from_hf({**hf, **extra})
-    out = llm.convert(checkpoints["qwen3_moe"], tmp_path / "q4", bits=4, group_size=64, progress=False)
+    out = llm.convert(checkpoints[arch], tmp_path / "q4", bits=4, group_size=64, progress=False)
     with pytest.raises(ValueError, match="memory='flash' does not support routed experts"):
         llm.load(out, memory="flash", progress=False)
     with pytest.raises(ValueError, match="GPTQ of routed experts"):
-        llm.convert(checkpoints["qwen3_moe"], tmp_path / "g", bits=4, method="gptq", calibration=list(range(64)),
+        llm.convert(checkpoints[arch], tmp_path / "g", bits=4, method="gptq", calibration=list(range(64)),
                     progress=False)
 
 
@@ -227,20 +232,6 @@ def test_olmoe_norms_span_the_projection_and_clamp(checkpoints, hf_logits):
     assert attn.q_norm.shape == (cfg.q_size,) and attn.k_norm.shape == (cfg.kv_size,)
     ref, clipped = hf_logits[1]["olmoe"], hf_logits[1]["olmoe_clip"]
     assert np.abs(clipped - ref).max() > 0.1 * np.abs(ref).max()
-
-
-def test_olmoe_variants_and_modes_it_cannot_run_are_named(checkpoints, tmp_path):
-    hf = json.loads((checkpoints["olmoe"] / "config.json").read_text())
-    for extra, names in (({"head_dim": 16}, "head_dim 16 differs"), ({"clip_qkv": -1}, "clip_qkv"),
-                         ({"num_experts": None}, "num_experts"), ({"num_experts_per_tok": 9}, "exceeds num_experts")):
-        with pytest.raises(ValueError, match=names):
-            ModelConfig.from_hf({**hf, **extra})
-    out = llm.convert(checkpoints["olmoe"], tmp_path / "q4", bits=4, group_size=64, progress=False)
-    with pytest.raises(ValueError, match="memory='flash' does not support routed experts"):
-        llm.load(out, memory="flash", progress=False)
-    with pytest.raises(ValueError, match="GPTQ of routed experts"):
-        llm.convert(checkpoints["olmoe"], tmp_path / "g", bits=4, method="gptq", calibration=list(range(64)),
-                    progress=False)
 
 
 def test_compiled_step_is_not_used_for_whole_projection_norms_or_clamps(checkpoints):

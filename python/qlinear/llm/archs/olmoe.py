@@ -7,20 +7,10 @@ into heads and RoPE, then q, k, v optionally clamped to [-clip_qkv, clip_qkv]. T
 from __future__ import annotations
 
 from .base import Arch, activation
-from .qwen3_moe import LAYER
-
-
-def _positive_int(hf: dict, key: str, where: str) -> int:
-    v = hf.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{where}: field {key!r} is missing or invalid ({v!r})")
-    return v
+from .qwen3_moe import LAYER, expert_fields
 
 
 def features(hf: dict, where: str) -> dict:
-    experts, k = _positive_int(hf, "num_experts", where), _positive_int(hf, "num_experts_per_tok", where)
-    if k > experts:
-        raise ValueError(f"{where}: num_experts_per_tok {k} exceeds num_experts {experts}")
     hidden, heads = hf.get("hidden_size"), hf.get("num_attention_heads")
     # transformers derives head_dim from hidden / heads and ignores a head_dim field: one that
     # disagrees would size our norms and caches otherwise
@@ -32,10 +22,7 @@ def features(hf: dict, where: str) -> dict:
     if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip <= 0):
         raise ValueError(f"{where}: clip_qkv must be a positive number or null (got {clip!r})")
     return {"hidden_act": activation(hf, where), "qk_norm": True, "qk_norm_whole": True,
-            "clip_qkv": None if clip is None else float(clip),
-            "num_experts": experts, "experts_per_token": k,
-            "moe_intermediate_size": _positive_int(hf, "intermediate_size", where),
-            "norm_topk_prob": bool(hf.get("norm_topk_prob", False))}
+            "clip_qkv": None if clip is None else float(clip), **expert_fields(hf, where, "intermediate_size")}
 
 
 OLMOE = Arch("olmoe", "OlmoeForCausalLM", layer=dict(LAYER), features=features)
