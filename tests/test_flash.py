@@ -144,7 +144,9 @@ def test_reader_threads_and_fds_are_released(models):
     before_threads, before_fds = set(threading.enumerate()), fd_count()
     m = llm.load(models["bundled"], memory="flash", progress=False)
     m.logits(IDS[:4])
-    assert len(set(threading.enumerate()) - before_threads) == 4   # reader_threads
+    plan = m.flash.reader.plan   # 1 thread reading with the kernel's readahead, or 4 without
+    assert (plan.threads, plan.readahead) in ((1, True), (4, False))
+    assert len(set(threading.enumerate()) - before_threads) == plan.threads
     assert fd_count() > before_fds
     m.close()
     assert set(threading.enumerate()) == before_threads and fd_count() == before_fds
@@ -317,3 +319,25 @@ def test_converted_files_hold_the_ffns_in_one_run(models, tmp_path):
     want = llm.load(models["plain"], progress=False).logits(IDS)
     with llm.load(old, memory="flash", progress=False) as m:
         np.testing.assert_array_equal(m.logits(IDS), want)
+
+
+@pytest.mark.parametrize("read_ahead_kb", [8192, 128, None])
+def test_read_plan_follows_the_devices_readahead(models, monkeypatch, read_ahead_kb):
+    """One run on a device with a large readahead window: one thread, reads the kernel reads
+    ahead of; otherwise 4 threads without readahead. Either way the same logits."""
+    from qlinear.llm import flash_reader
+
+    monkeypatch.setattr(flash_reader, "device_read_ahead_kb", lambda path: read_ahead_kb)
+    stream = read_ahead_kb == 8192
+    want = (True, 1, flash_reader.STREAM_CHUNK) if stream else (False, 4, flash_reader.CHUNK_BYTES)
+    assert tuple(vars(flash_reader.read_plan("f", one_run=True)).values()) == want
+    assert not flash_reader.read_plan("f", one_run=False).readahead
+    assert flash_reader.read_plan("f", one_run=True, threads=3).threads == 3
+    expect = llm.load(models["plain"], progress=False).logits(IDS)
+    for name in ("plain", "bundled"):
+        with llm.load(models[name], memory="flash", progress=False) as m:
+            assert m.flash.reader.plan == flash_reader.read_plan(m.flash.reader.path, True)
+            np.testing.assert_array_equal(m.logits(IDS), expect)
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="reader threads"):
+            llm.load(models["plain"], memory="flash", reader_threads=bad, progress=False)

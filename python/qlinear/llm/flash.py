@@ -6,7 +6,8 @@ attention weights, norms, biases, the lm head and the KV cache; the embedding ro
 from the file as they are needed (``DiskEmbedding``). Each layer's FFN weights (gate_up and
 down: two thirds of a dense model) are read per forward, into one of two preallocated buffers
 (double buffering): while layer i computes from one, ``FlashReader``'s workers read layer i+1
-into the other with large ``preadv`` calls, several in flight. The packed bytes read are those
+into the other with large ``preadv`` calls (one stream the kernel's readahead keeps ahead
+of, or several reads in flight: ``flash_reader.read_plan``). The packed bytes read are those
 a normal load maps, and the same kernels run on them: the logits are the same, bit for bit.
 
 A file in the bundled layout (``convert(..., flash=True)``, ``flash_layout``) is read as one
@@ -30,13 +31,12 @@ from . import converted_source, flash_layout
 from .assemble import build_model
 from .config import ModelConfig
 from .flash_plan import check_budget, pinned_layers, plan_memory
-from .flash_reader import FlashReader, device_read_ahead_kb, split_reads
+from .flash_reader import FlashReader, read_plan, split_reads
 from .layers import Block, Linear, mlp_activation
 from .model import Model
 from .options import Options
 
 FFN_PARTS = ("gate_up", "down")
-READAHEAD_MIN_KB = 1024   # the device's readahead window from which one run is read with it
 
 
 class FFNFile:
@@ -84,15 +84,16 @@ class FFNFile:
     def read_layer(self, reader: FlashReader, layer: int) -> tuple:
         """``layer``'s (gate_up, down) packed bytes, read now into arrays of their own."""
         gate_up, down = np.empty(self.layout.gate_up.nbytes, np.uint8), np.empty(self.layout.down.nbytes, np.uint8)
-        reader.submit(self.layer_reads(layer, self.dense_reads(gate_up, down))).wait()
+        reader.submit(self.layer_reads(layer, self.dense_reads(gate_up, down, reader.plan.chunk))).wait()
         return gate_up, down
 
-    def dense_reads(self, gate_up: np.ndarray, down: np.ndarray) -> list:
-        """Per file range of a layer: reads relative to its start that fill the two buffers."""
+    def dense_reads(self, gate_up: np.ndarray, down: np.ndarray, chunk: int) -> list:
+        """Per file range of a layer: reads of ``chunk`` bytes relative to its start that fill
+        the two buffers."""
         if self.bundled:
             views = [v for b in range(self.layout.count) for v in self.layout.bundle_views(gate_up, down, b)]
-            return [split_reads(0, views)]
-        return [split_reads(0, [gate_up]), split_reads(0, [down])]
+            return [split_reads(0, views, chunk)]
+        return [split_reads(0, [gate_up], chunk), split_reads(0, [down], chunk)]
 
 
 class DenseStream:
@@ -106,7 +107,7 @@ class DenseStream:
         self.index = {layer: k for k, layer in enumerate(self.layers)}
         self.buffers = [(np.zeros(lay.gate_up.nbytes, np.uint8), np.zeros(lay.down.nbytes, np.uint8)) for _ in range(2)]
         weights = [(flash_layout.packed(g, lay.gate_up), flash_layout.packed(d, lay.down)) for g, d in self.buffers]
-        self.reads = [ffn.dense_reads(g, d) for g, d in self.buffers]
+        self.reads = [ffn.dense_reads(g, d, reader.plan.chunk) for g, d in self.buffers]
         self.linears = {layer: [(Linear(gu, biases[layer][0], act, act_block), Linear(dn, biases[layer][1], act, act_block))
                                 for gu, dn in weights] for layer in self.layers}
         self.nbytes = sum(g.nbytes + d.nbytes for g, d in self.buffers)
@@ -181,7 +182,7 @@ def _copy_resident(t):
 
 
 def load_flash(d: Path, opts: Options, max_context: int, memory_budget_mb: Optional[float] = None,
-               reader_workers: int = 4, predictor=None, window: int = 5) -> Model:
+               reader_threads: Optional[int] = None, predictor=None, window: int = 5) -> Model:
     """A Model over the converted model in ``d`` whose FFN weights are read per forward."""
     if not converted_source.is_converted(d):
         raise ValueError(f"{d}: memory='flash' needs a converted model file "
@@ -193,6 +194,8 @@ def load_flash(d: Path, opts: Options, max_context: int, memory_budget_mb: Optio
         raise ValueError(f"{path}: memory='flash' does not support routed experts ({cfg.arch}); "
                          "load it with memory='low'")
     ffn = FFNFile(path, entries, meta, cfg)
+    # a predictor's reads are scattered bundles: not a stream
+    reading = read_plan(path, ffn.one_run and predictor is None, reader_threads)
     sparse = None
     if predictor is not None:
         from .sparsity import SparseSetup
@@ -219,15 +222,7 @@ def load_flash(d: Path, opts: Options, max_context: int, memory_budget_mb: Optio
     model = build_model(source, opts, max_context)
     del source, tensors, placeholder
 
-    # FFNs in one run of the file, on a device whose readahead window is large, are read as one
-    # stream that the kernel's readahead keeps ahead of; otherwise without readahead, exactly
-    # their bytes (between attention weights it would run on into them each time; a small window
-    # only adds reads of its own). Qwen2.5-1.5B-shaped bench model, Zen 4 VM: 8 MiB read_ahead_kb,
-    # one run 2.97-3.01 tok/s with readahead, the FFNs beside the attention weights 2.36 with it
-    # (505-536 MB read per token) and 2.62 without (443); 128 KB, one run, 2.25-2.29 with it.
-    ra_kb = device_read_ahead_kb(path)
-    reader = FlashReader(path, workers=reader_workers,
-                         readahead=ffn.one_run and ra_kb is not None and ra_kb >= READAHEAD_MIN_KB)
+    reader = FlashReader(path, workers=reading.threads, readahead=reading.readahead, chunk=reading.chunk)
     try:
         biases = [(b.gate_up.bias, b.down.bias) for b in model.blocks]
         act = mlp_activation(cfg)

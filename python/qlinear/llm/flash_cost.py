@@ -14,7 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-from .flash_reader import CHUNK_BYTES, FlashReader
+from .flash_reader import CHUNK_BYTES, FlashReader, ReadPlan
 
 
 def drop_file_cache(path) -> None:
@@ -27,9 +27,10 @@ def drop_file_cache(path) -> None:
         os.close(fd)
 
 
-def read_throughput(path, nbytes: Optional[int] = None, workers: int = 4, chunk: int = CHUNK_BYTES) -> float:
+def read_throughput(path, nbytes: Optional[int] = None, plan: ReadPlan = ReadPlan(False, 4, CHUNK_BYTES)) -> float:
     """Bytes per second reading ``nbytes`` (default: the whole file, at most 1 GiB) of the file
-    from its start in ``chunk``-byte preadv calls on ``workers`` threads, cache dropped first."""
+    from its start as ``plan`` says (a model's: ``model.flash.reader.plan``), cache dropped first."""
+    workers, chunk = plan.threads, plan.chunk
     size = os.path.getsize(path)
     nbytes = min(size, 1 << 30) if nbytes is None else min(nbytes, size)
     nbytes -= nbytes % chunk if nbytes >= chunk else 0
@@ -37,13 +38,18 @@ def read_throughput(path, nbytes: Optional[int] = None, workers: int = 4, chunk:
     bufs = [np.empty(min(chunk, nbytes), np.uint8) for _ in range(2 * workers)]
     reads = [(off, [memoryview(bufs[i % len(bufs)])[:min(chunk, nbytes - off)]])
              for i, off in enumerate(range(0, nbytes, chunk))]
-    reader = FlashReader(path, workers=workers)
+    reader = FlashReader(path, workers=workers, readahead=plan.readahead)
     try:
         t0 = time.perf_counter()
         reader.submit(reads).wait()
         return nbytes / (time.perf_counter() - t0)
     finally:
         reader.close()
+
+
+def describe(plan: ReadPlan) -> str:
+    how = "with the kernel's readahead" if plan.readahead else "without readahead"
+    return f"{plan.threads} reader thread{'s' * (plan.threads > 1)}, {plan.chunk >> 20} MiB reads, {how}"
 
 
 def bundles_read_fraction(sparsity: float, neurons_per_bundle: int) -> float:
@@ -70,7 +76,7 @@ def cost_model(model, throughput: float, measured_tok_s: Optional[float] = None,
         f"  reads: {fl.reader.stats.reads} in {fl.reader.stats.jobs} jobs, mean "
         f"{fl.reader.stats.bytes / max(fl.reader.stats.reads, 1) / 1024:.0f} KiB; most bytes in reads of "
         + ", ".join(f"{s / 1024:.0f} KiB x{c}" for s, c in top),
-        f"  measured sequential read throughput: {throughput / 1e9:.2f} GB/s",
+        f"  measured sequential read throughput: {throughput / 1e9:.2f} GB/s ({describe(fl.reader.plan)})",
     ]
     if per_token > 0:
         lines.append(f"  predicted (throughput / bytes per token): {throughput / per_token:.2f} tok/s"
@@ -99,6 +105,6 @@ def flash_bench(model, row: dict, decode_tokens: int) -> dict:
     model.reset()
     model.generate_ids(ids, decode_tokens + 1, stop_ids=())
     per_token = ((stats.bytes - b1) - (b1 - b0)) / max(model.stats.decode_steps, 1)
-    throughput = read_throughput(model.flash.reader.path, workers=len(model.flash.reader._threads))
+    throughput = read_throughput(model.flash.reader.path, plan=model.flash.reader.plan)
     return {"bytes_per_token": per_token, "read_throughput": throughput,
             "cost_model": cost_model(model, throughput, row["decode_tok_s"], per_token)}

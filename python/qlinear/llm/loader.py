@@ -32,7 +32,7 @@ def load(path, bits: Optional[int] = 4, group_size: Optional[int] = 64, act: str
          max_context: int = 4096, slim_vocab: Union[bool, Sequence[int]] = False,
          act_block: ActBlock = DEFAULT_ACT_BLOCK, symmetric: bool = False, progress: bool = True,
          memory_budget_mb: Optional[float] = None, predictor=None, window: int = 5,
-         reader_threads: int = 4) -> Model:
+         reader_threads: Optional[int] = None) -> Model:
     """Open a model: a GGUF file (Qwen2 / Llama; Q4_0 / Q8_0 / Q4_K codes used as they are, other
     types quantized here to ``bits``), a Hugging Face checkpoint directory (``config.json``, ``*.safetensors``,
     ``tokenizer.json``; quantized here to ``bits`` with ``group_size``), a directory written by
@@ -49,8 +49,9 @@ def load(path, bits: Optional[int] = 4, group_size: Optional[int] = 64, act: str
     threads (default: physical cores).
 
     memory="flash" (converted models): attention, norms, lm head and KV cache resident, each
-    layer's FFN read from the file per forward by ``reader_threads`` threads, overlapped with
-    compute (``flash``); ``memory_budget_mb`` (optional) is checked against what stays resident,
+    layer's FFN read from the file per forward, overlapped with compute (``flash``), by
+    ``reader_threads`` threads (default: one stream with the kernel's readahead where the
+    device's window is 1 MiB or more, else 4 threads without; ``flash_reader.read_plan``); ``memory_budget_mb`` (optional) is checked against what stays resident,
     before loading. ``predictor`` (ReLU models, a file in the flash layout): a file written by
     ``qlinear-llm train-predictor``; only predicted-active FFN neuron bundles are read, those
     active in the last ``window`` tokens kept in memory (``sparsity``).
