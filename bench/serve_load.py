@@ -135,21 +135,25 @@ def step_alone(model_dir, threads: int, batches, position: int = 64, repeats: in
     caches = {b: [KVCache(model.config, position + repeats + 1) for _ in range(b)] for b in batches}
     inputs = {b: np.ascontiguousarray(model.embedding([11] * b), np.float32) for b in batches}
     per_round = {b: [] for b in batches}
+    matmul_share = {b: [] for b in batches}   # the matmuls' part of the step, clocked inside it
     for _ in range(rounds):
         for b in batches:
-            times = []
+            times, inside = [], []
             for i in range(repeats + 1):
                 t0 = time.perf_counter()
                 step.step_batch(inputs[b], [position + i] * b, [c.k for c in caches[b]], [c.v for c in caches[b]],
                                 [c.capacity for c in caches[b]])
                 times.append(time.perf_counter() - t0)
+                inside.append(step.last_timing)
             per_round[b].append(1000 * float(np.median(times[1:])))
+            matmul_share[b].append(float(np.median([m / t for t, m in inside[1:]])))
     rows = []
     for b in batches:
-        ms = float(np.median(per_round[b]))
-        rows.append({"batch": b, "ms_per_step": ms, "tok_s": 1000 * b / ms})
+        ms, share = float(np.median(per_round[b])), float(np.median(matmul_share[b]))
+        rows.append({"batch": b, "ms_per_step": ms, "tok_s": 1000 * b / ms, "matmul_share": share})
         print(f"B={b}: {ms:.1f} ms per step, {1000 * b / ms:.1f} tok/s "
-              f"({rows[-1]['tok_s'] / rows[0]['tok_s']:.2f}x B={batches[0]})", flush=True)
+              f"({rows[-1]['tok_s'] / rows[0]['tok_s']:.2f}x B={batches[0]}); matmuls {100 * share:.0f}% of it, "
+              f"the rest (attention, norms, activation) {ms * (1 - share):.2f} ms", flush=True)
     return rows
 
 
