@@ -633,9 +633,17 @@ PYBIND11_MODULE(_core, m) {
                  throw py::value_error("step_batch: pos, k_caches, v_caches and contexts must hold the same number "
                                        "(>= 1) of rows");
                py::array h = f32(h_in, "h", {b, md.hidden});
-               py::list keep;  // the layers' arrays (views of a [layers, ...] cache) for the call
+               py::list keep;  // the arrays the caches point into, for the call
                std::vector<decoder::LayerCache> caches(static_cast<size_t>(b * nl));
                std::vector<decoder::StepRow> rows(static_cast<size_t>(b));
+               // every layer holds the whole context (no sliding window's ring): a row's caches may
+               // come as one [layers, kv_heads, context, head_dim] array each, checked once (not
+               // a view per layer: this runs between two steps, holding the GIL)
+               bool whole_context = true;
+               for (const decoder::LayerCache& c : own) whole_context = whole_context && c.capacity >= md.attn.capacity;
+               const auto stacked = [&](const py::object& o) {
+                 return whole_context && py::isinstance<py::array>(o) && py::reinterpret_borrow<py::array>(o).ndim() == 4;
+               };
                for (int64_t r = 0; r < b; ++r) {
                  const std::string what = "row " + std::to_string(r) + " ";
                  const int64_t ctx = contexts[r];
@@ -649,21 +657,31 @@ PYBIND11_MODULE(_core, m) {
                  py::object ks = k_caches[r], vs = v_caches[r];
                  if (static_cast<int64_t>(py::len(ks)) != nl || static_cast<int64_t>(py::len(vs)) != nl)
                    throw py::value_error(what + "caches must hold " + std::to_string(nl) + " layers");
-                 for (int64_t i = 0; i < nl; ++i) {
-                   // a layer's cache holds the context, or its window's ring (the step's own is one)
-                   const int64_t cap = own[i].capacity < md.attn.capacity ? std::min(ctx, own[i].capacity) : ctx;
-                   const std::string layer = what + "layer " + std::to_string(i) + " ";
-                   py::array k = f32(ks[py::int_(i)], layer + "k_cache", {kv, cap, d}, true);
-                   py::array v = f32(vs[py::int_(i)], layer + "v_cache", {kv, cap, d}, true);
+                 if (stacked(ks) && stacked(vs)) {
+                   py::array k = f32(ks, what + "k_caches", {nl, kv, ctx, d}, true);
+                   py::array v = f32(vs, what + "v_caches", {nl, kv, ctx, d}, true);
                    keep.append(k), keep.append(v);
-                   caches[r * nl + i] = {static_cast<float*>(k.mutable_data()), static_cast<float*>(v.mutable_data()), cap};
+                   float* kp = static_cast<float*>(k.mutable_data());
+                   float* vp = static_cast<float*>(v.mutable_data());
+                   for (int64_t i = 0; i < nl; ++i) caches[r * nl + i] = {kp + i * kv * ctx * d, vp + i * kv * ctx * d, ctx};
+                 } else {
+                   for (int64_t i = 0; i < nl; ++i) {
+                     // a layer's cache holds the context, or its window's ring (the step's own is one)
+                     const int64_t cap = own[i].capacity < md.attn.capacity ? std::min(ctx, own[i].capacity) : ctx;
+                     const std::string layer = what + "layer " + std::to_string(i) + " ";
+                     py::array k = f32(ks[py::int_(i)], layer + "k_cache", {kv, cap, d}, true);
+                     py::array v = f32(vs[py::int_(i)], layer + "v_cache", {kv, cap, d}, true);
+                     keep.append(k), keep.append(v);
+                     caches[r * nl + i] = {static_cast<float*>(k.mutable_data()), static_cast<float*>(v.mutable_data()), cap};
+                   }
+                 }
+                 for (int64_t i = 0; i < nl; ++i)
                    for (int64_t q = 0; q < r; ++q) {
                      const decoder::LayerCache& o = caches[q * nl + i];
                      if (o.k == caches[r * nl + i].k || o.v == caches[r * nl + i].v)
                        throw py::value_error("step_batch: rows " + std::to_string(q) + " and " + std::to_string(r) +
                                              " share a cache");
                    }
-                 }
                  rows[r] = {pos[r], caches.data() + r * nl};
                }
                py::array_t<float> logits({b, md.lm_head.w->n});

@@ -496,6 +496,33 @@ def test_step_batch_threads_and_long_context(rng, threads):
         np.testing.assert_array_equal(out[i:i + 1], expected[i])
 
 
+@pytest.mark.parametrize("arch", [None, "qwen3"])
+def test_step_batch_takes_stacked_caches(isa, rng, arch):
+    """A row's caches as one [layers, kv_heads, context, head_dim] array each (a KVCache whose
+    layers all hold the context) are read and written as the same caches given layer by layer."""
+    m = _step_model(rng, 4, "int8", True, arch=arch)[0]
+    step = _core.decode_step(**m)
+    contexts, positions = [24, 24, 17], [5, 23, 16]
+    stacked = [tuple(np.stack(part) for part in _row_caches(rng, m, c)) for c in contexts]
+    h = rng.standard_normal((3, 128)).astype(np.float32)
+    ks, vs = [k.copy() for k, _ in stacked], [v.copy() for _, v in stacked]
+    by_layer = ([[layer for layer in k.copy()] for k, _ in stacked], [[layer for layer in v.copy()] for _, v in stacked])
+    want = step.step_batch(h, positions, [list(k) for k in by_layer[0]], [list(v) for v in by_layer[1]], contexts)
+    np.testing.assert_array_equal(step.step_batch(h, positions, ks, vs, contexts), want)
+    for got, layers in zip(ks + vs, by_layer[0] + by_layer[1]):
+        np.testing.assert_array_equal(got, np.stack(layers))
+    k, v = stacked[0]
+    with pytest.raises(ValueError, match="row 0 k_caches must have shape"):   # 24 positions, context 20
+        step.step_batch(h[:1], [0], [k], [v], [20])
+    with pytest.raises(ValueError, match="share a cache"):
+        step.step_batch(h[:2], [0, 1], [k, k], [v, v.copy()], [24, 24])
+    with pytest.raises(TypeError, match="float32"):
+        step.step_batch(h[:1], [0], [k.astype(np.float64)], [v], [24])
+    with pytest.raises(ValueError, match="writeable"):
+        k.flags.writeable = False
+        step.step_batch(h[:1], [0], [k], [v], [24])
+
+
 def test_step_batch_rejects_bad_input(rng):
     m = _step_model(rng, 4, "int8", True, arch="gemma2")[0]
     step = _core.decode_step(**m)
