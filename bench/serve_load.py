@@ -176,21 +176,25 @@ def throughput(model, threads: int, clients_list, tokens: int, prompt_tokens: in
         tok_s = sorted(r[0] for r in runs[clients])
         ttft = [t for r in runs[clients] for t in r[1]]
         cpu_ms = sorted(r[2] for r in runs[clients])[len(runs[clients]) // 2]
+        step_ms = sorted(r[3] for r in runs[clients])[len(runs[clients]) // 2]
         rows.append({"clients": clients, "decode_tok_s": tok_s[len(tok_s) // 2], "rounds_tok_s": tok_s,
                      "ttft_mean_ms": 1000 * sum(ttft) / len(ttft), "ttft_max_ms": 1000 * max(ttft),
-                     "tokens_each": tokens, "client": client, "client_cpu_ms_per_token": cpu_ms})
+                     "tokens_each": tokens, "client": client, "client_cpu_ms_per_token": cpu_ms,
+                     "server_step_ms": step_ms})
         print(f"{clients} clients: aggregate decode {rows[-1]['decode_tok_s']:.1f} tok/s "
               f"({rows[-1]['decode_tok_s'] / rows[0]['decode_tok_s']:.2f}x one client; rounds "
               f"{', '.join(f'{t:.0f}' for t in tok_s)}), time to first token "
               f"mean {rows[-1]['ttft_mean_ms']:.0f} ms, max {rows[-1]['ttft_max_ms']:.0f} ms; clients ({client}) "
-              f"{cpu_ms:.2f} ms CPU per token", flush=True)
+              f"{cpu_ms:.2f} ms CPU per token; the server's decode step {step_ms:.1f} ms of the "
+              f"{1000 * clients / rows[-1]['decode_tok_s']:.1f} ms between a client's tokens", flush=True)
     return rows
 
 
 def _concurrent_decode(server, body: dict, clients: int, tokens: int, client: str = "light") -> tuple:
-    """(aggregate decode tok/s, times to first token, the clients' CPU ms per token received) of
-    `clients` streaming clients at once."""
-    cpu0 = time.process_time()
+    """(aggregate decode tok/s, times to first token, the clients' CPU ms per token received, the
+    server's mean ms per decode step (its /health figures; the steps with fewer clients at the
+    start and end included)) of `clients` streaming clients at once."""
+    h0, cpu0 = server.health(), time.process_time()
     if client == "light":
         results = asyncio.run(_light_clients(server.port, body, clients))
     else:
@@ -210,7 +214,9 @@ def _concurrent_decode(server, body: dict, clients: int, tokens: int, client: st
         raise SystemExit("the clients never decoded all at once: give them more --tokens")
     steps = sum(sum(first <= t <= last for t in r["times"]) - 1 for r in results)  # intervals
     cpu_ms = 1000 * (time.process_time() - cpu0) / sum(len(r["times"]) for r in results)
-    return steps / (last - first), [r["times"][0] - r["t0"] for r in results], cpu_ms
+    h1 = server.health()
+    step_ms = 1000 * (h1["decode_seconds"] - h0["decode_seconds"]) / max(1, h1["decode_steps"] - h0["decode_steps"])
+    return steps / (last - first), [r["times"][0] - r["t0"] for r in results], cpu_ms, step_ms
 
 
 # The clients share the server's cores here (on a network they would not): httpx in a thread per

@@ -217,6 +217,12 @@ def test_models_and_health(server):
     assert [m.id for m in client(url).models.list().data] == [NAME]
     health = httpx.get(url + "/health").json()
     assert health["status"] == "ok" and health["model"] == NAME
+    client(url).completions.create(model=NAME, prompt="Hello", max_tokens=4, temperature=0,
+                                   extra_body={"ignore_eos": True})
+    after = httpx.get(url + "/health").json()
+    # the decode steps' count, tokens and time (what a benchmark divides the HTTP side from)
+    assert after["decode_steps"] > health["decode_steps"] and after["decoded_tokens"] > health["decoded_tokens"]
+    assert after["decode_seconds"] > health["decode_seconds"] >= 0
 
 
 def test_chat_completion(server, reference):

@@ -230,7 +230,8 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
     async def health(request: Request):
         return JSONResponse({"status": "ok", "model": model_name, "running": scheduler.running,
                              "waiting": scheduler.waiting, "decode_steps": scheduler.decode_steps,
-                             "decoded_tokens": scheduler.decoded_tokens})
+                             "decoded_tokens": scheduler.decoded_tokens,
+                             "decode_seconds": round(scheduler.decode_seconds, 6)})
 
     async def api_error(request: Request, exc: ApiError):
         return JSONResponse(exc.body(), status_code=exc.status)

@@ -14,6 +14,7 @@ in the batch, and greedy output equals Model.stream_ids'.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from typing import Callable, Optional, Sequence as Seq
 
@@ -82,6 +83,7 @@ class Scheduler:
         self._thread: Optional[threading.Thread] = None
         self.decode_steps = 0     # figures for /health and benchmarks
         self.decoded_tokens = 0
+        self.decode_seconds = 0.0  # in the decode steps themselves (not the HTTP side, not prefills)
 
     # -- control (any thread) ----------------------------------------------------------------------
     def start(self) -> None:
@@ -186,6 +188,7 @@ class Scheduler:
         rows = list(self._running)
         tokens = [s.next_token for s in rows]
         positions = [s.cache.length for s in rows]
+        t0 = time.perf_counter()
         try:
             if self._step is not None:
                 h = np.ascontiguousarray(self.model.embedding(tokens), np.float32)
@@ -200,6 +203,7 @@ class Scheduler:
             return
         self.decode_steps += 1
         self.decoded_tokens += len(rows)
+        self.decode_seconds += time.perf_counter() - t0
         for seq, row, t, p in zip(rows, logits, tokens, positions):
             seq.cache.length = p + 1
             self._accept(seq, row)
