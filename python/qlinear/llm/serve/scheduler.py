@@ -188,13 +188,14 @@ class Scheduler:
         rows = list(self._running)
         tokens = [s.next_token for s in rows]
         positions = [s.cache.length for s in rows]
-        t0 = time.perf_counter()
         try:
             if self._step is not None:
                 h = np.ascontiguousarray(self.model.embedding(tokens), np.float32)
+                t0 = time.perf_counter()
                 logits = self._step.step_batch(h, positions, [s.cache.k for s in rows], [s.cache.v for s in rows],
                                                [s.cache.capacity for s in rows])
             else:  # weights kept in float: one sequence at a time through the blocks
+                t0 = time.perf_counter()
                 logits = np.concatenate([self.model._forward([t], p, cache=s.cache)
                                          for s, t, p in zip(rows, tokens, positions)])
         except Exception as e:  # noqa: BLE001
