@@ -389,6 +389,35 @@ F32Array checked_f32(const py::array& a, const char* what, int ndim) {
   return py::reinterpret_borrow<F32Array>(a);
 }
 
+// An array's layout: C-contiguous, of `shape` (-1: any size), writeable when asked.
+void check_layout(const py::array& a, const std::string& what, const std::vector<int64_t>& shape, bool writeable) {
+  if (!(a.flags() & py::array::c_style)) throw py::value_error(what + " must be C-contiguous");
+  bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || a.shape(i) == shape[i];
+  if (!ok) {
+    std::string want;
+    for (int64_t v : shape) want += (want.empty() ? "" : ", ") + (v < 0 ? std::string("*") : std::to_string(v));
+    throw py::value_error(what + " must have shape [" + want + "]");
+  }
+  if (writeable && !a.writeable()) throw py::value_error(what + " must be writeable");
+}
+
+// A KV cache: float32 or float16 (IEEE half), C-contiguous, writeable, of `shape` (-1: any);
+// returns whether it is half. A wrong dtype raises TypeError, or ValueError with `dtype_value_error`.
+bool checked_kv(const py::handle& obj, const std::string& what, const std::vector<int64_t>& shape,
+                bool dtype_value_error = false) {
+  if (!py::isinstance<py::array>(obj)) throw py::type_error(what + " must be a numpy array");
+  py::array a = py::reinterpret_borrow<py::array>(obj);
+  const int t = a.dtype().num();
+  if (t != kNpyFloat && t != kNpyHalf) {
+    const std::string msg = what + " must be float32 or float16, got " + dtype_str(a);
+    if (dtype_value_error) throw py::value_error(msg);
+    throw py::type_error(msg);
+  }
+  check_layout(a, what, shape, true);
+  return t == kNpyHalf;
+}
+
 // Row-wise elementwise work (prefill: tokens x features) split over the thread pool once there is
 // enough of it; a decode step's single row stays on the calling thread.
 template <class F>
@@ -444,10 +473,10 @@ F32Array py_attend_one(const py::array& qkv_in, const py::array& cos_in, const p
                        int64_t pos, const py::array& k_in, const py::array& v_in, int64_t heads, float scale,
                        int64_t window, float softcap) {
   F32Array qkv = checked_f32(qkv_in, "qkv", 2), cs = checked_f32(cos_in, "cos", 2), sn = checked_f32(sin_in, "sin", 2);
-  F32Array k = checked_f32(k_in, "k_cache", 3), v = checked_f32(v_in, "v_cache", 3);
-  const int64_t kv = k.shape(0), cap = k.shape(1), d = k.shape(2);
-  if (v.shape(0) != kv || v.shape(1) != cap || v.shape(2) != d || !k.writeable() || !v.writeable())
-    throw py::value_error("attend_one: k and v caches must be writeable and of one shape");
+  const bool half = checked_kv(k_in, "k_cache", {-1, -1, -1}, true);
+  const int64_t kv = k_in.shape(0), cap = k_in.shape(1), d = k_in.shape(2);
+  if (checked_kv(v_in, "v_cache", {kv, cap, d}, true) != half)
+    throw py::value_error("attend_one: k and v caches must be of one dtype");
   if (heads < 1 || kv < 1 || heads % kv || d < 2 || d % 2 || d > 512)
     throw py::value_error("attend_one: bad head counts or head_dim");
   if (qkv.shape(0) != 1 || qkv.shape(1) != (heads + 2 * kv) * d)
@@ -461,10 +490,12 @@ F32Array py_attend_one(const py::array& qkv_in, const py::array& cos_in, const p
   F32Array out({int64_t(1), heads * d});
   decoder::AttentionShape shape{heads, kv, d, cap};
   shape.softcap = softcap;
+  shape.kv_half = half;
+  void *kp = py::array(k_in).mutable_data(), *vp = py::array(v_in).mutable_data();
   {
     py::gil_scoped_release release;
     decoder::attend_one(qkv.data(), cs.data() + pos * (d / 2), sn.data() + pos * (d / 2), pos, shape, scale,
-                        k.mutable_data(), v.mutable_data(), out.mutable_data());
+                        kp, vp, out.mutable_data());
   }
   return out;
 }
@@ -567,15 +598,7 @@ PYBIND11_MODULE(_core, m) {
       if (!py::isinstance<py::array>(obj)) throw py::type_error(what + " must be a numpy array");
       py::array a = py::reinterpret_borrow<py::array>(obj);
       if (a.dtype().num() != kNpyFloat) throw py::type_error(what + " must be float32, got " + dtype_str(a));
-      if (!(a.flags() & py::array::c_style)) throw py::value_error(what + " must be C-contiguous");
-      bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
-      for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || a.shape(i) == shape[i];
-      if (!ok) {
-        std::string want;
-        for (int64_t v : shape) want += (want.empty() ? "" : ", ") + (v < 0 ? std::string("*") : std::to_string(v));
-        throw py::value_error(what + " must have shape [" + want + "]");
-      }
-      if (writeable && !a.writeable()) throw py::value_error(what + " must be writeable");
+      check_layout(a, what, shape, writeable);
       return a;
     };
     // (handle, bias or None, act_int8, act_block) -> StepLinear with n x k checked
@@ -639,6 +662,13 @@ PYBIND11_MODULE(_core, m) {
                // every layer holds the whole context (no sliding window's ring): a row's caches may
                // come as one [layers, kv_heads, context, head_dim] array each, checked once (not
                // a view per layer: this runs between two steps, holding the GIL)
+               // the caches are of the step's own dtype (float32, or float16 for half caches)
+               const auto cache = [&](const py::handle& o, const std::string& what, const std::vector<int64_t>& shape) {
+                 if (checked_kv(o, what, shape) != md.attn.kv_half)
+                   throw py::type_error(what + " must be " + (md.attn.kv_half ? "float16" : "float32") +
+                                        ", as the step's own caches");
+                 return py::reinterpret_borrow<py::array>(o);
+               };
                bool whole_context = true;
                for (const decoder::LayerCache& c : own) whole_context = whole_context && c.capacity >= md.attn.capacity;
                const auto stacked = [&](const py::object& o) {
@@ -658,21 +688,22 @@ PYBIND11_MODULE(_core, m) {
                  if (static_cast<int64_t>(py::len(ks)) != nl || static_cast<int64_t>(py::len(vs)) != nl)
                    throw py::value_error(what + "caches must hold " + std::to_string(nl) + " layers");
                  if (stacked(ks) && stacked(vs)) {
-                   py::array k = f32(ks, what + "k_caches", {nl, kv, ctx, d}, true);
-                   py::array v = f32(vs, what + "v_caches", {nl, kv, ctx, d}, true);
+                   py::array k = cache(ks, what + "k_caches", {nl, kv, ctx, d});
+                   py::array v = cache(vs, what + "v_caches", {nl, kv, ctx, d});
                    keep.append(k), keep.append(v);
-                   float* kp = static_cast<float*>(k.mutable_data());
-                   float* vp = static_cast<float*>(v.mutable_data());
-                   for (int64_t i = 0; i < nl; ++i) caches[r * nl + i] = {kp + i * kv * ctx * d, vp + i * kv * ctx * d, ctx};
+                   char* kp = static_cast<char*>(k.mutable_data());
+                   char* vp = static_cast<char*>(v.mutable_data());
+                   const int64_t layer_bytes = kv * ctx * d * static_cast<int64_t>(k.itemsize());
+                   for (int64_t i = 0; i < nl; ++i) caches[r * nl + i] = {kp + i * layer_bytes, vp + i * layer_bytes, ctx};
                  } else {
                    for (int64_t i = 0; i < nl; ++i) {
                      // a layer's cache holds the context, or its window's ring (the step's own is one)
                      const int64_t cap = own[i].capacity < md.attn.capacity ? std::min(ctx, own[i].capacity) : ctx;
                      const std::string layer = what + "layer " + std::to_string(i) + " ";
-                     py::array k = f32(ks[py::int_(i)], layer + "k_cache", {kv, cap, d}, true);
-                     py::array v = f32(vs[py::int_(i)], layer + "v_cache", {kv, cap, d}, true);
+                     py::array k = cache(ks[py::int_(i)], layer + "k_cache", {kv, cap, d});
+                     py::array v = cache(vs[py::int_(i)], layer + "v_cache", {kv, cap, d});
                      keep.append(k), keep.append(v);
-                     caches[r * nl + i] = {static_cast<float*>(k.mutable_data()), static_cast<float*>(v.mutable_data()), cap};
+                     caches[r * nl + i] = {k.mutable_data(), v.mutable_data(), cap};
                    }
                  }
                  for (int64_t i = 0; i < nl; ++i)
@@ -731,14 +762,18 @@ PYBIND11_MODULE(_core, m) {
                 throw py::type_error(p + "must be a tuple (qkv, o, gate_up, down, input_norm, post_norm, k_cache, "
                                          "v_cache, cos, sin, options dict)");
               py::tuple t = layers[i].cast<py::tuple>();
-              py::array kc = f32(t[6], p + "k_cache", {-1, -1, -1}, true);
+              const bool half = checked_kv(t[6], p + "k_cache", {-1, -1, -1});
+              py::array kc = py::reinterpret_borrow<py::array>(t[6]);
               const int64_t kv = kc.shape(0), cap = kc.shape(1), d = kc.shape(2);
-              py::array vc = f32(t[7], p + "v_cache", {kv, cap, d}, true);
+              if (checked_kv(t[7], p + "v_cache", {kv, cap, d}) != half || (i > 0 && half != md.attn.kv_half))
+                throw py::type_error(p + "caches: every layer's k and v caches must be of one dtype");
+              py::array vc = py::reinterpret_borrow<py::array>(t[7]);
               if (kv < 1 || heads < 1 || heads % kv || d < 2 || d % 2 || d > decoder::kMaxHeadDim || cap < 1 ||
                   (i > 0 && (kv != md.attn.kv_heads || d != md.attn.head_dim)))
                 throw py::value_error(p + "bad head counts or head_dim");
               md.attn = decoder::AttentionShape{heads, kv, d, std::max(md.attn.capacity, cap)};
               md.attn.softcap = static_cast<float>(attn_softcap);
+              md.attn.kv_half = half;
               py::array cs = f32(t[8], p + "cos", {-1, d / 2}), sn = f32(t[9], p + "sin", {cs.shape(0), d / 2});
               md.rope_rows = i == 0 ? cs.shape(0) : std::min(md.rope_rows, cs.shape(0));
               if (!py::isinstance<py::dict>(t[10])) throw py::type_error(p + "options must be a dict");
@@ -763,7 +798,7 @@ PYBIND11_MODULE(_core, m) {
               L.k_norm = optional(o, "k_norm", p, d);
               L.attn_out_norm = optional(o, "attn_out_norm", p, hidden);
               L.mlp_out_norm = optional(o, "mlp_out_norm", p, hidden);
-              caches.push_back({static_cast<float*>(kc.mutable_data()), static_cast<float*>(vc.mutable_data()), cap});
+              caches.push_back({kc.mutable_data(), vc.mutable_data(), cap});
               L.cos = static_cast<const float*>(cs.data());
               L.sin = static_cast<const float*>(sn.data());
               refs.append(t);
@@ -791,9 +826,11 @@ PYBIND11_MODULE(_core, m) {
     m.def("attend_prefill", [f32](const py::array& qkv_in, const py::array& cos_in, const py::array& sin_in,
                                   int64_t start, const py::array& k_in, const py::array& v_in, int64_t heads,
                                   double scale, int64_t window, double softcap) {
-            py::array k = f32(k_in, "k_cache", {-1, -1, -1}, true);
-            const int64_t kv = k.shape(0), cap = k.shape(1), d = k.shape(2);
-            py::array v = f32(v_in, "v_cache", {kv, cap, d}, true);
+            const bool half = checked_kv(k_in, "k_cache", {-1, -1, -1});
+            const int64_t kv = k_in.shape(0), cap = k_in.shape(1), d = k_in.shape(2);
+            if (checked_kv(v_in, "v_cache", {kv, cap, d}) != half)
+              throw py::type_error("attend_prefill: k and v caches must be of one dtype");
+            py::array k = k_in, v = v_in;
             if (kv < 1 || heads < 1 || heads % kv || d < 2 || d % 2 || d > decoder::kMaxHeadDim)
               throw py::value_error("attend_prefill: bad head counts or head_dim");
             py::array qkv = f32(qkv_in, "qkv", {-1, (heads + 2 * kv) * d});
@@ -807,10 +844,11 @@ PYBIND11_MODULE(_core, m) {
             decoder::AttentionShape sh{heads, kv, d, cap};
             sh.window = window;
             sh.softcap = static_cast<float>(softcap);
+            sh.kv_half = half;
             const float *qp = static_cast<const float*>(qkv.data()), *cp = static_cast<const float*>(cs.data()),
                         *sp = static_cast<const float*>(sn.data());
-            float *kp = static_cast<float*>(k.mutable_data()), *vp = static_cast<float*>(v.mutable_data()),
-                  *op = out.mutable_data();
+            void *kp = k.mutable_data(), *vp = v.mutable_data();
+            float* op = out.mutable_data();
             py::gil_scoped_release release;
             decoder::attend_prefill(qp, rows, cp, sp, start, sh, static_cast<float>(scale), kp, vp, op);
             return out;

@@ -81,6 +81,52 @@ def test_attend_one(rng, heads, kv_heads, d, pos):
     np.testing.assert_allclose(out.reshape(heads, d), ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("heads, kv_heads, d, pos", [(4, 2, 16, 0), (6, 3, 32, 9), (14, 2, 64, 100), (2, 2, 10, 3)])
+def test_attend_with_half_caches(isa, rng, heads, kv_heads, d, pos):
+    """float16 caches: this token's key (after RoPE) and value stored rounded to nearest even, the
+    attention that of float caches holding the same half values (decode and prefill)."""
+    cap = 128
+    k16 = (rng.standard_normal((kv_heads, cap, d)) * 3).astype(np.float16)
+    v16 = rng.standard_normal((kv_heads, cap, d)).astype(np.float16)
+    qkv = (rng.standard_normal((1, (heads + 2 * kv_heads) * d)) * 2).astype(np.float32)
+    cos, sin = _rope_tables(cap, d)
+    k32, v32 = k16.astype(np.float32), v16.astype(np.float32)
+    out32 = _core.attend_one(qkv, cos, sin, pos, k32, v32, heads, 1 / np.sqrt(d))  # stores float rows
+    kh, vh = k16.copy(), v16.copy()
+    out16 = _core.attend_one(qkv, cos, sin, pos, kh, vh, heads, 1 / np.sqrt(d))
+    np.testing.assert_array_equal(vh, v32.astype(np.float16))          # this value, rounded
+    np.testing.assert_array_equal(kh, k32.astype(np.float16))          # this key after RoPE, rounded
+    # the attention over the rounded rows
+    k_r, v_r = kh.astype(np.float32), vh.astype(np.float32)
+    q = qkv[0, :heads * d].reshape(heads, d)
+    h2 = d // 2
+    q = np.concatenate([q[:, :h2] * cos[pos] - q[:, h2:] * sin[pos], q[:, h2:] * cos[pos] + q[:, :h2] * sin[pos]], 1)
+    want = np.empty((heads, d))
+    for h in range(heads):
+        g = h // (heads // kv_heads)
+        sc = (k_r[g, :pos + 1].astype(np.float64) @ q[h]) / np.sqrt(d)
+        e = np.exp(sc - sc.max())
+        want[h] = (e / e.sum()) @ v_r[g, :pos + 1]
+    np.testing.assert_allclose(out16.reshape(heads, d), want, rtol=1e-5, atol=1e-5)
+    assert np.abs(out16 - out32).max() < 0.05   # one row's rounding apart
+    # prefill over half caches: as float caches holding the rounded rows
+    rows = 20
+    qkv_p = (rng.standard_normal((rows, (heads + 2 * kv_heads) * d)) * 2).astype(np.float32)
+    kh, vh = k16.copy(), v16.copy()
+    out_h = _core.attend_prefill(qkv_p, cos, sin, pos, kh, vh, heads, 1 / np.sqrt(d))
+    ref_p, k_ref, v_ref = _prefill_reference(qkv_p, cos, sin, pos, k16.astype(np.float32), v16.astype(np.float32),
+                                             heads, 1 / np.sqrt(d))
+    np.testing.assert_array_equal(vh, v_ref.astype(np.float16))
+    np.testing.assert_allclose(kh.astype(np.float32), k_ref, rtol=1e-3, atol=1e-3)   # rounded
+    ref_h, _, _ = _prefill_reference(qkv_p, cos, sin, pos, kh.astype(np.float32), vh.astype(np.float32),
+                                     heads, 1 / np.sqrt(d), stored=True)
+    np.testing.assert_allclose(out_h, ref_h, rtol=1e-5, atol=2e-5)
+    with pytest.raises(ValueError, match="one dtype"):
+        _core.attend_one(qkv, cos, sin, pos, k16.copy(), v32.copy(), heads, 0.25)
+    with pytest.raises(TypeError, match="one dtype"):
+        _core.attend_prefill(qkv_p, cos, sin, pos, k16.copy(), v32.copy(), heads, 0.25)
+
+
 def test_attend_one_rejects_bad_input(rng):
     k = np.zeros((2, 8, 16), np.float32)
     cos = np.ones((8, 8), np.float32)
@@ -117,7 +163,10 @@ def test_levels_and_threads_agree_exactly(rng, threads):
             qlinear.set_isa(level)
             k, v = caches[0].copy(), caches[1].copy()
             att = _core.attend_one(qkv, cos, sin, pos, k, v, heads, 0.125)
-            results[level] = (_core.rms_norm(x, w, 1e-6), _core.silu_mul(gu), att, k, v)
+            kh, vh = caches[0].astype(np.float16), caches[1].astype(np.float16)   # half caches
+            att_h = _core.attend_one(qkv, cos, sin, pos, kh, vh, heads, 0.125)
+            pre_h = _core.attend_prefill(np.tile(qkv, (70, 1)), cos, sin, 100, kh, vh, heads, 0.125)
+            results[level] = (_core.rms_norm(x, w, 1e-6), _core.silu_mul(gu), att, k, v, att_h, pre_h, kh, vh)
     finally:
         qlinear.set_isa(previous)
         qlinear.set_num_threads(prev_threads)
@@ -140,8 +189,9 @@ def _rope_tables(cap, d, base=10000.0):
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
-def _prefill_reference(qkv, cos, sin, start, k_cache, v_cache, heads, scale):
-    """numpy (float64): RoPE, the caches updated at start.., causal attention of every row."""
+def _prefill_reference(qkv, cos, sin, start, k_cache, v_cache, heads, scale, stored=False):
+    """numpy (float64): RoPE, the caches updated at start.. (stored: they hold those rows already),
+    causal attention of every row."""
     kv, cap, d = k_cache.shape
     t, half = qkv.shape[0], d // 2
     pos = np.arange(start, start + t)
@@ -153,8 +203,9 @@ def _prefill_reference(qkv, cos, sin, start, k_cache, v_cache, heads, scale):
     q = rope(qkv[:, :heads * d].reshape(t, heads, d).astype(np.float64))
     kc, vc = k_cache.astype(np.float64), v_cache.astype(np.float64)
     k_new = rope(qkv[:, heads * d:(heads + kv) * d].reshape(t, kv, d).astype(np.float64))
-    kc[:, start:start + t] = k_new.transpose(1, 0, 2)
-    vc[:, start:start + t] = qkv[:, (heads + kv) * d:].reshape(t, kv, d).transpose(1, 0, 2)
+    if not stored:
+        kc[:, start:start + t] = k_new.transpose(1, 0, 2)
+        vc[:, start:start + t] = qkv[:, (heads + kv) * d:].reshape(t, kv, d).transpose(1, 0, 2)
     out = np.empty((t, heads, d))
     group, end = heads // kv, start + t
     for h in range(heads):
@@ -267,7 +318,7 @@ def test_attend_one_long_context(rng, heads, kv_heads, d):
 # -- the whole decode step ------------------------------------------------------------------------
 
 def _step_model(rng, bits, act, bias, heads=4, kv_heads=2, d=32, hidden=128, inter=160, layers=2,
-                vocab=96, cap=24, arch=None):
+                vocab=96, cap=24, arch=None, kv_dtype=np.float32):
     """Random packed weights and norms of a small decoder, and the specs _core.decode_step takes.
     arch "qwen3": RMSNorms of the query and key heads; "gemma2": RMSNorms of the attention's and
     the MLP's outputs, GELU-tanh, soft-capped scores and logits, and layer 0 a sliding window of
@@ -284,9 +335,9 @@ def _step_model(rng, bits, act, bias, heads=4, kv_heads=2, d=32, hidden=128, int
         tables[0], caps[0] = _rope_tables(cap, d, base=100.0), 8
         extra = dict(gelu=True, attn_softcap=2.0, final_softcap=1.5, context=cap)
     if len(set(caps)) == 1:
-        k = np.zeros((layers, kv_heads, cap, d), np.float32)
+        k = np.zeros((layers, kv_heads, cap, d), kv_dtype)
     else:
-        k = [np.zeros((kv_heads, c, d), np.float32) for c in caps]
+        k = [np.zeros((kv_heads, c, d), kv_dtype) for c in caps]
     v = [a.copy() for a in k] if isinstance(k, list) else k.copy()
     specs = [(linear((heads + 2 * kv_heads) * d, hidden, bias), linear(hidden, heads * d, False),
               linear(2 * inter, hidden, False), linear(hidden, inter, False), norm(), norm(), k[i], v[i],
@@ -329,6 +380,23 @@ def test_decode_step_equals_ops(rng, bits, act, bias, heads, kv_heads):
     total, in_matmuls = step.last_timing
     assert 0 < in_matmuls <= total
     step.run_matmuls()
+
+
+def test_decode_step_with_half_caches(isa, rng):
+    """float16 caches: the compiled step gives the bits of the operations one by one over the same
+    caches, at every level, and fills them the same way."""
+    m, k_cache, v_cache = _step_model(rng, 4, "int8", True, kv_dtype=np.float16)
+    step = _core.decode_step(**m)
+    k, v = k_cache.copy(), v_cache.copy()
+    for pos in range(12):
+        h = rng.standard_normal(128).astype(np.float32)
+        np.testing.assert_array_equal(step.step(h, pos), _python_step(m, k, v, h, pos))
+    np.testing.assert_array_equal(k_cache, k)
+    np.testing.assert_array_equal(v_cache, v)
+    assert k_cache.dtype == np.float16 and k_cache[:, :, 11].any()
+    mixed = [lay[:7] + (lay[7].astype(np.float32),) + lay[8:] for lay in m["layers"]]
+    with pytest.raises(TypeError, match="one dtype"):
+        _core.decode_step(**{**m, "layers": mixed})
 
 
 def test_decode_step_keeps_its_arrays_alive(rng):
@@ -423,11 +491,12 @@ def test_decode_step_threads(rng, threads):
 
 def _row_caches(rng, m, context):
     """Random caches of one sequence of `context` positions for the model `m` (a layer whose
-    cache in `m` is shorter than its context: a ring of that size)."""
+    cache in `m` is shorter than its context: a ring of that size), of its caches' dtype."""
     caps = [min(context, lay[6].shape[1]) if lay[6].shape[1] < m.get("context", 0) else context for lay in m["layers"]]
     shape = lambda c: (m["layers"][0][6].shape[0], c, m["layers"][0][6].shape[2])  # noqa: E731
-    return ([rng.standard_normal(shape(c)).astype(np.float32) for c in caps],
-            [rng.standard_normal(shape(c)).astype(np.float32) for c in caps])
+    dtype = m["layers"][0][6].dtype
+    return ([rng.standard_normal(shape(c)).astype(dtype) for c in caps],
+            [rng.standard_normal(shape(c)).astype(dtype) for c in caps])
 
 
 def _single_step(m, k, v, context, h, pos):
@@ -494,6 +563,27 @@ def test_step_batch_threads_and_long_context(rng, threads):
         qlinear.set_num_threads(prev)
     for i in range(3):
         np.testing.assert_array_equal(out[i:i + 1], expected[i])
+
+
+@pytest.mark.parametrize("arch", [None, "gemma2"])
+def test_step_batch_rows_with_half_caches(isa, rng, arch):
+    """float16 caches in a batch: each row's logits and cache writes are its single step's; caches
+    of another dtype than the step's own are refused."""
+    m = _step_model(rng, 4, "int8", True, arch=arch, kv_dtype=np.float16)[0]
+    step = _core.decode_step(**m)
+    contexts, positions = [24, 12, 24, 3], [5, 11, 23, 1]
+    caches = [_row_caches(rng, m, c) for c in contexts]
+    h = rng.standard_normal((4, 128)).astype(np.float32)
+    expected = [_single_step(m, k, v, c, x, p) for (k, v), c, x, p in zip(caches, contexts, h, positions)]
+    ks, vs = [[a.copy() for a in k] for k, _ in caches], [[a.copy() for a in v] for _, v in caches]
+    logits = step.step_batch(h, positions, ks, vs, contexts)
+    for i in range(4):
+        np.testing.assert_array_equal(logits[i:i + 1], expected[i][0])
+        for got, want in zip(ks[i] + vs[i], expected[i][1] + expected[i][2]):
+            np.testing.assert_array_equal(got, want)
+    k, v = caches[0]
+    with pytest.raises(TypeError, match="float16"):
+        step.step_batch(h[:1], [0], [[a.astype(np.float32) for a in k]], [v], [24])
 
 
 @pytest.mark.parametrize("arch", [None, "qwen3"])

@@ -20,12 +20,12 @@ void gelu_tanh_mul(const float* gu, int64_t rows, int64_t n, float* out);
 void gelu_tanh_mul_cols(const float* gu, int64_t n, int64_t c0, int64_t c1, float* out);
 void softcap(float* x, int64_t n, float cap);
 void store_kv(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
-              const AttentionShape& sh, float* k_cache, float* v_cache);
+              const AttentionShape& sh, void* k_cache, void* v_cache);
 void attend_heads(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
-                  const AttentionShape& sh, float scale, const float* k_cache, const float* v_cache,
+                  const AttentionShape& sh, float scale, const void* k_cache, const void* v_cache,
                   int64_t h0, int64_t h1, float* out, float* scratch);
 void attend_rows(const float* q, int64_t ldq, int64_t start, const AttentionShape& sh,
-                 const float* k_cache, const float* v_cache, int64_t h, int64_t r0, int64_t r1,
+                 const void* k_cache, const void* v_cache, int64_t h, int64_t r0, int64_t r1,
                  float* out, int64_t ldo, float* scratch);
 void rope_queries(const float* qkv, int64_t ldqkv, const float* cos, const float* sin, int64_t start,
                   const AttentionShape& sh, float scale, int64_t r0, int64_t r1, float* q);
@@ -98,7 +98,7 @@ void softcap(float* x, int64_t n, float cap) { QLINEAR_DECODER_CALL(softcap, x, 
 namespace {
 // Heads [h0, h1) of one token over its caches (stored already), with this thread's scratch.
 void heads_of_one(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
-                  const AttentionShape& sh, float scale, const float* k_cache, const float* v_cache,
+                  const AttentionShape& sh, float scale, const void* k_cache, const void* v_cache,
                   int64_t h0, int64_t h1, float* out) {
   const int64_t n = std::min(pos + 1, sh.capacity);  // keys attended
   thread_local std::vector<float> scratch;
@@ -109,7 +109,7 @@ void heads_of_one(const float* qkv, const float* cos_row, const float* sin_row, 
 }  // namespace
 
 void attend_one(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
-                const AttentionShape& sh, float scale, float* k_cache, float* v_cache, float* out) {
+                const AttentionShape& sh, float scale, void* k_cache, void* v_cache, float* out) {
   QLINEAR_DECODER_CALL(store_kv, qkv, cos_row, sin_row, pos, sh, k_cache, v_cache);
   // Heads split over the pool once a long context makes them worth a job (~100 us of work).
   const int64_t n = std::min(pos + 1, sh.capacity);  // keys attended
@@ -156,7 +156,7 @@ void attend_batch(const AttendRow* rows, int64_t b, const AttentionShape& s, flo
 }
 
 void attend_prefill(const float* qkv, int64_t rows, const float* cos, const float* sin, int64_t start,
-                    const AttentionShape& sh, float scale, float* k_cache, float* v_cache, float* out) {
+                    const AttentionShape& sh, float scale, void* k_cache, void* v_cache, float* out) {
   const int64_t d = sh.head_dim, half = d / 2, ldqkv = (sh.heads + 2 * sh.kv_heads) * d;
   for (int64_t r = 0; r < rows; ++r)
     QLINEAR_DECODER_CALL(store_kv, qkv + r * ldqkv, cos + (start + r) * half, sin + (start + r) * half,

@@ -3,7 +3,9 @@
 // cost as much as the layer's matmuls' memory traffic leaves room for; and the attention of a
 // prompt (prefill). decoder_impl.h, built for the baseline and for AVX2: loops the compiler
 // vectorizes, and AVX2 / NEON intrinsics for the attention's dot products and value sums, all
-// in one fixed order of float operations, so that every level gives the same bits. float32.
+// in one fixed order of float operations, so that every level gives the same bits. float32; the
+// KV caches float32 or IEEE half (AttentionShape::kv_half: stored rounded to nearest even, read
+// back exactly, the arithmetic in float32 as with float caches).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +40,7 @@ struct AttentionShape {
   // (0: all before it). Prefill only; a decode step's window is its cache: see attend_one.
   int64_t window = 0;
   float softcap = 0.f;  // attention scores soft-capped (0: not)
+  bool kv_half = false;  // the caches hold IEEE half values (uint16_t), else float
 };
 
 constexpr int64_t kAttendBatch = 16;   // decode: query heads of one KV head attended together
@@ -56,7 +59,7 @@ inline int64_t attend_scores_stride(int64_t pos) { return (pos + 1 + 15) / 16 * 
 // over the thread pool when the context is long.
 // qkv: [heads + 2 * kv_heads, head_dim]; out: [heads, head_dim].
 void attend_one(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
-                const AttentionShape& s, float scale, float* k_cache, float* v_cache, float* out);
+                const AttentionShape& s, float scale, void* k_cache, void* v_cache, float* out);
 
 
 // One token of each sequence of a batched decode step, each over its own caches and position:
@@ -67,7 +70,8 @@ struct AttendRow {
   const float* cos_row;
   const float* sin_row;
   int64_t pos, capacity;
-  float *k_cache, *v_cache, *out;
+  void *k_cache, *v_cache;
+  float* out;
 };
 void attend_batch(const AttendRow* rows, int64_t b, const AttentionShape& s, float scale);
 
@@ -78,6 +82,6 @@ void attend_batch(const AttendRow* rows, int64_t b, const AttentionShape& s, flo
 // qkv: [rows, (heads + 2 * kv_heads) * head_dim]; cos / sin: the full RoPE tables
 // [>= start + rows, head_dim / 2]; out: [rows, heads * head_dim].
 void attend_prefill(const float* qkv, int64_t rows, const float* cos, const float* sin, int64_t start,
-                    const AttentionShape& s, float scale, float* k_cache, float* v_cache, float* out);
+                    const AttentionShape& s, float scale, void* k_cache, void* v_cache, float* out);
 
 }  // namespace qlinear::decoder

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 
+#include "common.h"
 #include "decoder.h"
 
 #if defined(__AVX2__)
@@ -86,25 +87,39 @@ void softcap(float* x, int64_t n, float cap) {
 // Dot product in 8 lanes (lane j: the products i = j mod 8, in order of i), the lanes added as
 // ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) (the order of the vector reduction in dot8), then
 // the products past the last multiple of 8, in order.
-inline float dot(const float* a, const float* b, int64_t n) {
+// A cached key or value as float: a float cache's own, a half cache's converted (exactly).
+inline float kv_float(float x) { return x; }
+inline float kv_float(uint16_t h) { return half_to_float(h); }
+
+template <class KV>
+inline float dot(const float* a, const KV* b, int64_t n) {
   float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) lane[j] += a[i + j] * b[i + j];
+    for (int j = 0; j < 8; ++j) lane[j] += a[i + j] * kv_float(b[i + j]);
   float total = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-  for (; i < n; ++i) total += a[i] * b[i];
+  for (; i < n; ++i) total += a[i] * kv_float(b[i]);
   return total;
 }
 
+#if defined(__AVX2__)
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+#elif defined(__aarch64__)
+inline float32x4_t load4(const float* p) { return vld1q_f32(p); }
+inline float32x4_t load4(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+#endif
+
 // s[t] = dot(q, k + t * d, d) for 8 consecutive rows of k, d a multiple of 8: the same sums in
 // the same order as dot, the 8 rows' lanes reduced together (no horizontal sum per row).
-inline void dot8(const float* q, const float* k, int64_t d, float* s) {
+template <class KV>
+inline void dot8(const float* q, const KV* k, int64_t d, float* s) {
 #if defined(__AVX2__)
   __m256 acc[8];
   for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t i = 0; i < d; i += 8) {
     const __m256 qv = _mm256_loadu_ps(q + i);
-    for (int t = 0; t < 8; ++t) acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(qv, _mm256_loadu_ps(k + t * d + i)));
+    for (int t = 0; t < 8; ++t) acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(qv, load8(k + t * d + i)));
   }
   // hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7]
   const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
@@ -117,8 +132,8 @@ inline void dot8(const float* q, const float* k, int64_t d, float* s) {
   for (int64_t i = 0; i < d; i += 8) {
     const float32x4_t ql = vld1q_f32(q + i), qh = vld1q_f32(q + i + 4);
     for (int t = 0; t < 8; ++t) {
-      lo[t] = vaddq_f32(lo[t], vmulq_f32(ql, vld1q_f32(k + t * d + i)));
-      hi[t] = vaddq_f32(hi[t], vmulq_f32(qh, vld1q_f32(k + t * d + i + 4)));
+      lo[t] = vaddq_f32(lo[t], vmulq_f32(ql, load4(k + t * d + i)));
+      hi[t] = vaddq_f32(hi[t], vmulq_f32(qh, load4(k + t * d + i + 4)));
     }
   }
   // vpaddq(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3]
@@ -138,6 +153,7 @@ inline void dot8(const float* q, const float* k, int64_t d, float* s) {
 using VecF = __m256;
 constexpr int64_t kVecF = 8;
 inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }
+inline VecF vload(const uint16_t* p) { return load8(p); }
 inline void vstore(float* p, VecF v) { _mm256_storeu_ps(p, v); }
 inline VecF vmuladd(VecF acc, VecF a, VecF b) { return _mm256_add_ps(acc, _mm256_mul_ps(a, b)); }
 inline VecF vbroadcast(float x) { return _mm256_set1_ps(x); }
@@ -145,13 +161,14 @@ inline VecF vbroadcast(float x) { return _mm256_set1_ps(x); }
 using VecF = float32x4_t;
 constexpr int64_t kVecF = 4;
 inline VecF vload(const float* p) { return vld1q_f32(p); }
+inline VecF vload(const uint16_t* p) { return load4(p); }
 inline void vstore(float* p, VecF v) { vst1q_f32(p, v); }
 inline VecF vmuladd(VecF acc, VecF a, VecF b) { return vaddq_f32(acc, vmulq_f32(a, b)); }
 inline VecF vbroadcast(float x) { return vdupq_n_f32(x); }
 #endif
 // NV vectors of o kept in registers over all the rows.
-template <int NV>
-inline void add_rows_v(const float* p, const float* v, int64_t rows, int64_t d, float* o) {
+template <int NV, class KV>
+inline void add_rows_v(const float* p, const KV* v, int64_t rows, int64_t d, float* o) {
   VecF acc[NV];
   for (int j = 0; j < NV; ++j) acc[j] = vload(o + j * kVecF);
   for (int64_t t = 0; t < rows; ++t) {
@@ -162,7 +179,8 @@ inline void add_rows_v(const float* p, const float* v, int64_t rows, int64_t d, 
 }
 #endif
 
-inline void add_rows(const float* p, const float* v, int64_t rows, int64_t d, float* o) {
+template <class KV>
+inline void add_rows(const float* p, const KV* v, int64_t rows, int64_t d, float* o) {
   int64_t i = 0;
 #if defined(__AVX2__) || defined(__aarch64__)
   for (; i + 8 * kVecF <= d; i += 8 * kVecF) add_rows_v<8>(p, v + i, rows, d, o + i);
@@ -172,8 +190,8 @@ inline void add_rows(const float* p, const float* v, int64_t rows, int64_t d, fl
   if (i == d) return;
   for (int64_t t = 0; t < rows; ++t) {
     const float pt = p[t];
-    const float* vt = v + t * d;
-    for (int64_t j = i; j < d; ++j) o[j] += pt * vt[j];
+    const KV* vt = v + t * d;
+    for (int64_t j = i; j < d; ++j) o[j] += pt * kv_float(vt[j]);
   }
 }
 
@@ -225,6 +243,20 @@ inline float sum_of(const float* s, int64_t n) {
   return total;
 }
 
+// float -> IEEE half for the half KV caches, rounded to nearest even as common.h's
+// float_to_half (F16C / NEON conversions give the same bits).
+inline void floats_to_halves(const float* f, int64_t n, uint16_t* h) {
+  int64_t i = 0;
+#if defined(__AVX2__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(f + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__aarch64__)
+  for (; i + 4 <= n; i += 4) vst1_u16(h + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(f + i))));
+#endif
+  for (; i < n; ++i) h[i] = float_to_half(f[i]);
+}
+
 inline void rope(const float* in, const float* c, const float* s, int64_t d, float* out) {
   const int64_t half = d / 2;
   for (int64_t i = 0; i < half; ++i) {
@@ -236,14 +268,22 @@ inline void rope(const float* in, const float* c, const float* s, int64_t d, flo
 
 // RoPE on this token's keys, keys and values into the caches at `pos`.
 void store_kv(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
-              const AttentionShape& sh, float* k_cache, float* v_cache) {
+              const AttentionShape& sh, void* k_cache, void* v_cache) {
   const int64_t d = sh.head_dim;
   const float* k_in = qkv + sh.heads * d;
   const float* v_in = k_in + sh.kv_heads * d;
   const int64_t row = pos % sh.capacity;  // a ring once the positions pass the capacity
   for (int64_t g = 0; g < sh.kv_heads; ++g) {
-    rope(k_in + g * d, cos_row, sin_row, d, k_cache + (g * sh.capacity + row) * d);
-    std::memcpy(v_cache + (g * sh.capacity + row) * d, v_in + g * d, sizeof(float) * d);
+    const int64_t at = (g * sh.capacity + row) * d;
+    if (sh.kv_half) {
+      float k[kMaxHeadDim];
+      rope(k_in + g * d, cos_row, sin_row, d, k);
+      floats_to_halves(k, d, static_cast<uint16_t*>(k_cache) + at);
+      floats_to_halves(v_in + g * d, d, static_cast<uint16_t*>(v_cache) + at);
+    } else {
+      rope(k_in + g * d, cos_row, sin_row, d, static_cast<float*>(k_cache) + at);
+      std::memcpy(static_cast<float*>(v_cache) + at, v_in + g * d, sizeof(float) * d);
+    }
   }
 }
 
@@ -251,10 +291,12 @@ void store_kv(const float* qkv, const float* cos_row, const float* sin_row, int6
 // (up to kAttendBatch at a time): every key and value row is read from memory once for all of
 // them, which is what keeps a long context's attention at the cache's streaming speed. Each
 // output's arithmetic is that of one head alone (the same dot products, sums and order).
-// scratch: attend_scratch_floats(pos, d) floats.
-void attend_heads(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
-                  const AttentionShape& sh, float scale, const float* k_cache, const float* v_cache,
-                  int64_t h0, int64_t h1, float* out, float* scratch) {
+// Half caches are read converted to float as they are loaded. scratch: kAttendBatch * (d +
+// attend_scores_stride(pos)) floats.
+template <class KV>
+void attend_heads_t(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
+                    const AttentionShape& sh, float scale, const KV* k_cache, const KV* v_cache,
+                    int64_t h0, int64_t h1, float* out, float* scratch) {
   const int64_t d = sh.head_dim, group = sh.heads / sh.kv_heads, n = std::min(pos + 1, sh.capacity);
   constexpr int64_t kRows = 64;  // value rows per pass over the heads (16 KiB at d = 64: L1)
   float* q = scratch;                   // [kAttendBatch, d]
@@ -264,8 +306,8 @@ void attend_heads(const float* qkv, const float* cos_row, const float* sin_row, 
   for (int64_t hb = h0; hb < h1;) {
     const int64_t g = hb / group;
     const int64_t he = std::min({h1, (g + 1) * group, hb + kAttendBatch}), nq = he - hb;
-    const float* kc = k_cache + g * sh.capacity * d;
-    const float* vc = v_cache + g * sh.capacity * d;
+    const KV* kc = k_cache + g * sh.capacity * d;
+    const KV* vc = v_cache + g * sh.capacity * d;
     for (int64_t j = 0; j < nq; ++j) {
       float* qj = q + j * d;
       rope(qkv + (hb + j) * d, cos_row, sin_row, d, qj);
@@ -302,16 +344,27 @@ void attend_heads(const float* qkv, const float* cos_row, const float* sin_row, 
   }
 }
 
+void attend_heads(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
+                  const AttentionShape& sh, float scale, const void* k_cache, const void* v_cache,
+                  int64_t h0, int64_t h1, float* out, float* scratch) {
+  if (sh.kv_half)
+    attend_heads_t(qkv, cos_row, sin_row, pos, sh, scale, static_cast<const uint16_t*>(k_cache),
+                   static_cast<const uint16_t*>(v_cache), h0, h1, out, scratch);
+  else
+    attend_heads_t(qkv, cos_row, sin_row, pos, sh, scale, static_cast<const float*>(k_cache),
+                   static_cast<const float*>(v_cache), h0, h1, out, scratch);
+}
+
 // -- prefill: causal attention of many query rows, keys in blocks with an online softmax --------
 
 // s[r][t] = q[r] . k[t] for `rows` query rows and the `nk` <= kKeyBlock keys of a block, through
 // the block transposed (kt [d][kKeyBlock]): products accumulated along the keys, the vector
 // lanes over keys, no horizontal sums.
-template <int64_t D>
-void block_scores(const float* q, int64_t rows, const float* k, int64_t nk, int64_t d_rt, float* kt, float* s) {
+template <int64_t D, class KV>
+void block_scores(const float* q, int64_t rows, const KV* k, int64_t nk, int64_t d_rt, float* kt, float* s) {
   const int64_t d = D ? D : d_rt;
   for (int64_t t = 0; t < nk; ++t)
-    for (int64_t i = 0; i < d; ++i) kt[i * kKeyBlock + t] = k[t * d + i];
+    for (int64_t i = 0; i < d; ++i) kt[i * kKeyBlock + t] = kv_float(k[t * d + i]);
   for (int64_t t = nk; t < kKeyBlock; ++t)
     for (int64_t i = 0; i < d; ++i) kt[i * kKeyBlock + t] = 0.f;
   for (int64_t r = 0; r < rows; ++r) {
@@ -339,8 +392,8 @@ void block_scores(const float* q, int64_t rows, const float* k, int64_t nk, int6
 }
 
 // acc[r] = acc[r] * alpha[r] + sum_t p[r][t] v[t] over the block's first nk[r] keys.
-template <int64_t D>
-void block_values(const float* p, const int64_t* nk, const float* alpha, int64_t rows, const float* v,
+template <int64_t D, class KV>
+void block_values(const float* p, const int64_t* nk, const float* alpha, int64_t rows, const KV* v,
                   int64_t d_rt, float* acc) {
   const int64_t d = D ? D : d_rt;
   for (int64_t r = 0; r < rows; ++r) {
@@ -350,13 +403,13 @@ void block_values(const float* p, const int64_t* nk, const float* alpha, int64_t
   }
 }
 
-template <int64_t D>
+template <int64_t D, class KV>
 void attend_rows_d(const float* q, int64_t ldq, int64_t start, const AttentionShape& sh,
-                   const float* k_cache, const float* v_cache, int64_t h, int64_t r0, int64_t r1,
+                   const KV* k_cache, const KV* v_cache, int64_t h, int64_t r0, int64_t r1,
                    float* out, int64_t ldo, float* scratch) {
   const int64_t d = sh.head_dim, rows = r1 - r0, g = h / (sh.heads / sh.kv_heads);
-  const float* kc = k_cache + g * sh.capacity * d;
-  const float* vc = v_cache + g * sh.capacity * d;
+  const KV* kc = k_cache + g * sh.capacity * d;
+  const KV* vc = v_cache + g * sh.capacity * d;
   float* qs = scratch;                        // [rows, d]
   float* kt = qs + kPrefillRows * d;          // [d, kKeyBlock]
   float* s = kt + d * kKeyBlock;              // [rows, kKeyBlock]
@@ -415,14 +468,18 @@ void attend_rows_d(const float* q, int64_t ldq, int64_t start, const AttentionSh
 // [rows, ldq] (head h at column h * d), row r at position start + r; out [rows, ldo].
 // scratch: prefill_scratch_floats(d) floats.
 void attend_rows(const float* q, int64_t ldq, int64_t start, const AttentionShape& sh,
-                 const float* k_cache, const float* v_cache, int64_t h, int64_t r0, int64_t r1,
+                 const void* k_cache, const void* v_cache, int64_t h, int64_t r0, int64_t r1,
                  float* out, int64_t ldo, float* scratch) {
-  if (sh.head_dim == 64)
-    attend_rows_d<64>(q, ldq, start, sh, k_cache, v_cache, h, r0, r1, out, ldo, scratch);
-  else if (sh.head_dim == 128)
-    attend_rows_d<128>(q, ldq, start, sh, k_cache, v_cache, h, r0, r1, out, ldo, scratch);
-  else
-    attend_rows_d<0>(q, ldq, start, sh, k_cache, v_cache, h, r0, r1, out, ldo, scratch);
+  const auto run = [&](const auto* k, const auto* v) {
+    if (sh.head_dim == 64)
+      attend_rows_d<64>(q, ldq, start, sh, k, v, h, r0, r1, out, ldo, scratch);
+    else if (sh.head_dim == 128)
+      attend_rows_d<128>(q, ldq, start, sh, k, v, h, r0, r1, out, ldo, scratch);
+    else
+      attend_rows_d<0>(q, ldq, start, sh, k, v, h, r0, r1, out, ldo, scratch);
+  };
+  if (sh.kv_half) run(static_cast<const uint16_t*>(k_cache), static_cast<const uint16_t*>(v_cache));
+  else run(static_cast<const float*>(k_cache), static_cast<const float*>(v_cache));
 }
 
 // RoPE on query row r's heads (position start + r) times `scale`, into q [rows, heads * d].

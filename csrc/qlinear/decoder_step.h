@@ -53,8 +53,8 @@ struct StepLayer {
 // One layer's cache of one sequence: [kv_heads, capacity, head_dim] keys and values; shorter than
 // the sequence's context, a sliding window's ring.
 struct LayerCache {
-  float* k = nullptr;
-  float* v = nullptr;
+  void* k = nullptr;  // float, or IEEE half (StepModel::attn.kv_half)
+  void* v = nullptr;
   int64_t capacity = 0;
 };
 
