@@ -128,11 +128,11 @@ def step_alone(model_dir, threads: int, batches, position: int = 64, repeats: in
     import numpy as np
 
     from qlinear import llm
-    from qlinear.llm.layers import KVCache, decode_step
+    from qlinear.llm.layers import decode_step
 
     model = llm.load(model_dir, threads=threads, max_context=position + repeats + 1, progress=False)
     step = decode_step(model.blocks, model.norm, model.lm_head, model.cache)
-    caches = {b: [KVCache(model.config, position + repeats + 1) for _ in range(b)] for b in batches}
+    caches = {b: [model.new_cache(position + repeats + 1) for _ in range(b)] for b in batches}
     inputs = {b: np.ascontiguousarray(model.embedding([11] * b), np.float32) for b in batches}
     per_round = {b: [] for b in batches}
     matmul_share = {b: [] for b in batches}   # the matmuls' part of the step, clocked inside it

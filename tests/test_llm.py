@@ -74,13 +74,17 @@ def test_decode_with_cache_equals_full_forward(checkpoints):
     assert list(full[len(prompt) - 1:-1].argmax(1)) == gen
 
 
-@pytest.mark.parametrize("arch, bits, act, act_block", [
-    ("qwen2", 4, "int8", "group"), ("qwen2", 8, "float", "group"), ("llama", 4, "float", "group"),
-    ("llama", 8, "int8", None)])
-def test_compiled_decode_equals_python_path(checkpoints, arch, bits, act, act_block):
+@pytest.mark.parametrize("arch, bits, act, act_block, kv_cache", [
+    ("qwen2", 4, "int8", "group", "float32"), ("qwen2", 8, "float", "group", "float32"),
+    ("llama", 4, "float", "group", "float32"), ("llama", 8, "int8", None, "float32"),
+    ("qwen2", 4, "int8", "group", "float16"), ("llama", 8, "float", "group", "float16")])
+def test_compiled_decode_equals_python_path(checkpoints, arch, bits, act, act_block, kv_cache):
     """The decode step as one compiled call gives the logits and cache of the per-layer Python
-    path, bit for bit, position after position (qwen2: q/k/v biases; GQA in both)."""
-    model = llm.load(checkpoints[arch], bits=bits, group_size=64, act=act, act_block=act_block, progress=False)
+    path, bit for bit, position after position (qwen2: q/k/v biases; GQA in both), with float32
+    and float16 KV caches."""
+    model = llm.load(checkpoints[arch], bits=bits, group_size=64, act=act, act_block=act_block, progress=False,
+                     kv_cache=kv_cache)
+    assert model.cache.k.dtype == np.dtype(kv_cache) and model.info["kv_cache"] == kv_cache
     ids = [int(t) for t in np.random.default_rng(3).integers(0, 1000, 30)]
     runs = []
     for compiled in (True, False):
@@ -94,6 +98,20 @@ def test_compiled_decode_equals_python_path(checkpoints, arch, bits, act, act_bl
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(runs[0][1], runs[1][1])
     np.testing.assert_array_equal(runs[0][2], runs[1][2])
+
+
+def test_half_kv_cache_is_close_and_half_the_size(checkpoints):
+    """kv_cache="float16": half the cache's bytes, logits within the keys' and values' rounding of
+    the float32 cache's; a bad kv_cache is refused."""
+    ids = [int(t) for t in np.random.default_rng(5).integers(0, 1000, 40)]
+    full, half = (llm.load(checkpoints["qwen2"], act="float", max_context=64, progress=False, kv_cache=kv)
+                  for kv in ("float32", "float16"))
+    assert half.cache.nbytes * 2 == full.cache.nbytes
+    a, b = full.logits(ids), half.logits(ids)
+    assert np.abs(a - b).max() < 2e-2 * np.abs(a).max()
+    assert float((a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b)) > 0.9999
+    with pytest.raises(ValueError, match="kv_cache"):
+        llm.load(checkpoints["qwen2"], kv_cache="bfloat16", progress=False)
 
 
 def test_float_weights_decode_in_python(checkpoints):

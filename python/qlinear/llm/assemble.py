@@ -96,6 +96,7 @@ def build_model(source: Source, opts: Options, max_context: int) -> Model:
         embedding = ScaledEmbedding(embedding, embed_scale(H, source.embedding.dtype))
     info = {"source": source.kind, "path": str(source.path), **source.info,
             "bits": source.quantization.get("bits"), "group_size": source.quantization.get("group_size"),
-            "act": act, "memory": opts.memory, "disk_embedding": on_disk,
+            "act": act, "memory": opts.memory, "disk_embedding": on_disk, "kv_cache": opts.kv_cache,
             "threads": _core.get_num_threads()}
-    return Model(cfg, source.tokenizer, embedding, blocks, norm, lm_head, rows, max_context, info)
+    return Model(cfg, source.tokenizer, embedding, blocks, norm, lm_head, rows, max_context, info,
+                 kv_cache=opts.kv_cache)

@@ -54,8 +54,8 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-disk-embedding", action="store_true", help="hold the embedding table in memory")
     p.add_argument("--slim-vocab", action="store_true", help="lm head over the tokenizer's ids only")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--max-context", type=int, default=4096,
-                   help="KV cache positions: prompt + generated tokens (default 4096)")
+    p.add_argument("--max-context", type=int, default=4096, help="KV cache positions: prompt + generated tokens (default 4096)")
+    p.add_argument("--kv-cache", default="float32", choices=["float32", "float16"], help="the KV cache's element type")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -74,7 +74,7 @@ def _load(args):
     return load(args.model, bits=bits, group_size=args.group_size,
                 act="float" if bits is None else args.act, memory=args.memory,
                 disk_embedding=not args.no_disk_embedding, threads=args.threads,
-                max_context=args.max_context, slim_vocab=args.slim_vocab,
+                max_context=args.max_context, slim_vocab=args.slim_vocab, kv_cache=args.kv_cache,
                 act_block=None if args.act_block == "row" else "group", progress=sys.stderr.isatty(),
                 **({"memory_budget_mb": args.memory_budget_mb, "predictor": args.predictor, "window": args.sparse_window}
                    if args.memory == "flash" else {}))

@@ -147,35 +147,36 @@ def _scaled_inv_freq(inv_freq: np.ndarray, scaling: Optional[dict], max_position
     return inv_freq, 1.0
 
 
-def _lazy_zeros(shape) -> np.ndarray:
-    """A zero float32 array whose pages become resident only when written, 4 KiB at a time: an
+def _lazy_zeros(shape, dtype=np.float32) -> np.ndarray:
+    """A zero array whose pages become resident only when written, 4 KiB at a time: an
     anonymous mapping with transparent huge pages off (with them, the first position written in
     each head's slab would make 2 MiB resident)."""
-    nbytes = int(np.prod(shape)) * 4
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     if nbytes == 0:
-        return np.zeros(shape, np.float32)
+        return np.zeros(shape, dtype)
     buf = mmap.mmap(-1, nbytes)
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
         buf.madvise(mmap.MADV_NOHUGEPAGE)
-    return np.frombuffer(buf, np.float32).reshape(shape)
+    return np.frombuffer(buf, dtype).reshape(shape)
 
 
 class KVCache:
-    """Keys and values of every layer, preallocated for ``capacity`` positions, float32
-    [kv_heads, positions, head_dim] per layer; memory becomes resident as positions are filled.
+    """Keys and values of every layer, preallocated for ``capacity`` positions, float32 (or
+    float16: ``dtype``) [kv_heads, positions, head_dim] per layer; memory becomes resident as
+    positions are filled.
     A sliding-window layer holds only its window's positions, as a ring (``windows[i]``: its
     size, 0 for a layer that holds them all). ``k`` / ``v``: one [layers, ...] array when every
     layer holds ``capacity`` positions, else a list of the layers' arrays."""
 
-    def __init__(self, cfg: ModelConfig, capacity: int):
+    def __init__(self, cfg: ModelConfig, capacity: int, dtype=np.float32):
         caps = [min(capacity, cfg.window(i) or capacity) for i in range(cfg.num_layers)]
         self.windows = [c if c < capacity else 0 for c in caps]
         if len(set(caps)) == 1:
             shape = (cfg.num_layers, cfg.num_kv_heads, caps[0], cfg.head_dim)
-            self.k, self.v = _lazy_zeros(shape), _lazy_zeros(shape)
+            self.k, self.v = _lazy_zeros(shape, dtype), _lazy_zeros(shape, dtype)
         else:
-            self.k = [_lazy_zeros((cfg.num_kv_heads, c, cfg.head_dim)) for c in caps]
-            self.v = [_lazy_zeros((cfg.num_kv_heads, c, cfg.head_dim)) for c in caps]
+            self.k = [_lazy_zeros((cfg.num_kv_heads, c, cfg.head_dim), dtype) for c in caps]
+            self.v = [_lazy_zeros((cfg.num_kv_heads, c, cfg.head_dim), dtype) for c in caps]
         self.capacity = capacity
         self.length = 0          # positions filled (the same for every layer after a forward)
         self.ids: list[int] = []  # the tokens those positions hold (for prefix reuse)
@@ -230,7 +231,7 @@ def _ring_prefill(qkv, rope: Rope, start: int, k: np.ndarray, v: np.ndarray, hea
     the new positions, then the ring refilled with the last ``window`` of them."""
     n, past = qkv.shape[0], min(start, window - 1)
     shape = (k.shape[0], past + n, k.shape[2])
-    tk, tv = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    tk, tv = np.zeros(shape, k.dtype), np.zeros(shape, v.dtype)
     slots = np.arange(start - past, start) % window
     tk[:, :past], tv[:, :past] = k[:, slots], v[:, slots]
     out = _core.attend_prefill(qkv, rope.cos[start - past:], rope.sin[start - past:], past, tk, tv, heads, scale,

@@ -32,7 +32,7 @@ def load(path, bits: Optional[int] = 4, group_size: Optional[int] = 64, act: str
          max_context: int = 4096, slim_vocab: Union[bool, Sequence[int]] = False,
          act_block: ActBlock = DEFAULT_ACT_BLOCK, symmetric: bool = False, progress: bool = True,
          memory_budget_mb: Optional[float] = None, predictor=None, window: int = 5,
-         reader_threads: Optional[int] = None) -> Model:
+         reader_threads: Optional[int] = None, kv_cache: str = "float32") -> Model:
     """Open a model: a GGUF file (Qwen2 / Llama; Q4_0 / Q8_0 / Q4_K codes used as they are, other
     types quantized here to ``bits``), a Hugging Face checkpoint directory (``config.json``, ``*.safetensors``,
     ``tokenizer.json``; quantized here to ``bits`` with ``group_size``), a directory written by
@@ -45,8 +45,9 @@ def load(path, bits: Optional[int] = 4, group_size: Optional[int] = 64, act: str
     from the file instead of holding the table. slim_vocab: True keeps only the tokenizer's ids in
     the lm head (or pass the ids to keep). act_block: as ``qlinear.matmul``'s ("group": one
     activation scale per row and weight group; None: one per row; an int: per that many k).
-    max_context: KV cache positions (generation stops when they are full). threads: kernel
-    threads (default: physical cores).
+    max_context: KV cache positions (generation stops when they are full). kv_cache: their element
+    type, "float32" or "float16" (half the memory and the attention's reads; keys and values
+    rounded to nearest even as stored). threads: kernel threads (default: physical cores).
 
     memory="flash" (converted models): attention, norms, lm head and KV cache resident, each
     layer's FFN read from the file per forward, overlapped with compute (``flash``), by
@@ -59,7 +60,7 @@ def load(path, bits: Optional[int] = 4, group_size: Optional[int] = 64, act: str
     t0 = time.perf_counter()
     if threads is not None:
         set_num_threads(threads)
-    opts = Options(bits, group_size, symmetric, act, act_block, memory, disk_embedding, slim_vocab).check()
+    opts = Options(bits, group_size, symmetric, act, act_block, memory, disk_embedding, slim_vocab, kv_cache).check()
     d = Path(path)
     if opts.memory == "flash":
         from .flash import load_flash

@@ -13,6 +13,7 @@ import numpy as np
 from .config import ModelConfig
 from .generation import Sampler, Sampling
 from .layers import Block, KVCache, Linear, decode_step, rms_norm
+from .options import KV_DTYPES
 from .tokenizer import Messages, StreamDecoder, Tokenizer
 
 PREFILL_CHUNK = 512
@@ -75,15 +76,20 @@ class Model:
     info: dict = field(default_factory=dict)  # how it was loaded (bits, act, sources, ...)
     stats: Stats = field(default_factory=Stats)
     resources: list = field(default_factory=list, repr=False)  # closed by close(): reader threads, files
+    kv_cache: str = "float32"          # the KV cache's element type ("float16": half the memory)
 
     # Decode steps run as one compiled call over all blocks (False: block by block in Python,
     # the same operations and results).
     compiled_decode = True
 
     def __post_init__(self):
-        self.cache = KVCache(self.config, self.max_context)
+        self.cache = self.new_cache(self.max_context)
         self.history: list[dict] = []
         self._step, self._step_cache = None, None
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """An empty KV cache of ``capacity`` positions, of the model's element type."""
+        return KVCache(self.config, capacity, KV_DTYPES[self.kv_cache])
 
     def close(self) -> None:
         """Stop and close what the model holds open (a flash model's reader threads and file,

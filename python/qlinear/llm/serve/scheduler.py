@@ -175,7 +175,7 @@ class Scheduler:
             return self._finish(seq, "done", "cancelled")
         self._running.append(seq)  # holds its place from now on
         try:
-            seq.cache = KVCache(self.model.config, len(seq.ids) + seq.max_tokens)
+            seq.cache = self.model.new_cache(len(seq.ids) + seq.max_tokens)
             logits = None
             for s in range(0, len(seq.ids), PREFILL_CHUNK):
                 logits = self.model._forward(seq.ids[s:s + PREFILL_CHUNK], s, cache=seq.cache)
