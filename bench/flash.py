@@ -144,7 +144,6 @@ def main() -> None:
 def run_modes(args, d: Path, file: Path, size: int, limit: int, ra) -> None:
     from qlinear.llm.cgroup import MemoryCgroup
     from qlinear.llm.flash_cost import describe, read_throughput
-
     from qlinear.llm.flash_reader import read_plan
 
     # A virtual machine's disk may be served from its host's page cache: here a file not read

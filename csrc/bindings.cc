@@ -418,6 +418,19 @@ bool checked_kv(const py::handle& obj, const std::string& what, const std::vecto
   return t == kNpyHalf;
 }
 
+// A layer's k and v caches, [kv_heads, capacity, head_dim] both, of one dtype; whether half.
+bool checked_kv_pair(const py::handle& k, const py::handle& v, const std::string& where,
+                     bool dtype_value_error = false) {
+  const bool half = checked_kv(k, where + "k_cache", {-1, -1, -1}, dtype_value_error);
+  const py::array ka = py::reinterpret_borrow<py::array>(k);
+  if (checked_kv(v, where + "v_cache", {ka.shape(0), ka.shape(1), ka.shape(2)}, dtype_value_error) != half) {
+    const std::string msg = where + "k and v caches must be of one dtype";
+    if (dtype_value_error) throw py::value_error(msg);
+    throw py::type_error(msg);
+  }
+  return half;
+}
+
 // Row-wise elementwise work (prefill: tokens x features) split over the thread pool once there is
 // enough of it; a decode step's single row stays on the calling thread.
 template <class F>
@@ -473,10 +486,8 @@ F32Array py_attend_one(const py::array& qkv_in, const py::array& cos_in, const p
                        int64_t pos, const py::array& k_in, const py::array& v_in, int64_t heads, float scale,
                        int64_t window, float softcap) {
   F32Array qkv = checked_f32(qkv_in, "qkv", 2), cs = checked_f32(cos_in, "cos", 2), sn = checked_f32(sin_in, "sin", 2);
-  const bool half = checked_kv(k_in, "k_cache", {-1, -1, -1}, true);
+  const bool half = checked_kv_pair(k_in, v_in, "attend_one: ", true);
   const int64_t kv = k_in.shape(0), cap = k_in.shape(1), d = k_in.shape(2);
-  if (checked_kv(v_in, "v_cache", {kv, cap, d}, true) != half)
-    throw py::value_error("attend_one: k and v caches must be of one dtype");
   if (heads < 1 || kv < 1 || heads % kv || d < 2 || d % 2 || d > 512)
     throw py::value_error("attend_one: bad head counts or head_dim");
   if (qkv.shape(0) != 1 || qkv.shape(1) != (heads + 2 * kv) * d)
@@ -659,9 +670,6 @@ PYBIND11_MODULE(_core, m) {
                py::list keep;  // the arrays the caches point into, for the call
                std::vector<decoder::LayerCache> caches(static_cast<size_t>(b * nl));
                std::vector<decoder::StepRow> rows(static_cast<size_t>(b));
-               // every layer holds the whole context (no sliding window's ring): a row's caches may
-               // come as one [layers, kv_heads, context, head_dim] array each, checked once (not
-               // a view per layer: this runs between two steps, holding the GIL)
                // the caches are of the step's own dtype (float32, or float16 for half caches)
                const auto cache = [&](const py::handle& o, const std::string& what, const std::vector<int64_t>& shape) {
                  if (checked_kv(o, what, shape) != md.attn.kv_half)
@@ -669,6 +677,9 @@ PYBIND11_MODULE(_core, m) {
                                         ", as the step's own caches");
                  return py::reinterpret_borrow<py::array>(o);
                };
+               // every layer holds the whole context (no sliding window's ring): a row's caches may
+               // come as one [layers, kv_heads, context, head_dim] array each, checked once (not
+               // a view per layer: this runs between two steps, holding the GIL)
                bool whole_context = true;
                for (const decoder::LayerCache& c : own) whole_context = whole_context && c.capacity >= md.attn.capacity;
                const auto stacked = [&](const py::object& o) {
@@ -762,12 +773,11 @@ PYBIND11_MODULE(_core, m) {
                 throw py::type_error(p + "must be a tuple (qkv, o, gate_up, down, input_norm, post_norm, k_cache, "
                                          "v_cache, cos, sin, options dict)");
               py::tuple t = layers[i].cast<py::tuple>();
-              const bool half = checked_kv(t[6], p + "k_cache", {-1, -1, -1});
-              py::array kc = py::reinterpret_borrow<py::array>(t[6]);
-              const int64_t kv = kc.shape(0), cap = kc.shape(1), d = kc.shape(2);
-              if (checked_kv(t[7], p + "v_cache", {kv, cap, d}) != half || (i > 0 && half != md.attn.kv_half))
+              const bool half = checked_kv_pair(t[6], t[7], p);
+              if (i > 0 && half != md.attn.kv_half)
                 throw py::type_error(p + "caches: every layer's k and v caches must be of one dtype");
-              py::array vc = py::reinterpret_borrow<py::array>(t[7]);
+              py::array kc = py::reinterpret_borrow<py::array>(t[6]), vc = py::reinterpret_borrow<py::array>(t[7]);
+              const int64_t kv = kc.shape(0), cap = kc.shape(1), d = kc.shape(2);
               if (kv < 1 || heads < 1 || heads % kv || d < 2 || d % 2 || d > decoder::kMaxHeadDim || cap < 1 ||
                   (i > 0 && (kv != md.attn.kv_heads || d != md.attn.head_dim)))
                 throw py::value_error(p + "bad head counts or head_dim");
@@ -826,10 +836,8 @@ PYBIND11_MODULE(_core, m) {
     m.def("attend_prefill", [f32](const py::array& qkv_in, const py::array& cos_in, const py::array& sin_in,
                                   int64_t start, const py::array& k_in, const py::array& v_in, int64_t heads,
                                   double scale, int64_t window, double softcap) {
-            const bool half = checked_kv(k_in, "k_cache", {-1, -1, -1});
+            const bool half = checked_kv_pair(k_in, v_in, "attend_prefill: ");
             const int64_t kv = k_in.shape(0), cap = k_in.shape(1), d = k_in.shape(2);
-            if (checked_kv(v_in, "v_cache", {kv, cap, d}) != half)
-              throw py::type_error("attend_prefill: k and v caches must be of one dtype");
             py::array k = k_in, v = v_in;
             if (kv < 1 || heads < 1 || heads % kv || d < 2 || d % 2 || d > decoder::kMaxHeadDim)
               throw py::value_error("attend_prefill: bad head counts or head_dim");

@@ -84,13 +84,13 @@ void softcap(float* x, int64_t n, float cap) {
   for (int64_t i = 0; i < n; ++i) x[i] = cap * (2.f / (1.f + exp_poly(-2.f * (x[i] * inv))) - 1.f);
 }
 
-// Dot product in 8 lanes (lane j: the products i = j mod 8, in order of i), the lanes added as
-// ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) (the order of the vector reduction in dot8), then
-// the products past the last multiple of 8, in order.
 // A cached key or value as float: a float cache's own, a half cache's converted (exactly).
 inline float kv_float(float x) { return x; }
 inline float kv_float(uint16_t h) { return half_to_float(h); }
 
+// Dot product in 8 lanes (lane j: the products i = j mod 8, in order of i), the lanes added as
+// ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) (the order of the vector reduction in dot8), then
+// the products past the last multiple of 8, in order.
 template <class KV>
 inline float dot(const float* a, const KV* b, int64_t n) {
   float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};

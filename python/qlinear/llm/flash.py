@@ -222,7 +222,7 @@ def load_flash(d: Path, opts: Options, max_context: int, memory_budget_mb: Optio
     model = build_model(source, opts, max_context)
     del source, tensors, placeholder
 
-    reader = FlashReader(path, workers=reading.threads, readahead=reading.readahead, chunk=reading.chunk)
+    reader = FlashReader(path, reading)
     try:
         biases = [(b.gate_up.bias, b.down.bias) for b in model.blocks]
         act = mlp_activation(cfg)

@@ -38,7 +38,7 @@ def read_throughput(path, nbytes: Optional[int] = None, plan: ReadPlan = ReadPla
     bufs = [np.empty(min(chunk, nbytes), np.uint8) for _ in range(2 * workers)]
     reads = [(off, [memoryview(bufs[i % len(bufs)])[:min(chunk, nbytes - off)]])
              for i, off in enumerate(range(0, nbytes, chunk))]
-    reader = FlashReader(path, workers=workers, readahead=plan.readahead)
+    reader = FlashReader(path, plan)
     try:
         t0 = time.perf_counter()
         reader.submit(reads).wait()

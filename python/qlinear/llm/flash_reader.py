@@ -145,12 +145,12 @@ class FlashReader:
     """Worker threads reading one file. ``submit(reads)`` -> Job; ``close()`` stops the workers
     and closes the file (also at garbage collection of the owner: see ``flash``)."""
 
-    def __init__(self, path, workers: int = 4, drop_cache: bool = True, readahead: bool = True,
-                 chunk: int = CHUNK_BYTES):
+    def __init__(self, path, plan: ReadPlan = ReadPlan(True, 4, CHUNK_BYTES), drop_cache: bool = True):
+        workers, readahead = plan.threads, plan.readahead
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"reader workers must be an int >= 1, got {workers!r}")
         self.path = os.fspath(path)
-        self.plan = ReadPlan(readahead, workers, chunk)   # chunk: the read size its users split into
+        self.plan = plan   # plan.chunk: the read size its users split their reads into
         self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         self.identity = self._identity()
         self.drop_cache = drop_cache and hasattr(os, "posix_fadvise")
