@@ -78,6 +78,13 @@ class Server:
     def health(self) -> dict:
         return httpx.get(self.url + "/health", timeout=10).json()
 
+    def loop_cpu_seconds(self) -> float:
+        """CPU time of the server's main thread, its event loop (HTTP parsing, the token events'
+        JSON, the socket sends), apart from the decode and scheduler threads (Linux /proc)."""
+        with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
     def rss_mb(self) -> float:
         with open(f"/proc/{self.proc.pid}/status") as f:
             return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
@@ -175,26 +182,27 @@ def throughput(model, threads: int, clients_list, tokens: int, prompt_tokens: in
     for clients in clients_list:
         tok_s = sorted(r[0] for r in runs[clients])
         ttft = [t for r in runs[clients] for t in r[1]]
-        cpu_ms = sorted(r[2] for r in runs[clients])[len(runs[clients]) // 2]
-        step_ms = sorted(r[3] for r in runs[clients])[len(runs[clients]) // 2]
+        cpu_ms, step_ms, loop_ms = (sorted(r[i] for r in runs[clients])[len(runs[clients]) // 2] for i in (2, 3, 4))
         rows.append({"clients": clients, "decode_tok_s": tok_s[len(tok_s) // 2], "rounds_tok_s": tok_s,
                      "ttft_mean_ms": 1000 * sum(ttft) / len(ttft), "ttft_max_ms": 1000 * max(ttft),
                      "tokens_each": tokens, "client": client, "client_cpu_ms_per_token": cpu_ms,
-                     "server_step_ms": step_ms})
+                     "server_step_ms": step_ms, "server_loop_cpu_ms_per_token": loop_ms})
         print(f"{clients} clients: aggregate decode {rows[-1]['decode_tok_s']:.1f} tok/s "
               f"({rows[-1]['decode_tok_s'] / rows[0]['decode_tok_s']:.2f}x one client; rounds "
               f"{', '.join(f'{t:.0f}' for t in tok_s)}), time to first token "
               f"mean {rows[-1]['ttft_mean_ms']:.0f} ms, max {rows[-1]['ttft_max_ms']:.0f} ms; clients ({client}) "
-              f"{cpu_ms:.2f} ms CPU per token; the server's decode step {step_ms:.1f} ms of the "
-              f"{1000 * clients / rows[-1]['decode_tok_s']:.1f} ms between a client's tokens", flush=True)
+              f"{cpu_ms:.2f} ms CPU per token, the server's event loop {loop_ms:.2f}; the server's decode "
+              f"step {step_ms:.1f} ms of the {1000 * clients / rows[-1]['decode_tok_s']:.1f} ms between a "
+              f"client's tokens", flush=True)
     return rows
 
 
 def _concurrent_decode(server, body: dict, clients: int, tokens: int, client: str = "light") -> tuple:
     """(aggregate decode tok/s, times to first token, the clients' CPU ms per token received, the
     server's mean ms per decode step (its /health figures; the steps with fewer clients at the
-    start and end included)) of `clients` streaming clients at once."""
-    h0, cpu0 = server.health(), time.process_time()
+    start and end included), its event loop's CPU ms per token decoded) of `clients` streaming
+    clients at once."""
+    h0, cpu0, loop0 = server.health(), time.process_time(), server.loop_cpu_seconds()
     if client == "light":
         results = asyncio.run(_light_clients(server.port, body, clients))
     else:
@@ -214,9 +222,10 @@ def _concurrent_decode(server, body: dict, clients: int, tokens: int, client: st
         raise SystemExit("the clients never decoded all at once: give them more --tokens")
     steps = sum(sum(first <= t <= last for t in r["times"]) - 1 for r in results)  # intervals
     cpu_ms = 1000 * (time.process_time() - cpu0) / sum(len(r["times"]) for r in results)
-    h1 = server.health()
+    loop_s, h1 = server.loop_cpu_seconds() - loop0, server.health()
     step_ms = 1000 * (h1["decode_seconds"] - h0["decode_seconds"]) / max(1, h1["decode_steps"] - h0["decode_steps"])
-    return steps / (last - first), [r["times"][0] - r["t0"] for r in results], cpu_ms, step_ms
+    loop_ms = 1000 * loop_s / max(1, h1["decoded_tokens"] - h0["decoded_tokens"])
+    return steps / (last - first), [r["times"][0] - r["t0"] for r in results], cpu_ms, step_ms, loop_ms
 
 
 # The clients share the server's cores here (on a network they would not): httpx in a thread per
