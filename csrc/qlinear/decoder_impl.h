@@ -344,15 +344,19 @@ void attend_heads_t(const float* qkv, const float* cos_row, const float* sin_row
   }
 }
 
+// f(k, v) with the caches as the element type they hold (sh.kv_half: IEEE half, else float).
+template <class F>
+inline void with_kv_type(const AttentionShape& sh, const void* k_cache, const void* v_cache, F&& f) {
+  if (sh.kv_half) f(static_cast<const uint16_t*>(k_cache), static_cast<const uint16_t*>(v_cache));
+  else f(static_cast<const float*>(k_cache), static_cast<const float*>(v_cache));
+}
+
 void attend_heads(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
                   const AttentionShape& sh, float scale, const void* k_cache, const void* v_cache,
                   int64_t h0, int64_t h1, float* out, float* scratch) {
-  if (sh.kv_half)
-    attend_heads_t(qkv, cos_row, sin_row, pos, sh, scale, static_cast<const uint16_t*>(k_cache),
-                   static_cast<const uint16_t*>(v_cache), h0, h1, out, scratch);
-  else
-    attend_heads_t(qkv, cos_row, sin_row, pos, sh, scale, static_cast<const float*>(k_cache),
-                   static_cast<const float*>(v_cache), h0, h1, out, scratch);
+  with_kv_type(sh, k_cache, v_cache, [&](const auto* k, const auto* v) {
+    attend_heads_t(qkv, cos_row, sin_row, pos, sh, scale, k, v, h0, h1, out, scratch);
+  });
 }
 
 // -- prefill: causal attention of many query rows, keys in blocks with an online softmax --------
@@ -470,16 +474,14 @@ void attend_rows_d(const float* q, int64_t ldq, int64_t start, const AttentionSh
 void attend_rows(const float* q, int64_t ldq, int64_t start, const AttentionShape& sh,
                  const void* k_cache, const void* v_cache, int64_t h, int64_t r0, int64_t r1,
                  float* out, int64_t ldo, float* scratch) {
-  const auto run = [&](const auto* k, const auto* v) {
+  with_kv_type(sh, k_cache, v_cache, [&](const auto* k, const auto* v) {
     if (sh.head_dim == 64)
       attend_rows_d<64>(q, ldq, start, sh, k, v, h, r0, r1, out, ldo, scratch);
     else if (sh.head_dim == 128)
       attend_rows_d<128>(q, ldq, start, sh, k, v, h, r0, r1, out, ldo, scratch);
     else
       attend_rows_d<0>(q, ldq, start, sh, k, v, h, r0, r1, out, ldo, scratch);
-  };
-  if (sh.kv_half) run(static_cast<const uint16_t*>(k_cache), static_cast<const uint16_t*>(v_cache));
-  else run(static_cast<const float*>(k_cache), static_cast<const float*>(v_cache));
+  });
 }
 
 // RoPE on query row r's heads (position start + r) times `scale`, into q [rows, heads * d].
