@@ -71,7 +71,7 @@ def drop_cache(path: Path, everything: bool) -> None:
         os.sync()
         Path("/proc/sys/vm/drop_caches").write_text("3")
     else:
-        from qlinear.llm.flash_cost import drop_file_cache
+        from qlinear.llm.flash.cost import drop_file_cache
         drop_file_cache(path)
 
 
@@ -115,7 +115,7 @@ def main() -> None:
     if args.worker:
         return worker(args)
 
-    from qlinear.llm.cgroup import unavailable_reason
+    from qlinear.llm.flash.cgroup import unavailable_reason
 
     d = Path(args.dir)
     build(d, args.shape)
@@ -125,7 +125,7 @@ def main() -> None:
     why = unavailable_reason()
     if why:
         raise SystemExit(f"no memory limit can be set here: {why}")
-    from qlinear.llm.flash_reader import read_ahead_path
+    from qlinear.llm.flash.reader import read_ahead_path
 
     ra = read_ahead_path(file)
     ra = Path(ra) if ra else None
@@ -142,9 +142,9 @@ def main() -> None:
 
 
 def run_modes(args, d: Path, file: Path, size: int, limit: int, ra) -> None:
-    from qlinear.llm.cgroup import MemoryCgroup
-    from qlinear.llm.flash_cost import describe, read_throughput
-    from qlinear.llm.flash_reader import read_plan
+    from qlinear.llm.flash.cgroup import MemoryCgroup
+    from qlinear.llm.flash.cost import describe, read_throughput
+    from qlinear.llm.flash.reader import read_plan
 
     # A virtual machine's disk may be served from its host's page cache: here a file not read
     # for a while read at 73 MB/s, the next time at 1.7-2.3 GB/s. One pass over every model

@@ -177,7 +177,7 @@ def gguf_file(quant: str, arch: str = "qwen2") -> Path:
 
 def llamacpp_speed(path: Path, threads: int) -> dict:
     """llama-bench's pp64 and tg32 tok/s (one repetition), its peak RSS and CPU path."""
-    from qlinear.llm import llamacpp
+    from qlinear.llm.peers import llamacpp
     r = llamacpp.bench(path, PROMPT, DECODE, threads, 1, where=str(BUILD / "bin"))
     return {"prefill": r["prefill_tok_s"], "decode": r["decode_tok_s"], "rss": r["peak_rss_mb"],
             "backend": r["cpu_path"]}

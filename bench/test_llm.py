@@ -71,7 +71,7 @@ class QlinearEngine:
 
 class MnnEngine:
     def __init__(self, path, threads):
-        from qlinear.llm.mnn.engine import MnnLlm
+        from qlinear.llm.peers.mnn_llm import MnnLlm
         self.llm = MnnLlm(path, threads=threads)
 
     def prefill(self, ids):

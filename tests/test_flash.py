@@ -12,7 +12,7 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")
 
 from qlinear import llm  # noqa: E402
-from qlinear.llm import flash_layout  # noqa: E402
+from qlinear.llm.flash import layout as flash_layout  # noqa: E402
 from qlinear.llm.synthetic import make_checkpoint  # noqa: E402
 
 IDS = list(range(5, 45))
@@ -33,7 +33,7 @@ def fd_count() -> int:
 
 def test_bundle_layout_roundtrip():
     import qlinear
-    from qlinear.llm.flash_layout import FFNLayout, Geometry
+    from qlinear.llm.flash.layout import FFNLayout, Geometry
 
     rng = np.random.default_rng(0)
     for H, I, gs in [(64, 176, 64), (96, 192, None), (64, 160, 32)]:
@@ -93,7 +93,7 @@ def test_bundled_file_loads_normally(models):
 
 
 def test_budget_too_small_refused_before_loading(models, monkeypatch):
-    from qlinear.llm import converted_source
+    from qlinear.llm.converted import source as converted_source
 
     def no_read(*a, **k):
         raise AssertionError("read the model before checking the budget")
@@ -170,7 +170,7 @@ def test_reader_threads_and_fds_are_released(models):
 
 
 def test_window_swap_delete_matches_reference():
-    from qlinear.llm.sparsity import Window
+    from qlinear.llm.flash.sparsity import Window
 
     rng = np.random.default_rng(1)
     data = np.full(16, -1)
@@ -217,7 +217,7 @@ def test_relu_llama_matches_transformers(relu_model):
 
 
 def test_predictor_and_sparse_flash(relu_model, tmp_path):
-    from qlinear.llm import sparsity
+    from qlinear.llm.flash import sparsity
 
     path, _ = relu_model
     dense = llm.load(path, progress=False)
@@ -246,7 +246,7 @@ def test_predictor_and_sparse_flash(relu_model, tmp_path):
 def test_cgroup_limited_run(models, tmp_path):
     import sys
 
-    from qlinear.llm.cgroup import MemoryCgroup, unavailable_reason
+    from qlinear.llm.flash.cgroup import MemoryCgroup, unavailable_reason
 
     why = unavailable_reason()
     if why:
@@ -270,7 +270,8 @@ def test_budget_room_holds_ffn_layers(models):
     """A budget with room beyond what flash needs holds whole FFN layers in memory, the last
     ones; only the others are read per token; the logits stay the normal mode's."""
     from qlinear._format import tensor_entries
-    from qlinear.llm import converted_source, flash, flash_plan
+    from qlinear.llm.converted import source as converted_source
+    from qlinear.llm.flash import loader as flash, plan as flash_plan
     from qlinear.llm.config import ModelConfig
 
     file = models["plain"] / converted_source.MODEL_FILE
@@ -301,7 +302,8 @@ def test_converted_files_hold_the_ffns_in_one_run(models, tmp_path):
     beside its layer's attention weights (converted before) is read without it, to the same
     logits."""
     from qlinear._format import load_weights, save_weights, tensor_entries
-    from qlinear.llm import converted_source, flash
+    from qlinear.llm.converted import source as converted_source
+    from qlinear.llm.flash import loader as flash
     from qlinear.llm.config import ModelConfig
 
     def ffn_file(d):
@@ -325,7 +327,7 @@ def test_converted_files_hold_the_ffns_in_one_run(models, tmp_path):
 def test_read_plan_follows_the_devices_readahead(models, monkeypatch, read_ahead_kb):
     """One run on a device with a large readahead window: one thread, reads the kernel reads
     ahead of; otherwise 4 threads without readahead. Either way the same logits."""
-    from qlinear.llm import flash_reader
+    from qlinear.llm.flash import reader as flash_reader
 
     monkeypatch.setattr(flash_reader, "device_read_ahead_kb", lambda path: read_ahead_kb)
     stream = read_ahead_kb == 8192

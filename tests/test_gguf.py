@@ -546,7 +546,7 @@ def test_bench_vs_llamacpp_errors(files, checkpoints, tmp_path):
     import subprocess
     import sys
 
-    from qlinear.llm import llamacpp
+    from qlinear.llm.peers import llamacpp
 
     with pytest.raises(ValueError, match="llama-bench was not found in .*nowhere"):
         llamacpp.find_tool("llama-bench", str(tmp_path / "nowhere"))

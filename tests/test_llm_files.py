@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 
 from qlinear import llm  # noqa: E402
 from qlinear.llm import synthetic  # noqa: E402
-from qlinear.llm.safetensors_file import SafetensorsFile  # noqa: E402
+from qlinear.llm.hf.safetensors_file import SafetensorsFile  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +157,7 @@ def test_loading_a_converted_model_costs_about_its_size(tmp_path):
     size = os.path.getsize(out / "model.qlinear")
     script = textwrap.dedent(f"""
         from qlinear import llm
-        from qlinear.llm.model import peak_rss_mb
+        from qlinear.llm.runtime.model import peak_rss_mb
         def rss():
             with open("/proc/self/status") as f:
                 return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS:"))

@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 
 from qlinear import PackedWeight, llm  # noqa: E402
 from qlinear._format import load_weights  # noqa: E402
-from qlinear.llm import gptq  # noqa: E402
+from qlinear.llm.converted import gptq  # noqa: E402
 from qlinear.llm.cli import main as cli  # noqa: E402
 from qlinear.llm.synthetic import local_text, make_checkpoint  # noqa: E402
 

@@ -88,7 +88,7 @@ def read(exports):
 
 @pytest.fixture(scope="session")
 def mnn(exports):
-    from qlinear.llm.mnn.engine import MnnLlm
+    from qlinear.llm.peers.mnn_llm import MnnLlm
 
     cache = {}
 
@@ -285,7 +285,7 @@ def test_reference_forward_matches_mnn_logits(read, mnn, name):
 def test_reference_forward_is_exact_vs_mnn_float_activations(read, exports, name):
     """With float activations (``"memory": "normal"``, weights dequantized at load) MNN.llm
     computes what the records read here say, to float rounding."""
-    from qlinear.llm.mnn.engine import MnnLlm
+    from qlinear.llm.peers.mnn_llm import MnnLlm
 
     export = read(name)
     ids = _prompt_ids(export, 64)
@@ -308,7 +308,7 @@ def test_mnn_engine_greedy_and_bench(read, mnn):
 
 
 def test_mnn_bench_in_subprocess(exports, read):
-    from qlinear.llm.mnn.engine import bench_in_subprocess
+    from qlinear.llm.peers.mnn_llm import bench_in_subprocess
 
     ids = _prompt_ids(read("int4-b64"), 8)
     res = bench_in_subprocess(exports["int4-b64"], ids, 4, threads=1)
@@ -419,7 +419,7 @@ def test_other_family_exports_run_like_mnn_and_their_checkpoint(family_exports, 
     checkpoint: 0.975-0.978; the export's embedding, tied, is int4 too): MNN's engine on the export
     scores as we do."""
     from qlinear import llm
-    from qlinear.llm.mnn.engine import MnnLlm
+    from qlinear.llm.peers.mnn_llm import MnnLlm
 
     hf, export_dir = family_exports(arch, bits)
     export = read_export(export_dir)

@@ -22,7 +22,7 @@ pytest.importorskip("transformers")
 
 from qlinear import llm  # noqa: E402
 from qlinear.llm import synthetic  # noqa: E402
-from qlinear.llm.generation import Sampling  # noqa: E402
+from qlinear.llm.runtime.generation import Sampling  # noqa: E402
 from qlinear.llm.serve import QueueFull, Scheduler, SchedulerClosed, Sequence, create_app  # noqa: E402
 
 NAME = "tiny"
@@ -478,7 +478,7 @@ def spm_style_tokenizer():
 def test_stream_decoder_pieces_make_the_text(reference):
     """Pieces (multi-byte characters held back until complete) add up to decode(ids), for a
     byte-level BPE and a SentencePiece-style tokenizer; each push decodes a bounded window."""
-    from qlinear.llm.tokenizer import StreamDecoder
+    from qlinear.llm.runtime.tokenizer import StreamDecoder
 
     rng = np.random.default_rng(3)
     alphabet = ["a", "b", " ", "é", "日本", "🙂", "c", " ab", "\n"]

@@ -1,5 +1,6 @@
-"""The Python layer's shape: no import cycle inside python/qlinear, only the ops module reaches
-into PackedWeight._h, and qlinear.llm's modules stay small."""
+"""The package's shape: no import cycle inside python/qlinear, only the ops module reaches into
+PackedWeight._h, qlinear.llm laid out by job (file formats, runtime, flash, server, commands) with
+small modules, and the extension's bindings split by domain."""
 
 import ast
 import re
@@ -82,7 +83,7 @@ def find_cycle(graph: dict):
 
 def test_import_graph_has_no_cycle():
     graph = import_graph()
-    assert "qlinear._ops" in graph["qlinear.llm.layers"]  # the graph sees relative imports
+    assert "qlinear._ops" in graph["qlinear.llm.runtime.layers"]  # the graph sees relative imports
     cycle = find_cycle(graph)
     assert cycle is None, " -> ".join(cycle)
 
@@ -102,3 +103,51 @@ def test_llm_modules_are_small():
     big = {str(p.relative_to(PKG)): n for p in (PKG / "llm").rglob("*.py")
            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 300}
     assert big == {}
+
+
+LLM = "qlinear.llm"
+FORMATS = ("hf", "gguf", "mnn", "converted")   # one subpackage per file format
+
+
+def reachable(graph: dict, start: str) -> set:
+    seen, todo = set(), [start]
+    while todo:
+        for m in graph.get(todo.pop(), ()):
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return seen
+
+
+def test_llm_top_level_is_a_map():
+    """Besides its subpackages, qlinear.llm's top level holds a few modules: the public entry
+    points and what every part shares."""
+    top = sorted(p.stem for p in (PKG / "llm").glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(top) <= 12, top
+    packages = {p.name for p in (PKG / "llm").iterdir() if (p / "__init__.py").is_file()}
+    assert {*FORMATS, "runtime", "flash", "serve", "archs", "cli", "peers"} <= packages
+
+
+def test_format_readers_never_import_the_server_or_the_command_line():
+    graph = import_graph()
+    readers = [m for m in graph if any(m == f"{LLM}.{f}" or m.startswith(f"{LLM}.{f}.") for f in FORMATS)]
+    assert len(readers) >= 4 * 2
+    for m in readers:
+        bad = sorted(r for r in reachable(graph, m) if r.startswith((f"{LLM}.serve", f"{LLM}.cli")))
+        assert bad == [], f"{m} reaches {bad}"
+
+
+def test_the_runtime_knows_no_file_format():
+    """Running a token needs no reader of a format, flash, the server or the commands."""
+    graph = import_graph()
+    outside = (*FORMATS, "flash", "serve", "cli", "peers")
+    for m in [m for m in graph if m.startswith(f"{LLM}.runtime")]:
+        bad = sorted(r for r in reachable(graph, m) if r.startswith(tuple(f"{LLM}.{o}" for o in outside)))
+        assert bad == [], f"{m} reaches {bad}"
+
+
+def test_every_command_has_its_module():
+    from qlinear.llm.cli import COMMANDS  # noqa: PLC0415
+    names = {c.__name__.rpartition(".")[2] for c in COMMANDS}
+    files = {p.stem for p in (PKG / "llm" / "cli").glob("*.py")} - {"__init__", "common"}
+    assert names == files

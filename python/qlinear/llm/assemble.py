@@ -10,9 +10,9 @@ import numpy as np
 from .. import _core
 from .._packed import PackedWeight
 from .config import ModelConfig
-from .embedding import MemoryEmbedding, ScaledEmbedding, embed_scale
-from .layers import Attention, Block, CappedLinear, Linear, Rope
-from .model import Model
+from .runtime.embedding import MemoryEmbedding, ScaledEmbedding, embed_scale
+from .runtime.layers import Attention, Block, CappedLinear, Linear, Rope
+from .runtime.model import Model
 from .options import Options
 from .source import Source
 
@@ -34,7 +34,7 @@ def make_block(cfg: ModelConfig, i: int, linear: Callable, vector: Callable, rop
     attn = Attention(cfg, i, linear(p + "qkv", (cfg.q_size + 2 * cfg.kv_size, H)),
                      linear(p + "o", (H, cfg.q_size)), local_rope if cfg.window(i) else rope, *qk)
     if cfg.num_experts:  # routed experts (Qwen3-MoE, OLMoE)
-        from .moe import MoeBlock  # noqa: PLC0415
+        from .runtime.moe import MoeBlock  # noqa: PLC0415
 
         M = cfg.moe_intermediate_size
         experts = [(linear(f"{p}experts.{e}.gate_up", (2 * M, H)), linear(f"{p}experts.{e}.down", (H, M)))

@@ -36,7 +36,7 @@ def bench(model, prompt_tokens: int = 64, decode_tokens: int = 32, repeats: int 
 
 def weight_bits(model) -> str:
     """The bits of the model's weights: "4", "8", "4+8" (e.g. a GGUF file's int8 lm head) or "float"."""
-    from .layers import Linear
+    from .runtime.layers import Linear
 
     parts = [model.lm_head] + [p for b in model.blocks for p in (*vars(b).values(), *vars(b.attention).values())]
     bits = sorted({getattr(m.weight, "bits", None) or 32 for m in parts if isinstance(m, Linear)})
@@ -72,7 +72,7 @@ def bench_vs_mnn(export_dir, model, row: dict, decode_tokens: int) -> dict:
     """The same prompt through MNN.llm (a fresh process: its peak RSS is its own), greedy."""
     if model.info.get("source") != "mnn":
         raise ValueError("--vs mnn needs an MNN export directory (llm.mnn, llm.mnn.weight, ...)")
-    from .mnn.engine import bench_in_subprocess
+    from .peers.mnn_llm import bench_in_subprocess
 
     mnn = bench_in_subprocess(export_dir, row["prompt_ids"], decode_tokens, threads=row["threads"])
     mnn.update(_agreement(row["tokens"], mnn.get("tokens", [])))
@@ -89,7 +89,7 @@ def bench_vs_llamacpp(gguf_path, model, row: dict, decode_tokens: int, repeats: 
     of ``repeats``) and, with llama-cpp-python installed, the greedy tokens of our prompt."""
     if model.info.get("source") != "gguf":
         raise ValueError("--vs llamacpp needs a GGUF file")
-    from . import llamacpp
+    from .peers import llamacpp
 
     peer = llamacpp.bench(gguf_path, row["prompt_tokens"], decode_tokens, row["threads"], repeats, where)
     tokens = llamacpp.greedy_tokens(gguf_path, row["prompt_ids"], len(row["tokens"]), row["threads"])

@@ -1,8 +1,9 @@
 """``llm.load``: open a model directory of any source and assemble the model.
 
-Sources (each a module returning a ``source.Source``): a GGUF file (``gguf_source``), a
-directory written by ``llm.convert`` (``converted_source``), an MNN LLM export (``mnn_source``), a
-Hugging Face checkpoint (``hf_source``). A new source is one more module and one more line in ``_SOURCES``.
+Sources (each a ``source`` module of its format's package, returning a ``source.Source``): a GGUF
+file (``gguf``), a directory written by ``llm.convert`` (``converted``), an MNN LLM export
+(``mnn``), a Hugging Face checkpoint (``hf``). A new format is one more package and one more line
+in ``_SOURCES``.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from typing import Optional, Sequence, Union
 
 from .. import set_num_threads
 from .._scheme import DEFAULT_ACT_BLOCK, ActBlock
-from . import converted_source, gguf_source, hf_source, mnn_source
+from .converted import source as converted_source
+from .gguf import source as gguf_source
+from .hf import source as hf_source
+from .mnn import source as mnn_source
 from .assemble import build_model
-from .model import Model
+from .runtime.model import Model
 from .options import Options
 
 # (is this directory of that source?, read it); the first that matches is used.
@@ -63,7 +67,7 @@ def load(path, bits: Optional[int] = 4, group_size: Optional[int] = 64, act: str
     opts = Options(bits, group_size, symmetric, act, act_block, memory, disk_embedding, slim_vocab, kv_cache).check()
     d = Path(path)
     if opts.memory == "flash":
-        from .flash import load_flash
+        from .flash.loader import load_flash
         model = load_flash(d, opts, max_context, memory_budget_mb, reader_threads, predictor, window)
         model.stats.load_s = time.perf_counter() - t0
         return model

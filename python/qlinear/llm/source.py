@@ -9,6 +9,7 @@ PackedWeight or a float32 [N, K] array, with an optional ``.bias``), ``layers.{i
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -17,8 +18,8 @@ import numpy as np
 
 from .._packed import PackedWeight, pack_quantized
 from .config import ModelConfig
-from .embedding import EmbeddingFile
-from .tokenizer import Tokenizer
+from .runtime.embedding import EmbeddingFile
+from .runtime.tokenizer import Tokenizer
 
 
 @dataclass
@@ -63,3 +64,44 @@ def select_rows(w, rows: np.ndarray):
     codes, scale, offset = w.unpack()
     return pack_quantized(codes[rows], scale[rows], None if offset is None else offset[rows],
                           w.bits, None if w.per_channel else w.group_size, w.symmetric)
+
+
+# -- loading a model layer by layer: freed heap memory given back, a progress bar --
+
+_malloc_trim = None
+
+
+def trim_heap() -> None:
+    """glibc's malloc_trim(0): loading makes a layer's transient arrays, and glibc keeps freed
+    heap memory by default (its mmap threshold grows after the first large free), so without
+    this the peak RSS of a load grows by the sum of the leftovers. A no-op elsewhere."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+class _Quiet:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_description(self, desc: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress(total: int, desc: str, enabled: bool, unit: str = "layer", leave: bool = False):
+    """A bar of ``total`` steps on stderr, or an object with the same methods doing nothing."""
+    if not enabled:
+        return _Quiet()
+    try:
+        from tqdm.auto import tqdm  # noqa: PLC0415
+    except ImportError:
+        return _Quiet()
+    return tqdm(total=total, desc=desc, unit=unit, leave=leave)

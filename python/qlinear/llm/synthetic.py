@@ -16,7 +16,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from .convert import check_out_dir
+from .converted.convert import check_out_dir
 
 # Shapes worth having by name. "qwen2.5-0.5b" is Qwen2.5-0.5B's geometry (vocab included).
 DTYPES = ("float32", "bfloat16")

@@ -1,5 +1,5 @@
 """MNN LLM exports (the output directory of ``llmexport``): reading them, building them, and
-MNN's own engine on them.
+the ``source`` that turns one into a qlinear model.
 
 An export directory holds:
 
@@ -13,8 +13,8 @@ An export directory holds:
 
 ``export.read_export`` reads a directory as a whole (``features``: what the graph computes
 beyond its weights, and how that makes a Gemma export differ from its checkpoint); ``llmexport_runner.export_with_llmexport``
-builds one; ``engine.MnnLlm`` runs ``MNN.llm`` on one. ``qlinear.llm.mnn_source`` turns an
-export into a qlinear model.
+builds one; ``source`` turns an export into a qlinear model (``qlinear.llm.peers.mnn_llm``
+runs MNN's own engine, ``MNN.llm``, on one).
 """
 
 from .export import SUPPORTED_MODEL_TYPES, MnnExport, read_export

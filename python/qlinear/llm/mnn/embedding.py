@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..embedding import MemoryEmbedding, _check_ids
+from ..runtime.embedding import MemoryEmbedding, _check_ids
 from .weights import QuantizedLinear, WeightFile, _unpack_codes
 
 

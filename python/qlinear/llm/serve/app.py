@@ -22,9 +22,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from ..generation import Sampling
-from ..model import Model
-from ..tokenizer import StreamDecoder, Tokenizer
+from ..runtime.generation import Sampling
+from ..runtime.model import Model
+from ..runtime.tokenizer import StreamDecoder, Tokenizer
 from . import protocol
 from .protocol import ApiError
 from .scheduler import QueueFull, Scheduler, SchedulerClosed, Sequence

@@ -20,9 +20,9 @@ from typing import Callable, Optional, Sequence as Seq
 
 import numpy as np
 
-from ..generation import Sampler, Sampling
-from ..layers import KVCache, decode_step
-from ..model import PREFILL_CHUNK, Model
+from ..runtime.generation import Sampler, Sampling
+from ..runtime.layers import KVCache, decode_step
+from ..runtime.model import PREFILL_CHUNK, Model
 
 
 class QueueFull(Exception):

@@ -1,0 +1,101 @@
+"""A GGUF file's metadata as a model configuration, with llama.cpp's conventions where its
+converter or runtime departs from the Hugging Face config (Gemma's norms and query scale, Phi-3's
+sliding window, which llama.cpp does not apply)."""
+
+from __future__ import annotations
+
+from ..config import ModelConfig
+from .file import GGUFFile
+
+ARCHS = ("qwen2", "llama", "qwen3", "gemma2", "gemma3", "phi3")
+
+
+def read_config(f: GGUFFile) -> ModelConfig:
+    arch = f.meta("general.architecture", str, required=True)
+    if arch not in ARCHS:
+        raise f.error(f"architecture {arch!r} is not supported ({', '.join(ARCHS)})")
+    a = arch + "."
+    hidden, heads = f.count(a + "embedding_length"), f.count(a + "attention.head_count")
+    embd = f.tensors.get("token_embd.weight")
+    if embd is None or len(embd.shape) != 2 or int(embd.shape[0]) != hidden:
+        raise f.error("tensor 'token_embd.weight' is missing or not [vocab, hidden]")
+    hf = {"model_type": arch, "hidden_size": hidden, "num_attention_heads": heads,
+          "intermediate_size": f.count(a + "feed_forward_length"),
+          "num_hidden_layers": f.count(a + "block_count"),
+          "num_key_value_heads": f.count(a + "attention.head_count_kv", heads),
+          "head_dim": f.count(a + "attention.key_length", hidden // heads),
+          "vocab_size": int(embd.shape[1]),
+          "rms_norm_eps": f.meta(a + "attention.layer_norm_rms_epsilon", float, 1e-6),
+          "rope_theta": f.meta(a + "rope.freq_base", float, 10000.0),
+          "max_position_embeddings": f.count(a + "context_length", 4096),
+          "tie_word_embeddings": "output.weight" not in f.tensors,
+          "attention_bias": "blk.0.attn_q.bias" in f.tensors,
+          "bos_token_id": f.meta("tokenizer.ggml.bos_token_id", int),
+          "eos_token_id": f.meta("tokenizer.ggml.eos_token_id", int)}
+    if arch in _GEMMA:
+        hf.update(_gemma_config(f, hf, arch))
+    if arch == "phi3":
+        hf.update(_phi3_config(f, hf))
+    kind = f.meta(a + "rope.scaling.type", str, "none")
+    if kind == "linear":
+        hf["rope_scaling"] = {"rope_type": "linear", "factor": f.meta(a + "rope.scaling.factor", float, 1.0)}
+    elif kind != "none":
+        raise f.error(f"rope scaling {kind!r} is not supported (none, linear)")
+    return ModelConfig.from_hf(hf, str(f.path))
+
+
+# llama.cpp's Gemma conventions: (model_type, default sliding pattern, layers of the 27B model)
+_GEMMA = {"gemma2": ("gemma2", 2, 46), "gemma3": ("gemma3_text", 6, 62)}
+
+
+def _gemma_config(f: GGUFFile, hf: dict, arch: str) -> dict:
+    """Gemma 2 / Gemma 3 (text) as llama.cpp runs them: norms stored with their 1 added by its
+    converter, sliding layers by the file's pattern (else every 2nd / 6th layer global), queries
+    scaled by head_dim ** -0.5 (by (hidden / heads) ** -0.5 for the 27B models), not by
+    config.json's query_pre_attn_scalar; Gemma 2's soft-caps (llama.cpp's defaults 50 / 30 when
+    absent), Gemma 3's sliding layers with their own RoPE base."""
+    a, n = arch + ".", hf["num_hidden_layers"]
+    model_type, every, layers_27b = _GEMMA[arch]
+    out = {"model_type": model_type, "hidden_activation": "gelu_pytorch_tanh",
+           "query_pre_attn_scalar": hf["hidden_size"] // hf["num_attention_heads"] if n == layers_27b else hf["head_dim"],
+           "final_logit_softcapping": f.meta(a + "final_logit_softcapping", float, 30.0 if arch == "gemma2" else None)}
+    if arch == "gemma2":
+        out["attn_logit_softcapping"] = f.meta(a + "attn_logit_softcapping", float, 50.0)
+        if f.meta(a + "rope.freq_base_swa", float, hf["rope_theta"]) != hf["rope_theta"]:
+            raise f.error("a Gemma 2 file with a sliding layers' RoPE base of their own is not supported")
+    else:
+        out["rope_local_base_freq"] = f.meta(a + "rope.freq_base_swa", float, 10000.0)
+    window = f.meta(a + "attention.sliding_window", int, 4096 if arch == "gemma2" else 0)
+    if window:
+        pattern = f.meta(a + "attention.sliding_window_pattern", (int, list), every)
+        sliding = ([bool(x) for x in pattern] if isinstance(pattern, list)
+                   else [i % pattern < pattern - 1 for i in range(n)])
+        if len(sliding) != n:
+            raise f.error(f"metadata {a}attention.sliding_window_pattern has {len(sliding)} entries for {n} layers")
+        out.update(sliding_window=window,
+                   layer_types=["sliding_attention" if s else "full_attention" for s in sliding])
+    return out
+
+
+
+
+def _phi3_config(f: GGUFFile, hf: dict) -> dict:
+    """Phi-3 as llama.cpp runs it: no sliding window (llama.cpp ignores the file's); LongRoPE
+    when the file holds its factor tensors, cos / sin scaled by the file's attention factor (1
+    when absent), the long factors past the pretraining length."""
+    hd = hf["head_dim"]
+    out = {"model_type": "phi3", "hidden_act": "silu"}
+    rotary = f.count("phi3.rope.dimension_count", hd)
+    if rotary != hd:
+        out["partial_rotary_factor"] = rotary / hd  # refused by the architecture, with its name
+    names = ("rope_factors_long.weight", "rope_factors_short.weight")
+    present = [n for n in names if n in f.tensors]
+    if present:
+        if len(present) == 1:
+            raise f.error(f"LongRoPE needs both {names[0]!r} and {names[1]!r}; the file has only {present[0]!r}")
+        long_, short = ([float(x) for x in f.dequantize(f.tensor(n, (hd // 2,)))] for n in names)
+        out["original_max_position_embeddings"] = f.count("phi3.rope.scaling.original_context_length",
+                                                          hf["max_position_embeddings"])
+        out["rope_scaling"] = {"rope_type": "longrope", "long_factor": long_, "short_factor": short,
+                               "attention_factor": f.meta("phi3.rope.scaling.attn_factor", float, 1.0)}
+    return out

@@ -1,0 +1,235 @@
+"""Source: a GGUF file (llama.cpp's format; Qwen2, Qwen3, Llama (which llama.cpp's converter
+also writes Mistral as), Gemma 2 / 3 and Phi-3). Metadata -> config (``gguf.config``), the GGUF
+tokenizer rebuilt as a ``tokenizers`` one, weights mapped by tensor name (``blk.N.attn_q`` ...).
+
+Codes are moved, not re-rounded, where the formats agree: Q4_0 is our symmetric int4 group 32
+(w = d (q - 8): code q, zero point 8, float16 scale d), Q8_0 our symmetric int8 group 32 (code
+q + 128). Q4_K becomes asymmetric int4 group 32 with its scale d*sc and offset -dmin*m rounded to
+float16 once (relative error <= 2^-11 each). Other types (F16, BF16, F32, Q5_K, Q6_K, ...) are
+dequantized with ``gguf.quants`` and quantized again at the requested bits; ``model.info`` lists
+them. A part re-quantized next to moved parts of one fused weight (q/k/v, gate/up) takes their
+layout (int4 / int8, group 32) so the fused weight stays one layout.
+
+The embedding: F16 / BF16 / F32 tables are read on disk from the file like a checkpoint's; a
+quantized ``token_embd`` is dequantized a row at a time from the mapped file (or as a whole
+float32 table with ``disk_embedding=False``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from ..._packed import PackedWeight, pack_quantized, pack_weight
+from ..runtime.embedding import EmbeddingFile, MemoryEmbedding, _check_ids
+from ..config import ModelConfig
+from .config import read_config
+from .file import MAGIC, GGUFFile, Moved, codes, dequantize
+from .tokenizer import read_tokenizer
+from ..source import trim_heap
+from ..options import Options
+from ..source import progress
+from ..source import Source, select_rows, slim_rows
+from ..runtime.tokenizer import Tokenizer
+
+KIND = "gguf"
+_FLOAT_EMBEDDINGS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def is_gguf(p: Path) -> bool:
+    if not p.is_file():
+        return False
+    if p.suffix.lower() == ".gguf":
+        return True
+    with open(p, "rb") as fh:
+        return fh.read(4) == MAGIC
+
+
+def read(p: Path, opts: Options, progress_bar: bool = True) -> Source:
+    f = GGUFFile(p)
+    cfg = read_config(f)
+    tokenizer, info = read_tokenizer(f)
+    tokenizer.stop_ids |= {cfg.eos_token_id} if cfg.eos_token_id is not None else set()
+    w = _Weights(f, cfg, opts)
+    H, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    tensors = {}
+    bar = progress(cfg.num_layers + 1, "repacking", progress_bar)
+    for i in range(cfg.num_layers):
+        b, o = f"blk.{i}.", f"layers.{i}."
+        qkv = [(b + "attn_q", cfg.q_size, cfg.num_heads), (b + "attn_k", cfg.kv_size, cfg.num_kv_heads),
+               (b + "attn_v", cfg.kv_size, None)]
+        if b + "attn_qkv.weight" in f.tensors:  # Phi-3: fused in the file, in our order
+            qkv = [(b + "attn_qkv", cfg.q_size + 2 * cfg.kv_size, None)]
+        tensors[o + "qkv"] = w.fused(o + "qkv", [(n + ".weight", (r, H), h) for n, r, h in qkv])
+        if b + "attn_q.bias" in f.tensors:
+            tensors[o + "qkv.bias"] = np.concatenate([w.vector(n + ".bias", r, h) for n, r, h in qkv])
+        tensors[o + "o"] = w.fused(o + "o", [(b + "attn_output.weight", (H, cfg.q_size), None)])
+        gate_up = [(b + "ffn_gate.weight", (I, H), None), (b + "ffn_up.weight", (I, H), None)]
+        if b + "ffn_gate.weight" not in f.tensors and cfg.arch == "phi3":  # ffn_up: gate, then up
+            gate_up = [(b + "ffn_up.weight", (2 * I, H), None)]
+        tensors[o + "gate_up"] = w.fused(o + "gate_up", gate_up)
+        tensors[o + "down"] = w.fused(o + "down", [(b + "ffn_down.weight", (H, I), None)])
+        tensors[o + "input_norm"] = w.vector(b + "attn_norm.weight", H)
+        tensors[o + "post_norm"] = w.vector(b + "ffn_norm.weight", H)
+        if cfg.qk_norm:  # Qwen3, Gemma 3
+            tensors[o + "q_norm"] = w.vector(b + "attn_q_norm.weight", hd)
+            tensors[o + "k_norm"] = w.vector(b + "attn_k_norm.weight", hd)
+        if cfg.sandwich_norms:  # Gemma: the attention's and the MLP's outputs normalized too
+            tensors[o + "attn_out_norm"] = w.vector(b + "post_attention_norm.weight", H)
+            tensors[o + "mlp_out_norm"] = w.vector(b + "post_ffw_norm.weight", H)
+        f.drop_pages()
+        trim_heap()
+        bar.update(1)
+    tensors["norm"] = w.vector("output_norm.weight", H)
+    head = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
+    tensors["lm_head"] = w.fused("lm_head", [(head, (cfg.vocab_size, H), None)])
+    rows = slim_rows(opts.slim_vocab, cfg, tokenizer)
+    if rows is not None:
+        tensors["lm_head"], tensors["lm_rows"] = select_rows(tensors["lm_head"], rows), rows
+    f.drop_pages()
+    bar.update(1)
+    bar.close()
+    embedding = _embedding(f, cfg)
+    inv_freq = None
+    if "rope_freqs.weight" in f.tensors:  # Llama 3.x: per-frequency divisors stored as a tensor
+        factors = f.dequantize(f.tensor("rope_freqs.weight", (hd // 2,)))
+        inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)) / factors
+    bits = {t.bits for t in tensors.values() if isinstance(t, PackedWeight)}
+    groups = {t.group_size for t in tensors.values() if isinstance(t, PackedWeight)}
+    quantization = {"bits": bits.pop() if len(bits) == 1 else None,
+                    "group_size": groups.pop() if len(groups) == 1 else None, "symmetric": None}
+    info.update(w.info())
+    info["embedding"] = f.tensors["token_embd.weight"].tensor_type.name
+    return Source(KIND, p, cfg, tokenizer, embedding, tensors, quantization, info=info, rope_inv_freq=inv_freq)
+
+
+def _unpermute(x: np.ndarray, heads: Optional[int]) -> np.ndarray:
+    """Undo llama.cpp's Q/K row order for Llama (its converter interleaves each head's two
+    rotary halves): back to Hugging Face's rotate-half order."""
+    if heads is None:
+        return x
+    return x.reshape(heads, x.shape[0] // heads // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+
+_ABOVE_4_BITS = {"Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_1", "Q8_K"}
+
+
+class _Weights:
+    def __init__(self, f: GGUFFile, cfg: ModelConfig, opts: Options):
+        self.f, self.opts, self.llama = f, opts, cfg.arch == "llama"
+        self.moved, self.rounded, self.requantized = [], [], []
+
+    def vector(self, name, n, heads=None):
+        v = np.array(self.f.dequantize(self.f.tensor(name, (n,))))  # a copy: no view of the mapped file
+        return _unpermute(v, heads) if self.llama else v
+
+    def _part(self, name, shape, heads):
+        t = self.f.tensor(name, shape)
+        m = codes(t) if self.opts.bits is not None else None
+        order = None
+        if self.llama and heads is not None:
+            order = _unpermute(np.arange(shape[0]), heads)
+        if m is not None:
+            m.label = f"{name} ({t.tensor_type.name})"
+            return m if order is None else m.rows(order)
+        w = self.f.dequantize(t)
+        return (w if order is None else w[order]), t.tensor_type.name
+
+    def fused(self, what, specs):
+        parts = [self._part(*s) for s in specs]
+        opts = self.opts
+        if opts.bits is None:
+            return np.concatenate([p[0] for p in parts])
+        moved = [p for p in parts if isinstance(p, Moved)]
+        if moved and len({m.bits for m in moved}) == 1:
+            bits, symmetric = moved[0].bits, all(m.symmetric for m in moved)
+            group, label = 32, f"int{moved[0].bits} group 32"
+        else:
+            parts = [(self._float(p), p.label.rsplit(" ", 1)[-1].strip("()")) if isinstance(p, Moved) else p
+                     for p in parts]
+            bits, group, symmetric = opts.bits, opts.group_size, opts.symmetric
+            # types of more than 4 bits per weight (Q5_*, Q6_K, ...) are re-quantized to int8 at
+            # least: at int4 their own rounding and ours stack up (a Q4_K_M file of a 0.5B model,
+            # most of it Q5_0 / Q6_K: logits cosine against llama.cpp 0.89 at int4, 0.9989 at int8)
+            if any(p[1] in _ABOVE_4_BITS for p in parts):
+                bits = max(bits, 8)
+            label = f"int{bits} group {group}"
+        out = []
+        for p, s in zip(parts, specs):
+            if not isinstance(p, Moved):
+                self.requantized.append(f"{s[0]} ({p[1]} -> {label})")
+                c, sc, off = pack_weight(p[0], bits=bits, group_size=group, symmetric=symmetric).unpack()
+                p = Moved(c, sc, off, bits, symmetric)
+            elif p.label:
+                (self.rounded if p.rounded else self.moved).append(p.label)
+            out.append(p if symmetric else p.asymmetric())
+        if any(m is None for m in out):  # -zp * scale overflows float16: quantize the weight afresh
+            self.requantized.append(f"{what} (float16 offset overflow -> {label})")
+            w = np.concatenate([self._float(p) if isinstance(p, Moved) else p[0] for p in parts])
+            return pack_weight(w, bits=bits, group_size=group, symmetric=False)
+        return pack_quantized(np.concatenate([m.codes for m in out]), np.concatenate([m.scale for m in out]),
+                              None if symmetric else np.concatenate([m.offset for m in out]),
+                              bits, group, symmetric)
+
+    @staticmethod
+    def _float(m: Moved) -> np.ndarray:
+        c = m.codes.astype(np.float32).reshape(m.codes.shape[0], -1, 32)
+        if m.symmetric:
+            w = (c - (8 if m.bits == 4 else 128)) * m.scale.astype(np.float32)[..., None]
+        else:
+            w = m.offset.astype(np.float32)[..., None] + m.scale.astype(np.float32)[..., None] * c
+        return w.reshape(m.codes.shape)
+
+    def info(self) -> dict:
+        return {"gguf_moved": self.moved,
+                "gguf_rounded": {"tensors": self.rounded,
+                                 "rounding": "Q4_K scale d*sc and offset -dmin*m rounded to float16 once "
+                                             "(relative error <= 2^-11 each)"},
+                "gguf_requantized": self.requantized}
+
+
+class _QuantizedEmbedding:
+    """A quantized ``token_embd`` [vocab, hidden]: rows dequantized from the mapped file as read."""
+
+    dtype = "float32"   # of ``raw()``
+
+    def __init__(self, f: GGUFFile, t, vocab: int, hidden: int):
+        # the tensor (a view of the mapped file) and not the reader: its metadata (tens of
+        # thousands of small objects for a vocabulary) is freed once the model is loaded
+        self.path, self.t, self.vocab_size, self.hidden_size = f.path, t, vocab, hidden
+
+    def raw(self) -> np.ndarray:
+        """The whole table dequantized (for ``llm.convert``)."""
+        return dequantize(self.t, self.path)
+
+    def open(self, on_disk: bool):
+        if not on_disk:
+            return MemoryEmbedding(dequantize(self.t, self.path))
+        return self
+
+    def __call__(self, ids) -> np.ndarray:
+        from gguf import quants  # noqa: PLC0415
+
+        ids = _check_ids(ids, self.vocab_size)
+        rows = np.asarray(self.t.data).reshape(self.vocab_size, -1)[ids]
+        return np.asarray(quants.dequantize(rows, self.t.tensor_type), np.float32).reshape(len(ids), -1)
+
+
+def write_tokenizer(tok: Tokenizer, out: Path) -> None:
+    """The rebuilt tokenizer as ``tokenizer.json`` + ``tokenizer_config.json`` (for ``llm.convert``)."""
+    tok.hf.save(str(out / "tokenizer.json"))
+    stop = sorted(tok.stop_ids)
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": tok.chat_template, "bos_token": tok.bos_token,
+        "eos_token": tok.hf.id_to_token(stop[0]) if stop else None}, indent=2))
+
+
+def _embedding(f: GGUFFile, cfg: ModelConfig):
+    t = f.tensor("token_embd.weight", (cfg.vocab_size, cfg.hidden_size))
+    dtype = _FLOAT_EMBEDDINGS.get(t.tensor_type.name)
+    if dtype is not None:
+        return EmbeddingFile(str(f.path), int(t.data_offset), cfg.vocab_size, cfg.hidden_size, dtype)
+    return _QuantizedEmbedding(f, t, cfg.vocab_size, cfg.hidden_size)

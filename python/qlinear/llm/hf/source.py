@@ -1,0 +1,137 @@
+"""Source: a Hugging Face checkpoint directory (``config.json``, ``*.safetensors``,
+``tokenizer.json``), its linear layers quantized as they are read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from ..._packed import pack_weight
+from .. import archs
+from ..archs.base import LINEARS, layer_linears
+from ..config import ModelConfig
+from ..runtime.embedding import EmbeddingFile
+from ..source import trim_heap
+from ..options import Options
+from ..source import progress
+from .safetensors_file import Checkpoint, to_float32
+from ..source import Source, slim_rows, stop_ids
+from ..runtime.tokenizer import Tokenizer
+
+KIND = "huggingface"
+EMBEDDING = "model.embed_tokens.weight"
+_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+
+
+def is_checkpoint(d: Path) -> bool:
+    return (d / "config.json").is_file()
+
+
+def read_config(d: Path) -> ModelConfig:
+    try:
+        hf = json.loads((d / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{d / 'config.json'}: cannot read ({e})") from None
+    return ModelConfig.from_hf(hf, str(d / "config.json"))
+
+
+def read(d: Path, opts: Options, progress_bar: bool = True, bar_leave: bool = False) -> Source:
+    """The checkpoint's tensors, quantized per ``opts`` (bits, group_size, symmetric, slim_vocab)."""
+    cfg, tokenizer, ckpt, embedding, rows = open_checkpoint(d, opts)
+    tensors = _tensors(ckpt, cfg, opts, rows, progress_bar, bar_leave)
+    return Source(KIND, d, cfg, tokenizer, embedding, tensors,
+                  {"bits": opts.bits, "group_size": opts.group_size, "symmetric": opts.symmetric,
+                   **({"method": "rtn"} if opts.bits else {})})
+
+
+def open_checkpoint(d: Path, opts: Options) -> tuple:
+    """(config, tokenizer, Checkpoint, EmbeddingFile, lm head rows kept or None) of a checkpoint;
+    no weight is read yet."""
+    cfg = read_config(d)
+    tokenizer = Tokenizer.from_dir(d, extra_stop_ids=stop_ids(cfg.eos_token_id))
+    ckpt = Checkpoint(d)
+    st = ckpt.file(EMBEDDING)
+    offset, dtype, shape = st.location(EMBEDDING)
+    if dtype not in _DTYPES or tuple(shape) != (cfg.vocab_size, cfg.hidden_size):
+        raise ValueError(f"{d}: embedding is {dtype} {shape}, expected float [{cfg.vocab_size}, {cfg.hidden_size}]")
+    embedding = EmbeddingFile(st.path, offset, cfg.vocab_size, cfg.hidden_size, _DTYPES[dtype])
+    return cfg, tokenizer, ckpt, embedding, slim_rows(opts.slim_vocab, cfg, tokenizer)
+
+
+def _tensors(ckpt: Checkpoint, cfg: ModelConfig, opts: Options, rows: Optional[np.ndarray],
+             progress_bar: bool, bar_leave: bool) -> dict:
+    """Our named tensors from a HF checkpoint: fused projections, quantized per ``opts``."""
+    def quantize(w):
+        if opts.bits is None:
+            return w
+        return pack_weight(w, bits=opts.bits, group_size=opts.group_size, symmetric=opts.symmetric)
+
+    out = {}
+    bar = progress(cfg.num_layers + 1, "quantizing" if opts.bits else "loading", progress_bar, leave=bar_leave)
+    for i in range(cfg.num_layers):
+        layer = layer_tensors(ckpt, cfg, i)
+        for n in layer_linears(cfg):
+            layer[f"layers.{i}.{n}"] = quantize(layer[f"layers.{i}.{n}"])
+        out.update(layer)
+        del layer
+        trim_heap()
+        bar.update(1)
+    head = head_tensors(ckpt, cfg, rows)
+    head["lm_head"] = quantize(head["lm_head"])
+    out.update(head)
+    bar.update(1)
+    bar.close()
+    return out
+
+
+def layer_tensors(ckpt: Checkpoint, cfg: ModelConfig, i: int) -> dict:
+    """Block ``i``'s tensors under our names, float32, nothing quantized: the architecture's
+    tensors fused along N (q/k/v, gate/up) with their biases, its norms (Gemma's ``w - 1``
+    stored norms with the 1 added back)."""
+    arch = archs.get(cfg.arch)
+    p, out = f"model.layers.{i}.", {}
+    for ours, names in arch.layer.items():
+        names = [p + n for n in names]
+        if ours not in LINEARS:
+            out[f"layers.{i}.{ours}"] = _norm(ckpt, arch, names[0])
+            continue
+        out[f"layers.{i}.{ours}"] = _fused(ckpt, names)
+        biases = [n[:-len("weight")] + "bias" for n in names]
+        present = [b in ckpt for b in biases]
+        if all(present):
+            out[f"layers.{i}.{ours}.bias"] = _fused(ckpt, biases)
+        elif any(present):
+            raise ValueError(f"{ckpt.directory}: layer {i} has biases on some of {', '.join(names)} only")
+    if cfg.num_experts:  # the router, float; each expert's gate / up fused, and its down
+        out[f"layers.{i}.router"] = ckpt.float32(p + "mlp.gate.weight")
+        for e in range(cfg.num_experts):
+            x = f"{p}mlp.experts.{e}."
+            out[f"layers.{i}.experts.{e}.gate_up"] = _fused(ckpt, [x + "gate_proj.weight", x + "up_proj.weight"])
+            out[f"layers.{i}.experts.{e}.down"] = ckpt.float32(x + "down_proj.weight")
+    return out
+
+
+def _norm(ckpt: Checkpoint, arch, name: str) -> np.ndarray:  # Gemma stores RMSNorm weights as w - 1
+    w = ckpt.float32(name)
+    return w + np.float32(arch.norm_offset) if arch.norm_offset else w
+
+
+def _fused(ckpt: Checkpoint, names: list) -> np.ndarray:
+    return np.concatenate([ckpt.float32(n) for n in names]) if len(names) > 1 else ckpt.float32(names[0])
+
+
+def head_tensors(ckpt: Checkpoint, cfg: ModelConfig, rows: Optional[np.ndarray]) -> dict:
+    """The final norm and the lm head (float32; with vocabulary slimming only the kept rows, and
+    ``lm_rows``)."""
+    out = {"norm": _norm(ckpt, archs.get(cfg.arch), "model.norm.weight")}
+    head = EMBEDDING if cfg.tie_word_embeddings or "lm_head.weight" not in ckpt else "lm_head.weight"
+    if rows is None:
+        out["lm_head"] = ckpt.float32(head)
+    else:  # only the kept rows are widened
+        raw, dtype = ckpt.raw(head)
+        out["lm_head"] = to_float32(raw[rows], dtype)
+        out["lm_rows"] = rows
+    return out

@@ -1,0 +1,293 @@
+"""The parts of a decoder block: Linear (on qlinear kernels), RMSNorm, RoPE, grouped-query
+attention over a preallocated KV cache (a ring of the window's positions for sliding-window
+layers), and the gated MLP (SwiGLU / GeGLU), with the options architectures add (``archs``):
+query / key head norms, norms of the sub-blocks' outputs, soft-capping. Activations are float32
+numpy arrays [tokens, features]."""
+
+from __future__ import annotations
+
+import math
+import mmap
+from typing import Optional, Union
+
+import numpy as np
+
+from ... import _core
+from ..._ops import act_block_size, core_handle, matmul_array
+from ..._packed import PackedWeight
+from ..._scheme import DEFAULT_ACT_BLOCK, ActBlock
+from ..config import ModelConfig
+
+
+class Linear:
+    """y = x @ W.T + b. W is a PackedWeight (int4 / int8: W4A8 / W8A8 kernels, or the
+    low-memory float path with act="float") or a float32 array [N, K] (weights kept in float)."""
+
+    __slots__ = ("weight", "bias", "act", "_block", "_wt")
+
+    def __init__(self, weight: Union[PackedWeight, np.ndarray], bias: Optional[np.ndarray] = None,
+                 act: str = "int8", act_block: ActBlock = DEFAULT_ACT_BLOCK):
+        if act not in ("int8", "float"):
+            raise ValueError(f"act must be 'int8' or 'float', got {act!r}")
+        self.weight, self.act = weight, act
+        self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+        if isinstance(weight, PackedWeight):
+            # act_block as qlinear.matmul's: "group", None (per row) or k per scale
+            self._block = act_block_size(weight, act_block)
+            self._wt = None
+        else:
+            self._block = 0
+            self._wt = np.asarray(weight, dtype=np.float32).T
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.weight.shape)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self._wt is not None:
+            y = x @ self._wt
+            if self.bias is not None:
+                y += self.bias
+            return y
+        return matmul_array(x, self.weight, self.bias, None, self.act, self._block)
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * weight, per row (float32 [tokens, features])."""
+    return _core.rms_norm(x, weight, eps)
+
+
+def silu_mul(gate_up: np.ndarray) -> np.ndarray:
+    """SwiGLU: silu(gate) * up, gate and up side by side in one fused projection's output."""
+    return _core.silu_mul(gate_up)
+
+
+def relu_mul(gate_up: np.ndarray) -> np.ndarray:
+    """relu(gate) * up (ReLU-family Llama checkpoints, ``hidden_act: relu``)."""
+    gate, up = np.split(gate_up, 2, axis=-1)
+    return np.maximum(gate, np.float32(0)) * up
+
+
+def gelu_tanh_mul(gate_up: np.ndarray) -> np.ndarray:
+    """GeGLU: gelu_tanh(gate) * up (tanh-approximate GELU, as Gemma's gelu_pytorch_tanh)."""
+    return _core.gelu_tanh_mul(gate_up)
+
+
+GATED_ACTIVATIONS = {"silu": silu_mul, "gelu_tanh": gelu_tanh_mul, "relu": relu_mul}
+
+
+def mlp_activation(cfg: ModelConfig):
+    """The gated MLP's activation of ``cfg``: act(gate) * up over the fused gate_up output."""
+    return GATED_ACTIVATIONS[cfg.hidden_act]
+
+
+class CappedLinear(Linear):
+    """A Linear whose outputs are soft-capped, cap * tanh(y / cap) (Gemma 2's lm head)."""
+
+    __slots__ = ("softcap",)
+
+    def __init__(self, *args, softcap: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.softcap = float(softcap)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return _core.softcap(super().__call__(x), self.softcap)
+
+
+class Rope:
+    """Rotary position embedding (rotate-half form, as Qwen2 and Llama), tables precomputed.
+    ``local``: the sliding layers' RoPE of an architecture that gives them their own base
+    (``rope_local_theta``, unscaled)."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int, inv_freq: Optional[np.ndarray] = None,
+                 local: bool = False):
+        d = cfg.head_dim
+        factor = 1.0
+        if inv_freq is None:
+            theta = cfg.rope_local_theta if local else cfg.rope_theta
+            inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+            inv_freq, factor = _scaled_inv_freq(inv_freq, None if local else cfg.rope_scaling, max_positions)
+        elif np.shape(inv_freq) != (d // 2,):
+            raise ValueError(f"RoPE frequencies must have shape ({d // 2},), got {np.shape(inv_freq)}")
+        inv_freq = np.asarray(inv_freq, np.float64)
+        angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+        self.cos = (np.cos(angles) * factor).astype(np.float32)   # [positions, d/2]
+        self.sin = (np.sin(angles) * factor).astype(np.float32)
+
+    def __call__(self, x: np.ndarray, start: int) -> np.ndarray:
+        """x: [tokens, heads, head_dim] at positions start, start+1, ...; rotated in place."""
+        n, half = x.shape[0], x.shape[2] // 2
+        c = self.cos[start:start + n, None, :]
+        s = self.sin[start:start + n, None, :]
+        x1, x2 = x[..., :half].copy(), x[..., half:]
+        x[..., :half] = x1 * c - x2 * s
+        x[..., half:] = x2 * c + x1 * s
+        return x
+
+
+def _scaled_inv_freq(inv_freq: np.ndarray, scaling: Optional[dict], max_positions: int):
+    """(frequencies, factor of cos / sin) under ``scaling``."""
+    if not scaling:
+        return inv_freq, 1.0
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "linear":
+        return inv_freq / scaling["factor"], 1.0
+    if kind == "longrope":  # the long factors when the context may pass the pretraining length
+        long = max_positions > scaling["original_max_position_embeddings"]
+        ext = np.asarray(scaling["long_factor" if long else "short_factor"], np.float64)
+        return inv_freq / ext, scaling["attention_factor"]
+    if kind == "llama3":  # long-wavelength components slowed down, a smooth ramp in between
+        factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = np.clip((old / wavelen - lo) / (hi - lo), 0.0, 1.0)
+        return np.where(wavelen < old / hi, inv_freq,
+                        np.where(wavelen > old / lo, inv_freq / factor,
+                                 (1 - smooth) * inv_freq / factor + smooth * inv_freq)), 1.0
+    return inv_freq, 1.0
+
+
+def _lazy_zeros(shape, dtype=np.float32) -> np.ndarray:
+    """A zero array whose pages become resident only when written, 4 KiB at a time: an
+    anonymous mapping with transparent huge pages off (with them, the first position written in
+    each head's slab would make 2 MiB resident)."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if nbytes == 0:
+        return np.zeros(shape, dtype)
+    buf = mmap.mmap(-1, nbytes)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, dtype).reshape(shape)
+
+
+class KVCache:
+    """Keys and values of every layer, preallocated for ``capacity`` positions, float32 (or
+    float16: ``dtype``) [kv_heads, positions, head_dim] per layer; memory becomes resident as
+    positions are filled.
+    A sliding-window layer holds only its window's positions, as a ring (``windows[i]``: its
+    size, 0 for a layer that holds them all). ``k`` / ``v``: one [layers, ...] array when every
+    layer holds ``capacity`` positions, else a list of the layers' arrays."""
+
+    def __init__(self, cfg: ModelConfig, capacity: int, dtype=np.float32):
+        caps = [min(capacity, cfg.window(i) or capacity) for i in range(cfg.num_layers)]
+        self.windows = [c if c < capacity else 0 for c in caps]
+        if len(set(caps)) == 1:
+            shape = (cfg.num_layers, cfg.num_kv_heads, caps[0], cfg.head_dim)
+            self.k, self.v = _lazy_zeros(shape, dtype), _lazy_zeros(shape, dtype)
+        else:
+            self.k = [_lazy_zeros((cfg.num_kv_heads, c, cfg.head_dim), dtype) for c in caps]
+            self.v = [_lazy_zeros((cfg.num_kv_heads, c, cfg.head_dim), dtype) for c in caps]
+        self.capacity = capacity
+        self.length = 0          # positions filled (the same for every layer after a forward)
+        self.ids: list[int] = []  # the tokens those positions hold (for prefix reuse)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (*self.k, *self.v)) if isinstance(self.k, list) else self.k.nbytes + self.v.nbytes
+
+
+def _per_head_norm(qkv: np.ndarray, c0: int, c1: int, weight: np.ndarray, eps: float) -> None:
+    """RMSNorm of each ``len(weight)``-wide group of columns [c0, c1) of ``qkv``, in place: each
+    head (a head_dim weight), or the whole projection (OLMoE's, c1 - c0 wide)."""
+    d = weight.shape[0]
+    x = np.ascontiguousarray(qkv[:, c0:c1]).reshape(-1, d)
+    qkv[:, c0:c1] = rms_norm(x, weight, eps).reshape(qkv.shape[0], c1 - c0)
+
+
+class Attention:
+    def __init__(self, cfg: ModelConfig, layer: int, qkv: Linear, o: Linear, rope: Rope,
+                 q_norm: Optional[np.ndarray] = None, k_norm: Optional[np.ndarray] = None):
+        self.cfg, self.layer, self.qkv, self.o, self.rope = cfg, layer, qkv, o, rope
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.scale = np.float32(cfg.attn_scale if cfg.attn_scale is not None else 1.0 / math.sqrt(cfg.head_dim))
+        self.window = cfg.window(layer)
+        self.softcap = float(cfg.attn_softcap or 0.0)
+
+    def __call__(self, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
+        cfg = self.cfg
+        qkv = self.qkv(x)
+        if self.q_norm is not None:
+            _per_head_norm(qkv, 0, cfg.q_size, self.q_norm, cfg.rms_norm_eps)
+        if self.k_norm is not None:
+            _per_head_norm(qkv, cfg.q_size, cfg.q_size + cfg.kv_size, self.k_norm, cfg.rms_norm_eps)
+        if cfg.clip_qkv is not None:  # q, k and v alike, after the norms (OLMoE)
+            np.clip(qkv, -cfg.clip_qkv, cfg.clip_qkv, out=qkv)
+        k, v, ring = cache.k[self.layer], cache.v[self.layer], cache.windows[self.layer]
+        rope, heads, scale = self.rope, cfg.num_heads, float(self.scale)
+        if x.shape[0] == 1:  # decode: RoPE, cache update and attention in one call
+            return self.o(_core.attend_one(qkv, rope.cos, rope.sin, start, k, v, heads, scale,
+                                           window=ring, softcap=self.softcap))
+        # prefill: RoPE, cache update and causal attention (blocked, online softmax) in one call
+        if not ring or start + x.shape[0] <= ring:
+            return self.o(_core.attend_prefill(qkv, rope.cos, rope.sin, start, k, v, heads, scale,
+                                               window=self.window, softcap=self.softcap))
+        return self.o(_ring_prefill(qkv, rope, start, k, v, heads, scale, ring, self.softcap))
+
+
+def _ring_prefill(qkv, rope: Rope, start: int, k: np.ndarray, v: np.ndarray, heads: int, scale: float,
+                  window: int, softcap: float) -> np.ndarray:
+    """Prefill of a sliding-window layer whose ring (``window`` positions) the prompt wraps:
+    attention over a scratch cache of the window before ``start`` (unrolled from the ring) and
+    the new positions, then the ring refilled with the last ``window`` of them."""
+    n, past = qkv.shape[0], min(start, window - 1)
+    shape = (k.shape[0], past + n, k.shape[2])
+    tk, tv = np.zeros(shape, k.dtype), np.zeros(shape, v.dtype)
+    slots = np.arange(start - past, start) % window
+    tk[:, :past], tv[:, :past] = k[:, slots], v[:, slots]
+    out = _core.attend_prefill(qkv, rope.cos[start - past:], rope.sin[start - past:], past, tk, tv, heads, scale,
+                               window=window, softcap=softcap)
+    keep = min(window, past + n)
+    slots = np.arange(start + n - keep, start + n) % window
+    k[:, slots], v[:, slots] = tk[:, past + n - keep:], tv[:, past + n - keep:]
+    return out
+
+
+class Block:
+    def __init__(self, cfg: ModelConfig, attention: Attention, gate_up: Linear, down: Linear,
+                 input_norm: np.ndarray, post_norm: np.ndarray, attn_out_norm: Optional[np.ndarray] = None,
+                 mlp_out_norm: Optional[np.ndarray] = None):
+        self.cfg, self.attention, self.gate_up, self.down = cfg, attention, gate_up, down
+        self.input_norm, self.post_norm = input_norm, post_norm
+        self.attn_out_norm, self.mlp_out_norm = attn_out_norm, mlp_out_norm
+        self.act = mlp_activation(cfg)
+
+    def __call__(self, h: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
+        eps = self.cfg.rms_norm_eps
+        h = h + self._out(self.attention(rms_norm(h, self.input_norm, eps), cache, start), self.attn_out_norm)
+        return h + self._out(self.mlp(rms_norm(h, self.post_norm, eps)), self.mlp_out_norm)
+
+    def mlp(self, x: np.ndarray) -> np.ndarray:
+        return self.down(self.act(self.gate_up(x)))
+
+    def _out(self, y: np.ndarray, norm: Optional[np.ndarray]) -> np.ndarray:
+        return y if norm is None else rms_norm(y, norm, self.cfg.rms_norm_eps)
+
+
+def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache):
+    """The decode step of the whole model as one compiled call (``_core.DecodeStep``: norms,
+    projections, RoPE, attention over ``cache``, MLP and residuals of every block, then the final
+    norm and the lm head, without the GIL), or None when a layer's weights are kept in float or the
+    model needs what the step lacks (routed experts, whole-projection q / k norms, q/k/v clamps)."""
+    if not blocks or any(b.gate_up is None for b in blocks):  # routed experts: the blocks' own mlp
+        return None
+    cfg = blocks[0].cfg
+    if cfg.qk_norm_whole or cfg.clip_qkv is not None:  # the compiled step: per-head norms, no clamp
+        return None
+    linears = [lm_head] + [m for b in blocks for m in (b.attention.qkv, b.attention.o, b.gate_up, b.down)]
+    if any(not isinstance(m.weight, PackedWeight) for m in linears):
+        return None
+    if cfg.hidden_act not in ("silu", "gelu_tanh"):  # the compiled step's MLPs: SwiGLU, GeGLU
+        return None
+
+    def spec(m: Linear):
+        return (core_handle(m.weight), m.bias, m.act == "int8", int(m._block))
+
+    first = blocks[0].attention
+    layers = [(spec(b.attention.qkv), spec(b.attention.o), spec(b.gate_up), spec(b.down), b.input_norm, b.post_norm,
+               cache.k[i], cache.v[i], b.attention.rope.cos, b.attention.rope.sin,
+               {"q_norm": b.attention.q_norm, "k_norm": b.attention.k_norm,
+                "attn_out_norm": b.attn_out_norm, "mlp_out_norm": b.mlp_out_norm})
+              for i, b in enumerate(blocks)]
+    return _core.decode_step(layers, norm, spec(lm_head), cfg.num_heads, cfg.rms_norm_eps, float(first.scale),
+                             gelu=cfg.hidden_act == "gelu_tanh", attn_softcap=first.softcap,
+                             final_softcap=getattr(lm_head, "softcap", 0.0), context=cache.capacity)

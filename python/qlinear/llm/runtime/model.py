@@ -1,0 +1,238 @@
+"""Model: embedding -> blocks -> final norm -> lm head (last position only), with a KV cache,
+generation (stream / generate / chat) and timing figures."""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Sequence, Union
+
+import numpy as np
+
+from ..config import ModelConfig
+from .generation import Sampler, Sampling
+from .layers import Block, KVCache, Linear, decode_step, rms_norm
+from ..options import KV_DTYPES
+from .tokenizer import Messages, StreamDecoder, Tokenizer
+
+PREFILL_CHUNK = 512
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set, MB: VmHWM (its own since exec; ru_maxrss would carry
+    over the parent's peak into a child process on Linux), else ru_maxrss."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # prompt tokens per forward: bounds the attention scores' memory
+
+
+@dataclass
+class Stats:
+    """Figures of the last generation (and of loading), as mnn-llm's demo prints them."""
+
+    load_s: float = 0.0
+    prompt_tokens: int = 0
+    reused_tokens: int = 0   # prompt tokens whose keys / values the cache already held
+    prefill_s: float = 0.0
+    decode_tokens: int = 0   # tokens generated (the first comes from the prefill's logits)
+    decode_steps: int = 0    # forwards of one token each that decoding ran
+    decode_s: float = 0.0    # time of those forwards and of sampling
+    finish_reason: str = ""
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return (self.prompt_tokens - self.reused_tokens) / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decode_steps / self.decode_s if self.decode_s and self.decode_steps else 0.0
+
+    @property
+    def peak_rss_mb(self) -> float:
+        return peak_rss_mb()
+
+    def __str__(self) -> str:
+        return (f"prefill {self.prompt_tokens - self.reused_tokens} tokens in {self.prefill_s:.3f} s ({self.prefill_tok_s:.1f} tok/s), "
+                f"decode {self.decode_tokens} tokens in {self.decode_s:.3f} s ({self.decode_tok_s:.1f} tok/s), "
+                f"load {self.load_s:.2f} s, peak RSS {self.peak_rss_mb:.0f} MB")
+
+
+@dataclass
+class Model:
+    config: ModelConfig
+    tokenizer: Tokenizer
+    embedding: object                  # MemoryEmbedding or DiskEmbedding
+    blocks: list[Block]
+    norm: np.ndarray
+    lm_head: Linear
+    lm_rows: Optional[np.ndarray] = None  # vocabulary slimming: the token ids lm_head computes
+    max_context: int = 4096
+    info: dict = field(default_factory=dict)  # how it was loaded (bits, act, sources, ...)
+    stats: Stats = field(default_factory=Stats)
+    resources: list = field(default_factory=list, repr=False)  # closed by close(): reader threads, files
+    kv_cache: str = "float32"          # the KV cache's element type ("float16": half the memory)
+
+    # Decode steps run as one compiled call over all blocks (False: block by block in Python,
+    # the same operations and results).
+    compiled_decode = True
+
+    def __post_init__(self):
+        self.cache = self.new_cache(self.max_context)
+        self.history: list[dict] = []
+        self._step, self._step_cache = None, None
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """An empty KV cache of ``capacity`` positions, of the model's element type."""
+        return KVCache(self.config, capacity, KV_DTYPES[self.kv_cache])
+
+    def close(self) -> None:
+        """Stop and close what the model holds open (a flash model's reader threads and file,
+        the disk embedding's file); the model cannot run afterwards."""
+        while self.resources:
+            close = getattr(self.resources.pop(), "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- forward ------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget the KV cache and the chat history."""
+        self.cache.length, self.cache.ids = 0, []
+        self.history = []
+
+    def _forward(self, ids: Sequence[int], start: int, all_positions: bool = False,
+                 cache: Optional[KVCache] = None) -> np.ndarray:
+        """Run ``ids`` at positions start.. through the blocks; logits of the last position
+        (or of every position), in lm_head's vocabulary (slimmed or not). ``cache``: another
+        sequence's KV cache (qlinear.llm.serve) instead of the model's own."""
+        cache = self.cache if cache is None else cache
+        if start + len(ids) > cache.capacity:
+            raise ValueError(f"context of {start + len(ids)} tokens exceeds max_context={cache.capacity}")
+        if len(ids) == 1 and self.compiled_decode and cache is self.cache:
+            if self._step_cache is not self.cache:
+                self._step = decode_step(self.blocks, self.norm, self.lm_head, self.cache)
+                self._step_cache = self.cache
+            if self._step is not None:
+                logits = self._step.step(np.ascontiguousarray(self.embedding(ids), np.float32), start)
+                self.cache.length = start + 1
+                self.cache.ids[start:] = list(ids)
+                return logits
+        h = self.embedding(ids)
+        for block in self.blocks:
+            h = block(h, cache, start)
+        cache.length = start + len(ids)
+        cache.ids[start:] = list(ids)
+        if not all_positions:
+            h = h[-1:]
+        return self.lm_head(rms_norm(np.ascontiguousarray(h), self.norm, self.config.rms_norm_eps))
+
+    def _full_vocab(self, logits: np.ndarray) -> np.ndarray:
+        if self.lm_rows is None:
+            return logits
+        out = np.full((logits.shape[0], self.config.vocab_size), -np.inf, np.float32)
+        out[:, self.lm_rows] = logits
+        return out
+
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        """Teacher-forced logits [len(ids), vocab] from an empty cache (for tests and
+        evaluation; ids slimmed away get -inf)."""
+        ids = [int(i) for i in ids]
+        self.cache.length, self.cache.ids = 0, []
+        parts = [self._forward(ids[s:s + PREFILL_CHUNK], s, all_positions=True)
+                 for s in range(0, len(ids), PREFILL_CHUNK)]
+        return self._full_vocab(np.concatenate(parts))
+
+    def prefill(self, ids: Sequence[int]) -> np.ndarray:
+        """Feed a prompt, reusing the cached prefix it shares with what the cache holds; returns
+        the last position's logits (lm_head's vocabulary)."""
+        if not len(ids):
+            raise ValueError("the prompt is empty")
+        cached = self.cache.ids[:self.cache.length]
+        common = 0
+        for a, b in zip(cached, ids[:-1]):  # keep >= 1 token to compute logits from
+            if a != b:
+                break
+            common += 1
+        self.stats.reused_tokens = common
+        logits = None
+        for s in range(common, len(ids), PREFILL_CHUNK):
+            logits = self._forward(ids[s:s + PREFILL_CHUNK], s)
+        return logits[0]
+
+    # -- generation ---------------------------------------------------------------------------
+    def stream_ids(self, ids: Sequence[int], max_new_tokens: int = 128, **sampling) -> Iterator[int]:
+        """Yield generated token ids one at a time (prefill first, then one decode step each)."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        params = Sampling(**sampling)
+        sampler = Sampler(params)
+        stop = set(self.tokenizer.stop_ids) | set(params.stop_ids)
+        ids = [int(i) for i in ids]
+        to_row = None if self.lm_rows is None else {int(t): i for i, t in enumerate(self.lm_rows)}
+        rows = lambda seq: seq if to_row is None else [to_row[t] for t in seq if t in to_row]  # noqa: E731
+        st = self.stats = Stats(load_s=self.stats.load_s, prompt_tokens=len(ids))
+        t0 = time.perf_counter()
+        logits = self.prefill(ids)
+        st.prefill_s = time.perf_counter() - t0
+        context = rows(ids)
+        st.finish_reason = "length"
+        for n in range(max_new_tokens):
+            t0 = time.perf_counter()
+            index = sampler(logits, context)
+            token = index if self.lm_rows is None else int(self.lm_rows[index])
+            st.decode_s += time.perf_counter() - t0
+            if token in stop:
+                st.finish_reason = "stop"
+                break
+            st.decode_tokens += 1
+            yield token  # time spent by the consumer is not counted
+            if n + 1 == max_new_tokens or self.cache.length + 1 > self.cache.capacity:
+                break
+            t0 = time.perf_counter()
+            context.append(index)
+            logits = self._forward([token], self.cache.length)[0]
+            st.decode_s += time.perf_counter() - t0
+            st.decode_steps += 1
+
+    def stream(self, prompt: Union[str, Messages], max_new_tokens: int = 128, **sampling) -> Iterator[str]:
+        """Yield text pieces as they are generated. ``prompt``: a string (used as it is) or a
+        list of chat messages (rendered with the model's chat template)."""
+        decoder = StreamDecoder(self.tokenizer)
+        for token in self.stream_ids(self.tokenizer.prompt_ids(prompt), max_new_tokens, **sampling):
+            piece = decoder.push(token)
+            if piece:
+                yield piece
+
+    def generate(self, prompt: Union[str, Messages], max_new_tokens: int = 128, **sampling) -> str:
+        return "".join(self.stream(prompt, max_new_tokens, **sampling))
+
+    def generate_ids(self, ids: Sequence[int], max_new_tokens: int = 128, **sampling) -> list[int]:
+        return list(self.stream_ids(ids, max_new_tokens, **sampling))
+
+    def chat(self, message: Union[str, Messages], max_new_tokens: int = 256, stream: bool = False, **sampling):
+        """One turn of a conversation kept in ``self.history`` (the KV cache keeps the shared
+        prefix, so earlier turns are not recomputed). ``message``: the user's text, or messages
+        to append. Returns the reply (or, with stream=True, an iterator of its pieces)."""
+        new = [{"role": "user", "content": message}] if isinstance(message, str) else list(message)
+        self.history.extend(new)
+        pieces = self.stream(self.history, max_new_tokens, **sampling)
+
+        def run():
+            reply = []
+            for piece in pieces:
+                reply.append(piece)
+                yield piece
+            self.history.append({"role": "assistant", "content": "".join(reply)})
+
+        return run() if stream else "".join(run())
