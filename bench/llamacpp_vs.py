@@ -3,8 +3,9 @@ decode (32 tokens) tok/s at 1 and 2 threads, in interleaved rounds.
 
 llama.cpp is built here from the `llama-cpp-python` source distribution on PyPI (it vendors
 llama.cpp), CPU only, native flags, into a cache folder outside the repository
-($QLINEAR_LLAMACPP_DIR, default ~/.cache/qlinear-llamacpp): the `llama-bench` and `llama-quantize`
-tools only (~10 min on 2 cores, once). GGUF files are made from the synthetic Qwen2.5-0.5B-shaped
+($QLINEAR_LLAMACPP_DIR, default ~/.cache/qlinear-llamacpp): the tools the benchmarks run
+(`llama-bench`, `llama-quantize`, `llama-perplexity`, `llama-lookup`, `llama-speculative`; ~10 min on
+2 cores, once). GGUF files are made from the synthetic Qwen2.5-0.5B-shaped
 checkpoint of bench/test_llm.py with llama.cpp's own `convert_hf_to_gguf.py` (to BF16 and Q8_0;
 the synthetic tokenizer's pre-tokenizer is not in the script's list of known ones and is taken as
 qwen2's) and `llama-quantize` (Q4_0, Q4_K_M).
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -74,24 +76,32 @@ def tool(name: str) -> Path:
     return BUILD / "bin" / name
 
 
+# The llama.cpp tools the benchmarks run: speed, quantization, perplexity / KL divergence and
+# its speculative decoders (the last two are examples in its tree: built as targets, not all).
+TOOLS = ("llama-bench", "llama-quantize", "llama-perplexity", "llama-lookup", "llama-speculative")
+
+
 def build() -> None:
-    """Fetches the llama-cpp-python sdist and builds llama-bench and llama-quantize (once)."""
-    if tool("llama-bench").exists() and tool("llama-quantize").exists():
+    """Fetches the llama-cpp-python sdist and builds the llama.cpp tools the benchmarks use (once)."""
+    if all(tool(name).exists() for name in TOOLS):
         return
     fetch_source()
-    subprocess.run(["cmake", "-S", str(SRC), "-B", str(BUILD), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    subprocess.run(["cmake", "-S", str(SRC), "-B", str(BUILD), *generator, "-DCMAKE_BUILD_TYPE=Release",
                     "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"], check=True)
-    subprocess.run(["cmake", "--build", str(BUILD), "-t", "llama-bench", "llama-quantize"], check=True)
+                    "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=OFF"], check=True)
+    subprocess.run(["cmake", "--build", str(BUILD), "-j", str(os.cpu_count() or 1), "-t", *TOOLS], check=True)
 
 
 def fetch_source() -> None:
-    """llama.cpp's source (its converter), from the llama-cpp-python sdist (once)."""
+    """llama.cpp's source (its converter), from the llama-cpp-python sdist (once). pip reads the
+    sdist's metadata with its build backend, scikit-build-core, which it installs into an isolated
+    build environment of its own: the benchmarks' extras need not carry it."""
     CACHE.mkdir(parents=True, exist_ok=True)
     sdist = CACHE / f"llama_cpp_python-{VERSION}.tar.gz"
     if not sdist.exists():
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-build-isolation",
-                        "--no-binary", "llama-cpp-python", f"llama-cpp-python=={VERSION}", "-d", str(CACHE)], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary",
+                        "llama-cpp-python", f"llama-cpp-python=={VERSION}", "-d", str(CACHE)], check=True)
     if not SRC.exists():
         with tarfile.open(sdist) as t:
             t.extractall(CACHE, filter="data")
