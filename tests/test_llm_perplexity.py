@@ -1,4 +1,5 @@
-"""llm.perplexity: sliding-window perplexity against transformers, token by token."""
+"""llm.perplexity: sliding-window perplexity against transformers, token by token; the KL
+divergence from a base model (or its saved log-probabilities) against torch on the same logits."""
 
 import math
 
@@ -103,3 +104,78 @@ def test_cli(ckpt, tmp_path, capsys):
     assert f"perplexity {want.perplexity:.4f}" in out and "tok/s" in out
     with pytest.raises(SystemExit, match="cannot read"):
         cli(["perplexity", str(ckpt), str(tmp_path / "missing.txt")])
+
+
+@pytest.mark.parametrize("n, window", [(70, 16), (64, 16), (15, 16), (33, 2)])
+def test_chunks_are_llama_perplexitys(n, window):
+    """Non-overlapping chunks, a partial last one dropped, each scoring its second half."""
+    spans = windows(n, window, 1, scheme="chunks")
+    assert [b for b, _, _ in spans] == list(range(0, n - window + 1, window))
+    for begin, end, first in spans:
+        assert end - begin == window and first == begin + window // 2 + 1
+
+
+def torch_reference(model, base, ids, window, stride, scheme):
+    """Mean nll, per-token KL(base || model) and top-1 agreement from the two models' logits over
+    the same windows, by torch."""
+    nll, kld, same = [], [], []
+    for begin, end, first in windows(len(ids), window, stride, scheme):
+        lo, hi = first - 1 - begin, end - 1 - begin
+        q = torch.log_softmax(torch.from_numpy(model.logits(ids[begin:end])[lo:hi]).double(), -1)
+        p = torch.log_softmax(torch.from_numpy(base.logits(ids[begin:end])[lo:hi]).double(), -1)
+        target = torch.tensor(ids[first:end])
+        nll.append(-q[torch.arange(len(q)), target])
+        kld.append(torch.nn.functional.kl_div(q, p, reduction="none", log_target=True).sum(-1))
+        same.append(q.argmax(-1) == p.argmax(-1))
+    return torch.cat(nll).mean().item(), torch.cat(kld), torch.cat(same).double().mean().item()
+
+
+@pytest.mark.parametrize("scheme, window, stride", [("sliding", 24, 8), ("chunks", 16, 1)])
+def test_kl_divergence_matches_torch_on_the_same_logits(ckpt, ids, scheme, window, stride):
+    base = llm.load(ckpt, bits=None, act="float", progress=False)
+    q4 = llm.load(ckpt, bits=4, group_size=32, progress=False)
+    res = llm.perplexity(q4, ids, window, stride, scheme=scheme, base=base)
+    nll, kld, same = torch_reference(q4, base, ids, window, stride, scheme)
+    d = res.divergence
+    assert res.nll == pytest.approx(nll, rel=1e-9) and res.tokens == len(kld)
+    assert d.mean == pytest.approx(kld.mean().item(), rel=1e-9) and d.mean > 0
+    assert d.median == pytest.approx(kld.quantile(0.5).item(), rel=1e-9)
+    assert d.p99 == pytest.approx(kld.quantile(0.99).item(), rel=1e-9)
+    assert d.max == pytest.approx(kld.max().item(), rel=1e-9)
+    assert d.top1_agreement == pytest.approx(same)
+    assert d.base_perplexity == pytest.approx(llm.perplexity(base, ids, window, stride, scheme=scheme).perplexity)
+    itself = llm.perplexity(base, ids, window, stride, scheme=scheme, base=base).divergence
+    assert itself.max == 0 and itself.top1_agreement == 1
+
+
+def test_saved_base_gives_the_models_divergence(ckpt, ids, tmp_path):
+    base = llm.load(ckpt, bits=None, act="float", progress=False)
+    q4 = llm.load(ckpt, bits=4, group_size=32, progress=False)
+    saved = tmp_path / "base.qlw"
+    llm.perplexity(base, ids, 24, 8, save_base=saved)
+    from_file = llm.perplexity(q4, ids, 24, 8, base=saved).divergence
+    from_model = llm.perplexity(q4, ids, 24, 8, base=base).divergence
+    assert from_file.mean == pytest.approx(from_model.mean, rel=2e-2, abs=1e-5)  # float16 log-probs
+    assert from_file.top1_agreement == from_model.top1_agreement
+    with pytest.raises(ValueError, match="over other tokens"):
+        llm.perplexity(q4, ids[:-1], 24, 8, base=saved)
+    with pytest.raises(ValueError, match="computed with"):
+        llm.perplexity(q4, ids, 32, 8, base=saved)
+    bad = tmp_path / "bad.qlw"
+    bad.write_bytes(saved.read_bytes()[:200])
+    with pytest.raises(ValueError, match="not a base log-probabilities file"):
+        llm.perplexity(q4, ids, 24, 8, base=bad)
+
+
+def test_cli_kl_divergence(ckpt, tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_text("import os\nprint(os.getcwd())\n" * 20)
+    saved = tmp_path / "base.qlw"
+    cli(["perplexity", str(ckpt), str(text), "--window", "32", "--stride", "16", "--bits", "none", "--act", "float",
+         "--save-base", str(saved)])
+    capsys.readouterr()
+    for base in (str(ckpt), str(saved)):
+        cli(["perplexity", str(ckpt), str(text), "--window", "32", "--stride", "16", "--bits", "4",
+             "--kl-divergence", base])
+        out = capsys.readouterr().out
+        assert "KL divergence mean" in out and "same top token" in out
