@@ -1,4 +1,4 @@
-"""Accuracy of per-row vs per-group activation scales (the README's "Choosing act_block" table).
+"""Accuracy of per-row vs per-group activation scales (the table of docs/accuracy.md).
 
     python bench/act_block_accuracy.py
 
@@ -30,4 +30,7 @@ def main():
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n", 1)[0]).parse_args()
     main()

@@ -4,7 +4,7 @@ Linears replaced by qlinear W4A8 ``QLinear`` modules, side by side in one run.
     python -m pytest bench/test_torch_model.py --benchmark-only
     python bench/test_torch_model.py            # interleaved rounds, prints the ratio
 
-The quantized model is the accuracy configuration of the README (int4 group 32 asymmetric,
+The quantized model is the accuracy configuration of docs/accuracy.md (int4 group 32 asymmetric,
 SmoothQuant scales as per-channel input multiplies on q/k/v and the MLP, per-group int8
 activations); the quantization method does not change the kernels' speed. Both engines run with
 the same number of threads (torch's intra-op threads and qlinear's). The second test of each
@@ -99,5 +99,10 @@ def main(rounds: int = 100):
 
 
 if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="all-MiniLM-L6-v2, float torch vs qlinear W4A8: "
+                                                 "interleaved rounds, medians and their ratio")
+    parser.add_argument("--rounds", type=int, default=100, help="interleaved rounds per thread count")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    main()
+    main(parser.parse_args().rounds)
