@@ -1,0 +1,253 @@
+// Binds the decode step of qlinear.llm in one call: the DecodeStep class (step, step_batch) and
+// decode_step, which makes one over packed weights (internal API: every array checked here; the
+// step keeps what it points into alive).
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bindings/bindings.h"
+#include "qlinear/decoder.h"
+#include "qlinear/decoder_step.h"
+
+namespace qlinear::bindings {
+namespace {
+
+using decoder::DecodeStep;
+using decoder::StepLinear;
+
+// (handle, bias or None, act_int8, act_block) -> StepLinear with n x k checked
+StepLinear step_linear(const py::handle& spec, const std::string& what, int64_t n, int64_t k, py::list& refs) {
+  if (!py::isinstance<py::tuple>(spec) || py::len(spec) != 4)
+    throw py::type_error(what + " must be a tuple (PackedWeightHandle, bias or None, act_int8, act_block)");
+  py::tuple t = py::reinterpret_borrow<py::tuple>(spec);
+  if (!py::isinstance<PackedWeightHandle>(t[0])) throw py::type_error(what + ": weight must be a PackedWeightHandle");
+  const auto& w = t[0].cast<const PackedWeightHandle&>();
+  const WeightGeometry& g = w.geom();
+  if ((n >= 0 && g.n != n) || g.k != k)
+    throw py::value_error(what + ": weight has shape [" + std::to_string(g.n) + ", " + std::to_string(g.k) +
+                          "], expected [" + (n >= 0 ? std::to_string(n) : std::string("*")) + ", " +
+                          std::to_string(k) + "]");
+  StepLinear l;
+  l.w = &g;
+  l.packed = w.data();
+  if (!t[1].is_none()) l.bias = static_cast<const float*>(f32_array(t[1], what + " bias", {g.n}).data());
+  if (!py::isinstance<py::bool_>(t[2])) throw py::type_error(what + ": act_int8 must be a bool");
+  l.act_int8 = t[2].cast<bool>();
+  l.act_block = t[3].cast<int64_t>();
+  if (l.act_int8 && (l.act_block <= 0 || (l.act_block < g.k && l.act_block % g.block != 0)))
+    throw py::value_error(what + ": act_block must be >= K or a positive multiple of the weight's block " +
+                          std::to_string(g.block));
+  refs.append(t);
+  return l;
+}
+
+py::array_t<float> step(DecodeStep& s, const py::array& h_in, int64_t pos) {
+  const decoder::StepModel& md = s.model();
+  if (!py::isinstance<py::array>(h_in) || h_in.dtype().num() != kNpyFloat ||
+      !(h_in.flags() & py::array::c_style) || h_in.size() != md.hidden)
+    throw py::value_error("h must be a C-contiguous float32 array of " + std::to_string(md.hidden) + " values");
+  if (pos < 0 || pos >= md.attn.capacity || pos >= md.rope_rows)
+    throw py::value_error("position " + std::to_string(pos) + " is outside the cache (" +
+                          std::to_string(md.attn.capacity) + ") or the RoPE tables (" +
+                          std::to_string(md.rope_rows) + ")");
+  py::array_t<float> logits({int64_t{1}, md.lm_head.w->n});
+  const float* h = static_cast<const float*>(h_in.data());
+  float* out = logits.mutable_data();
+  py::gil_scoped_release release;
+  s.run(h, pos, out);
+  return logits;
+}
+
+py::array_t<float> step_batch(DecodeStep& s, const py::array& h_in, const std::vector<int64_t>& pos,
+                              const py::list& k_caches, const py::list& v_caches,
+                              const std::vector<int64_t>& contexts) {
+  const decoder::StepModel& md = s.model();
+  const std::vector<decoder::LayerCache>& own = s.caches();
+  const int64_t b = static_cast<int64_t>(pos.size()), nl = static_cast<int64_t>(own.size());
+  const int64_t kv = md.attn.kv_heads, d = md.attn.head_dim;
+  if (b < 1 || static_cast<int64_t>(py::len(k_caches)) != b ||
+      static_cast<int64_t>(py::len(v_caches)) != b || static_cast<int64_t>(contexts.size()) != b)
+    throw py::value_error("step_batch: pos, k_caches, v_caches and contexts must hold the same number "
+                          "(>= 1) of rows");
+  py::array h = f32_array(h_in, "h", {b, md.hidden});
+  py::list keep;  // the arrays the caches point into, for the call
+  std::vector<decoder::LayerCache> caches(static_cast<size_t>(b * nl));
+  std::vector<decoder::StepRow> rows(static_cast<size_t>(b));
+  // the caches are of the step's own dtype (float32, or float16 for half caches)
+  const auto cache = [&](const py::handle& o, const std::string& what, const std::vector<int64_t>& shape) {
+    if (checked_kv(o, what, shape) != md.attn.kv_half)
+      throw py::type_error(what + " must be " + (md.attn.kv_half ? "float16" : "float32") +
+                           ", as the step's own caches");
+    return py::reinterpret_borrow<py::array>(o);
+  };
+  // every layer holds the whole context (no sliding window's ring): a row's caches may
+  // come as one [layers, kv_heads, context, head_dim] array each, checked once (not
+  // a view per layer: this runs between two steps, holding the GIL)
+  bool whole_context = true;
+  for (const decoder::LayerCache& c : own) whole_context = whole_context && c.capacity >= md.attn.capacity;
+  const auto stacked = [&](const py::object& o) {
+    return whole_context && py::isinstance<py::array>(o) && py::reinterpret_borrow<py::array>(o).ndim() == 4;
+  };
+  for (int64_t r = 0; r < b; ++r) {
+    const std::string what = "row " + std::to_string(r) + " ";
+    const int64_t ctx = contexts[r];
+    if (ctx < 1 || ctx > md.attn.capacity)
+      throw py::value_error(what + "context " + std::to_string(ctx) + " is not in 1.." +
+                            std::to_string(md.attn.capacity));
+    if (pos[r] < 0 || pos[r] >= ctx || pos[r] >= md.rope_rows)
+      throw py::value_error(what + "position " + std::to_string(pos[r]) + " is outside its context (" +
+                            std::to_string(ctx) + ") or the RoPE tables (" +
+                            std::to_string(md.rope_rows) + ")");
+    py::object ks = k_caches[r], vs = v_caches[r];
+    if (static_cast<int64_t>(py::len(ks)) != nl || static_cast<int64_t>(py::len(vs)) != nl)
+      throw py::value_error(what + "caches must hold " + std::to_string(nl) + " layers");
+    if (stacked(ks) && stacked(vs)) {
+      py::array k = cache(ks, what + "k_caches", {nl, kv, ctx, d});
+      py::array v = cache(vs, what + "v_caches", {nl, kv, ctx, d});
+      keep.append(k), keep.append(v);
+      char* kp = static_cast<char*>(k.mutable_data());
+      char* vp = static_cast<char*>(v.mutable_data());
+      const int64_t layer_bytes = kv * ctx * d * static_cast<int64_t>(k.itemsize());
+      for (int64_t i = 0; i < nl; ++i) caches[r * nl + i] = {kp + i * layer_bytes, vp + i * layer_bytes, ctx};
+    } else {
+      for (int64_t i = 0; i < nl; ++i) {
+        // a layer's cache holds the context, or its window's ring (the step's own is one)
+        const int64_t cap = own[i].capacity < md.attn.capacity ? std::min(ctx, own[i].capacity) : ctx;
+        const std::string layer = what + "layer " + std::to_string(i) + " ";
+        py::array k = cache(ks[py::int_(i)], layer + "k_cache", {kv, cap, d});
+        py::array v = cache(vs[py::int_(i)], layer + "v_cache", {kv, cap, d});
+        keep.append(k), keep.append(v);
+        caches[r * nl + i] = {k.mutable_data(), v.mutable_data(), cap};
+      }
+    }
+    for (int64_t i = 0; i < nl; ++i)
+      for (int64_t q = 0; q < r; ++q) {
+        const decoder::LayerCache& o = caches[q * nl + i];
+        if (o.k == caches[r * nl + i].k || o.v == caches[r * nl + i].v)
+          throw py::value_error("step_batch: rows " + std::to_string(q) + " and " + std::to_string(r) +
+                                " share a cache");
+      }
+    rows[r] = {pos[r], caches.data() + r * nl};
+  }
+  py::array_t<float> logits({b, md.lm_head.w->n});
+  const float* hp = static_cast<const float*>(h.data());
+  float* out = logits.mutable_data();
+  py::gil_scoped_release release;
+  s.run(hp, rows.data(), b, out);
+  return logits;
+}
+
+py::object decode_step(const py::list& layers, const py::array& final_norm, const py::tuple& lm_head,
+                       int64_t heads, double eps, double scale, bool gelu, double attn_softcap,
+                       double final_softcap, int64_t context) {
+  py::list refs;
+  if (py::len(layers) < 1) throw py::value_error("decode_step: no layers");
+  if (attn_softcap < 0 || final_softcap < 0) throw py::value_error("decode_step: soft-caps must be >= 0");
+  py::array fn = f32_array(final_norm, "final_norm", {-1});
+  const int64_t hidden = fn.shape(0);
+  decoder::StepModel md;
+  std::vector<decoder::LayerCache> caches;
+  md.hidden = hidden;
+  md.eps = static_cast<float>(eps);
+  md.scale = static_cast<float>(scale);
+  md.gelu = gelu;
+  md.final_softcap = static_cast<float>(final_softcap);
+  md.final_norm = static_cast<const float*>(fn.data());
+  md.lm_head = step_linear(lm_head, "lm_head", -1, hidden, refs);
+  const auto optional = [&](const py::dict& o, const char* key, const std::string& what, int64_t n) {
+    if (!o.contains(key) || o[key].is_none()) return static_cast<const float*>(nullptr);
+    return static_cast<const float*>(f32_array(o[key], what + key, {n}).data());
+  };
+  for (size_t i = 0; i < py::len(layers); ++i) {
+    const std::string p = "layer " + std::to_string(i) + " ";
+    if (!py::isinstance<py::tuple>(layers[i]) || py::len(layers[i]) != 11)
+      throw py::type_error(p + "must be a tuple (qkv, o, gate_up, down, input_norm, post_norm, k_cache, "
+                               "v_cache, cos, sin, options dict)");
+    py::tuple t = layers[i].cast<py::tuple>();
+    const bool half = checked_kv_pair(t[6], t[7], p);
+    if (i > 0 && half != md.attn.kv_half)
+      throw py::type_error(p + "caches: every layer's k and v caches must be of one dtype");
+    py::array kc = py::reinterpret_borrow<py::array>(t[6]), vc = py::reinterpret_borrow<py::array>(t[7]);
+    const int64_t kv = kc.shape(0), cap = kc.shape(1), d = kc.shape(2);
+    if (kv < 1 || heads < 1 || heads % kv || d < 2 || d % 2 || d > decoder::kMaxHeadDim || cap < 1 ||
+        (i > 0 && (kv != md.attn.kv_heads || d != md.attn.head_dim)))
+      throw py::value_error(p + "bad head counts or head_dim");
+    md.attn = decoder::AttentionShape{heads, kv, d, std::max(md.attn.capacity, cap)};
+    md.attn.softcap = static_cast<float>(attn_softcap);
+    md.attn.kv_half = half;
+    py::array cs = f32_array(t[8], p + "cos", {-1, d / 2}), sn = f32_array(t[9], p + "sin", {cs.shape(0), d / 2});
+    md.rope_rows = i == 0 ? cs.shape(0) : std::min(md.rope_rows, cs.shape(0));
+    if (!py::isinstance<py::dict>(t[10])) throw py::type_error(p + "options must be a dict");
+    py::dict o = t[10].cast<py::dict>();
+    for (auto item : o) {
+      const std::string key = py::str(item.first);
+      if (key != "q_norm" && key != "k_norm" && key != "attn_out_norm" && key != "mlp_out_norm")
+        throw py::value_error(p + "unknown option '" + key + "'");
+    }
+    decoder::StepLayer L;
+    L.qkv = step_linear(t[0], p + "qkv", (heads + 2 * kv) * d, hidden, refs);
+    L.o = step_linear(t[1], p + "o", hidden, heads * d, refs);
+    L.gate_up = step_linear(t[2], p + "gate_up", -1, hidden, refs);
+    const int64_t inter = L.gate_up.w->n / 2;
+    if (L.gate_up.w->n % 2 || (i > 0 && inter != md.intermediate))
+      throw py::value_error(p + "gate_up has " + std::to_string(L.gate_up.w->n) + " rows: not 2 x intermediate");
+    md.intermediate = inter;
+    L.down = step_linear(t[3], p + "down", hidden, inter, refs);
+    L.input_norm = static_cast<const float*>(f32_array(t[4], p + "input_norm", {hidden}).data());
+    L.post_norm = static_cast<const float*>(f32_array(t[5], p + "post_norm", {hidden}).data());
+    L.q_norm = optional(o, "q_norm", p, d);
+    L.k_norm = optional(o, "k_norm", p, d);
+    L.attn_out_norm = optional(o, "attn_out_norm", p, hidden);
+    L.mlp_out_norm = optional(o, "mlp_out_norm", p, hidden);
+    caches.push_back({kc.mutable_data(), vc.mutable_data(), cap});
+    L.cos = static_cast<const float*>(cs.data());
+    L.sin = static_cast<const float*>(sn.data());
+    refs.append(t);
+    for (py::handle a : {py::handle(kc), py::handle(vc), py::handle(cs), py::handle(sn)}) refs.append(a);
+    md.layers.push_back(L);
+  }
+  if (context < 0) throw py::value_error("decode_step: context must be >= 0");
+  if (context > 0) {  // every layer's cache holds the context or is a ring of fewer positions
+    for (const decoder::LayerCache& c : caches)
+      if (c.capacity > context) throw py::value_error("decode_step: a layer's cache is longer than the context");
+    md.attn.capacity = context;
+  }
+  refs.append(fn);
+  py::object obj = py::cast(std::make_unique<DecodeStep>(std::move(md), std::move(caches)));
+  obj.attr("_refs") = refs;
+  return obj;
+}
+
+}  // namespace
+
+void register_decode_step(py::module_& m) {
+  py::class_<DecodeStep>(m, "DecodeStep", py::dynamic_attr())
+      .def("step", &step, py::arg("h"), py::arg("pos"),
+           "One token: h = its embedding [hidden] at position pos; returns the logits [1, vocab].")
+      .def("step_batch", &step_batch, py::arg("h"), py::arg("pos"), py::arg("k_caches"), py::arg("v_caches"),
+           py::arg("contexts"),
+           "B tokens of B sequences (continuous batching): h = their embeddings [B, hidden], row r at position "
+           "pos[r] of a sequence of contexts[r] positions over its own caches: k_caches[r][layer] / "
+           "v_caches[r][layer] [kv_heads, capacity, head_dim] (a sliding layer's capacity: min(context, window)); "
+           "returns the logits [B, vocab], each row's the bits of that sequence's step alone.")
+      .def("run_matmuls", [](DecodeStep& s) {
+             std::vector<float> logits(static_cast<size_t>(s.last_rows() * s.model().lm_head.w->n));
+             py::gil_scoped_release release;
+             s.run_matmuls(logits.data());
+           }, "The step's matmuls alone (for timing the rest of the step).")
+      .def_property_readonly("num_layers", [](const DecodeStep& s) { return s.model().layers.size(); })
+      .def_property_readonly("last_timing", [](const DecodeStep& s) {
+            return py::make_tuple(s.last_seconds(), s.last_matmul_seconds());
+          }, "(seconds of the last step, seconds of its matmuls), clocked inside the step");
+  m.def("decode_step", &decode_step, py::arg("layers"), py::arg("final_norm"), py::arg("lm_head"), py::arg("heads"),
+        py::arg("eps"), py::arg("scale"), py::arg("gelu") = false, py::arg("attn_softcap") = 0.0,
+        py::arg("final_softcap") = 0.0, py::arg("context") = 0,
+        "A DecodeStep over packed weights: layers = [(qkv, o, gate_up, down, input_norm, post_norm, k_cache, "
+        "v_cache, cos, sin, options)], each linear (PackedWeightHandle, bias or None, act_int8, act_block), "
+        "caches [kv_heads, capacity, head_dim] (a layer's cache shorter than the context, by default the "
+        "longest cache, is a sliding window's ring), RoPE tables [rows, head_dim / 2], options {q_norm, k_norm, attn_out_norm, "
+        "mlp_out_norm} (arrays or None).");
+}
+
+}  // namespace qlinear::bindings

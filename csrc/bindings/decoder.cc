@@ -1,0 +1,150 @@
+// Binds the decoder's operations for qlinear.llm (internal: shapes checked, float32 C-contiguous):
+// rms_norm, silu_mul / gelu_tanh_mul, softcap, attend_one (a decode step's attention) and
+// attend_prefill (a prompt's).
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "bindings/bindings.h"
+#include "qlinear/decoder.h"
+#include "qlinear/threadpool.h"
+
+namespace qlinear::bindings {
+namespace {
+
+using F32Array = py::array_t<float, py::array::c_style>;
+
+F32Array checked_f32(const py::array& a, const char* what, int ndim) {
+  if (a.dtype().num() != kNpyFloat || a.ndim() != ndim || !(a.flags() & py::array::c_style))
+    throw py::value_error(std::string(what) + " must be a C-contiguous float32 array of " +
+                          std::to_string(ndim) + " dimensions");
+  return py::reinterpret_borrow<F32Array>(a);
+}
+
+// Row-wise elementwise work (prefill: tokens x features) split over the thread pool once there is
+// enough of it; a decode step's single row stays on the calling thread.
+template <class F>
+void rows_in_parallel(int64_t rows, int64_t cost_per_row, F&& fn) {
+  constexpr int64_t kMinWork = 1 << 16;
+  if (rows < 2 || rows * cost_per_row < kMinWork) {
+    fn(int64_t{0}, rows);
+    return;
+  }
+  ThreadPool::global().parallel_for(rows, std::max<int64_t>(1, kMinWork / cost_per_row), fn);
+}
+
+F32Array py_rms_norm(const py::array& x_in, const py::array& w_in, float eps) {
+  F32Array x = checked_f32(x_in, "x", 2), w = checked_f32(w_in, "weight", 1);
+  if (w.shape(0) != x.shape(1)) throw py::value_error("rms_norm: weight size does not match x");
+  F32Array y({x.shape(0), x.shape(1)});
+  const int64_t n = x.shape(1);
+  const float *xp = x.data(), *wp = w.data();
+  float* yp = y.mutable_data();
+  py::gil_scoped_release release;
+  rows_in_parallel(x.shape(0), n, [&](int64_t r0, int64_t r1) {
+    decoder::rms_norm(xp + r0 * n, wp, eps, r1 - r0, n, yp + r0 * n);
+  });
+  return y;
+}
+
+// act(gate) * up over a fused projection's output [rows, 2n] (gate first): SwiGLU, GeGLU.
+template <void (*Fn)(const float*, int64_t, int64_t, float*)>
+F32Array py_gated_mul(const py::array& gu_in, const char* name) {
+  F32Array gu = checked_f32(gu_in, "gate_up", 2);
+  if (gu.shape(1) % 2) throw py::value_error(std::string(name) + ": gate_up must have an even number of columns");
+  const int64_t n = gu.shape(1) / 2;
+  F32Array y({gu.shape(0), n});
+  const float* gp = gu.data();
+  float* yp = y.mutable_data();
+  py::gil_scoped_release release;
+  rows_in_parallel(gu.shape(0), 8 * n, [&](int64_t r0, int64_t r1) {  // ~8 x the work of a copy
+    Fn(gp + r0 * 2 * n, r1 - r0, n, yp + r0 * n);
+  });
+  return y;
+}
+
+F32Array py_softcap(const py::array& x_in, float cap) {
+  if (!(cap > 0.f)) throw py::value_error("softcap: cap must be > 0");
+  F32Array x = checked_f32(x_in, "x", 2);
+  F32Array y({x.shape(0), x.shape(1)});
+  std::copy(x.data(), x.data() + x.size(), y.mutable_data());
+  decoder::softcap(y.mutable_data(), y.size(), cap);
+  return y;
+}
+
+F32Array py_attend_one(const py::array& qkv_in, const py::array& cos_in, const py::array& sin_in,
+                       int64_t pos, const py::array& k_in, const py::array& v_in, int64_t heads, float scale,
+                       int64_t window, float softcap) {
+  F32Array qkv = checked_f32(qkv_in, "qkv", 2), cs = checked_f32(cos_in, "cos", 2), sn = checked_f32(sin_in, "sin", 2);
+  const bool half = checked_kv_pair(k_in, v_in, "attend_one: ", true);
+  const int64_t kv = k_in.shape(0), cap = k_in.shape(1), d = k_in.shape(2);
+  if (heads < 1 || kv < 1 || heads % kv || d < 2 || d % 2 || d > 512)
+    throw py::value_error("attend_one: bad head counts or head_dim");
+  if (qkv.shape(0) != 1 || qkv.shape(1) != (heads + 2 * kv) * d)
+    throw py::value_error("attend_one: qkv must have shape [1, (heads + 2 * kv_heads) * head_dim]");
+  if (window != 0 && window != cap)
+    throw py::value_error("attend_one: a sliding window's cache holds `window` positions (a ring)");
+  if (softcap < 0.f) throw py::value_error("attend_one: softcap must be >= 0");
+  if (pos < 0 || (window == 0 && pos >= cap) || pos >= cs.shape(0) || cs.shape(1) != d / 2 ||
+      sn.shape(0) != cs.shape(0) || sn.shape(1) != d / 2)
+    throw py::value_error("attend_one: position outside the cache or the RoPE tables");
+  F32Array out({int64_t(1), heads * d});
+  decoder::AttentionShape shape{heads, kv, d, cap};
+  shape.softcap = softcap;
+  shape.kv_half = half;
+  void *kp = py::array(k_in).mutable_data(), *vp = py::array(v_in).mutable_data();
+  {
+    py::gil_scoped_release release;
+    decoder::attend_one(qkv.data(), cs.data() + pos * (d / 2), sn.data() + pos * (d / 2), pos, shape, scale,
+                        kp, vp, out.mutable_data());
+  }
+  return out;
+}
+
+py::array_t<float> py_attend_prefill(const py::array& qkv_in, const py::array& cos_in, const py::array& sin_in,
+                                     int64_t start, const py::array& k_in, const py::array& v_in, int64_t heads,
+                                     double scale, int64_t window, double softcap) {
+  const bool half = checked_kv_pair(k_in, v_in, "attend_prefill: ");
+  const int64_t kv = k_in.shape(0), cap = k_in.shape(1), d = k_in.shape(2);
+  py::array k = k_in, v = v_in;
+  if (kv < 1 || heads < 1 || heads % kv || d < 2 || d % 2 || d > decoder::kMaxHeadDim)
+    throw py::value_error("attend_prefill: bad head counts or head_dim");
+  py::array qkv = f32_array(qkv_in, "qkv", {-1, (heads + 2 * kv) * d});
+  const int64_t rows = qkv.shape(0);
+  py::array cs = f32_array(cos_in, "cos", {-1, d / 2}), sn = f32_array(sin_in, "sin", {cs.shape(0), d / 2});
+  if (rows < 1 || start < 0 || start + rows > cap || start + rows > cs.shape(0))
+    throw py::value_error("attend_prefill: positions " + std::to_string(start) + ".." +
+                          std::to_string(start + rows - 1) + " are outside the cache or the RoPE tables");
+  py::array_t<float> out({rows, heads * d});
+  if (window < 0 || softcap < 0) throw py::value_error("attend_prefill: window and softcap must be >= 0");
+  decoder::AttentionShape sh{heads, kv, d, cap};
+  sh.window = window;
+  sh.softcap = static_cast<float>(softcap);
+  sh.kv_half = half;
+  const float *qp = static_cast<const float*>(qkv.data()), *cp = static_cast<const float*>(cs.data()),
+              *sp = static_cast<const float*>(sn.data());
+  void *kp = k.mutable_data(), *vp = v.mutable_data();
+  float* op = out.mutable_data();
+  py::gil_scoped_release release;
+  decoder::attend_prefill(qp, rows, cp, sp, start, sh, static_cast<float>(scale), kp, vp, op);
+  return out;
+}
+
+}  // namespace
+
+void register_decoder(py::module_& m) {
+  m.def("rms_norm", &py_rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"));
+  m.def("silu_mul", [](const py::array& gu) { return py_gated_mul<decoder::silu_mul>(gu, "silu_mul"); },
+        py::arg("gate_up"));
+  m.def("gelu_tanh_mul", [](const py::array& gu) { return py_gated_mul<decoder::gelu_tanh_mul>(gu, "gelu_tanh_mul"); },
+        py::arg("gate_up"));
+  m.def("softcap", &py_softcap, py::arg("x"), py::arg("cap"));
+  m.def("attend_one", &py_attend_one, py::arg("qkv"), py::arg("cos"), py::arg("sin"), py::arg("pos"),
+        py::arg("k_cache"), py::arg("v_cache"), py::arg("heads"), py::arg("scale"), py::arg("window") = 0,
+        py::arg("softcap") = 0.f);
+  m.def("attend_prefill", &py_attend_prefill, py::arg("qkv"), py::arg("cos"), py::arg("sin"), py::arg("start"),
+        py::arg("k_cache"), py::arg("v_cache"), py::arg("heads"), py::arg("scale"), py::arg("window") = 0,
+        py::arg("softcap") = 0.0);
+}
+
+}  // namespace qlinear::bindings

@@ -1,0 +1,126 @@
+// Binds the packed weights: the PackedWeightHandle class, quantize_and_pack, pack_quantized and
+// unpack.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "bindings/bindings.h"
+#include "qlinear/layout.h"
+#include "qlinear/pack.h"
+
+namespace qlinear::bindings {
+namespace {
+
+LayoutId layout_by_name(const std::string& name) {
+  const LayoutInfo* info = find_layout(name);
+  if (info == nullptr) throw std::invalid_argument("unknown packed layout '" + name + "'");
+  return info->id;
+}
+
+py::array_t<float> as_f32_matrix(py::array w) {
+  if (w.ndim() != 2) throw py::value_error("weight must have shape [N, K], got " + std::to_string(w.ndim()) + " dimensions");
+  const int num = dtype_num(w);
+  if (num != kNpyFloat && num != kNpyHalf && num != 12 /* float64 */)
+    throw py::type_error("weight must be float32, float16 or float64, got " + dtype_str(w));
+  return py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(w);
+}
+
+PackedWeightHandle quantize_and_pack(py::array w_in, int bits, int64_t group_size, bool symmetric,
+                                     const std::string& layout) {
+  py::array_t<float> w = as_f32_matrix(w_in);
+  const WeightGeometry g = make_geometry(w.shape(0), w.shape(1), bits, group_size, symmetric,
+                                         layout.empty() ? family_layout() : layout_by_name(layout));
+  py::array_t<uint8_t> packed(g.total_bytes);
+  {
+    py::gil_scoped_release release;
+    std::vector<uint8_t> codes(static_cast<size_t>(g.n * g.k));
+    std::vector<uint16_t> scale(static_cast<size_t>(g.n * g.ngroups)), offset(scale.size());
+    const QuantizedWeight q{codes.data(), scale.data(), offset.data()};
+    quantize_weight(g, w.data(), g.k, q);
+    pack_weight(g, q, packed.mutable_data());
+  }
+  return PackedWeightHandle(g, packed);
+}
+
+// A C-contiguous array of the given dtype and shape (copied only if not contiguous).
+py::array expect(py::array a, const char* name, int num, std::vector<int64_t> shape) {
+  if (dtype_num(a) != num) throw py::type_error(std::string(name) + " has dtype " + dtype_str(a));
+  bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = a.shape(i) == shape[i];
+  if (!ok) throw py::value_error(std::string(name) + " has the wrong shape");
+  return py::array::ensure(a, py::array::c_style);
+}
+
+// Packs already-quantized codes (stored form) and fp16 scales / offsets: no rounding happens.
+PackedWeightHandle pack_quantized(py::array codes_in, py::array scale_in, py::object offset_in,
+                                  int bits, int64_t group_size, bool symmetric, const std::string& layout) {
+  if (codes_in.ndim() != 2) throw py::value_error("codes must have shape [N, K]");
+  const WeightGeometry g = make_geometry(codes_in.shape(0), codes_in.shape(1), bits, group_size, symmetric,
+                                         layout.empty() ? family_layout() : layout_by_name(layout));
+  py::array codes = expect(codes_in, "codes", 2 /* uint8 */, {g.n, g.k});
+  py::array scale = expect(scale_in, "scale (float16)", kNpyHalf, {g.n, g.ngroups});
+  std::vector<uint16_t> zeros;
+  py::array offset;
+  if (symmetric) {
+    zeros.assign(static_cast<size_t>(g.n * g.ngroups), 0);
+  } else {
+    if (offset_in.is_none()) throw py::value_error("asymmetric weights need offsets");
+    offset = expect(py::array::ensure(offset_in), "offset (float16)", kNpyHalf, {g.n, g.ngroups});
+  }
+  const int qmax = bits == 4 ? 15 : 255;
+  const auto* c = static_cast<const uint8_t*>(codes.data());
+  uint8_t top = 0;
+  for (int64_t i = 0; i < g.n * g.k; ++i) top = std::max(top, c[i]);  // vectorizes
+  if (top > qmax) throw py::value_error("codes exceed " + std::to_string(qmax) + " for " + std::to_string(bits) + "-bit weights");
+  py::array_t<uint8_t> packed(g.total_bytes);
+  const QuantizedWeight q{const_cast<uint8_t*>(c), static_cast<uint16_t*>(const_cast<void*>(scale.data())),
+                          symmetric ? zeros.data() : static_cast<uint16_t*>(const_cast<void*>(offset.data()))};
+  {
+    py::gil_scoped_release release;
+    pack_weight(g, q, packed.mutable_data());
+  }
+  return PackedWeightHandle(g, packed);
+}
+
+py::tuple unpack(const PackedWeightHandle& w) {
+  const WeightGeometry& g = w.geom();
+  py::array_t<uint8_t> codes({g.n, g.k});
+  py::array scale(py::dtype("float16"), {g.n, g.ngroups});
+  py::array offset(py::dtype("float16"), {g.n, g.ngroups});
+  const QuantizedWeight q{codes.mutable_data(), static_cast<uint16_t*>(scale.mutable_data()),
+                          static_cast<uint16_t*>(offset.mutable_data())};
+  {
+    py::gil_scoped_release release;
+    unpack_weight(g, w.data(), q);
+  }
+  return py::make_tuple(codes, scale, g.symmetric ? py::object(py::none()) : py::object(offset));
+}
+
+}  // namespace
+
+void register_weights(py::module_& m) {
+  py::class_<PackedWeightHandle>(m, "PackedWeightHandle")
+      .def(py::init([](py::buffer buf, int64_t n, int64_t k, int bits, int64_t group_size,
+                       bool symmetric, const std::string& layout) {
+             return PackedWeightHandle(make_geometry(n, k, bits, group_size, symmetric, layout_by_name(layout)), buf);
+           }),
+           py::arg("buffer"), py::arg("n"), py::arg("k"), py::arg("bits"), py::arg("group_size"),
+           py::arg("symmetric"), py::arg("layout"))
+      .def_property_readonly("n", [](const PackedWeightHandle& w) { return w.geom().n; })
+      .def_property_readonly("k", [](const PackedWeightHandle& w) { return w.geom().k; })
+      .def_property_readonly("bits", [](const PackedWeightHandle& w) { return w.geom().bits; })
+      .def_property_readonly("group_size", [](const PackedWeightHandle& w) { return w.geom().group_size; })
+      .def_property_readonly("block", [](const PackedWeightHandle& w) { return w.geom().block; })
+      .def_property_readonly("symmetric", [](const PackedWeightHandle& w) { return w.geom().symmetric; })
+      .def_property_readonly("layout", [](const PackedWeightHandle& w) { return std::string(layout_info(w.geom().layout).name); })
+      .def_property_readonly("nbytes", [](const PackedWeightHandle& w) { return w.geom().total_bytes; })
+      .def_property_readonly("buffer", &PackedWeightHandle::owner);
+
+  m.def("quantize_and_pack", &quantize_and_pack, py::arg("w"), py::arg("bits"), py::arg("group_size"),
+        py::arg("symmetric"), py::arg("layout") = "");
+  m.def("pack_quantized", &pack_quantized, py::arg("codes"), py::arg("scale"), py::arg("offset"),
+        py::arg("bits"), py::arg("group_size"), py::arg("symmetric"), py::arg("layout") = "");
+  m.def("unpack", &unpack);
+}
+
+}  // namespace qlinear::bindings
