@@ -28,7 +28,8 @@ from ..source import trim_heap
 from ..hf.source import KIND, LINEARS, head_tensors, layer_tensors, open_checkpoint
 from ..assemble import make_block, ropes
 from ..runtime.embedding import ScaledEmbedding, embed_scale
-from ..runtime.layers import KVCache, Linear, rms_norm
+from ..runtime.kv_cache import KVCache
+from ..runtime.layers import Linear, rms_norm
 from ..options import Options
 from ..source import progress
 from ..source import Source

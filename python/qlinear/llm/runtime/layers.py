@@ -7,7 +7,6 @@ numpy arrays [tokens, features]."""
 from __future__ import annotations
 
 import math
-import mmap
 from typing import Optional, Union
 
 import numpy as np
@@ -17,6 +16,7 @@ from ..._ops import act_block_size, core_handle, matmul_array
 from ..._packed import PackedWeight
 from ..._scheme import DEFAULT_ACT_BLOCK, ActBlock
 from ..config import ModelConfig
+from .kv_cache import KVCache
 
 
 class Linear:
@@ -145,45 +145,6 @@ def _scaled_inv_freq(inv_freq: np.ndarray, scaling: Optional[dict], max_position
                         np.where(wavelen > old / lo, inv_freq / factor,
                                  (1 - smooth) * inv_freq / factor + smooth * inv_freq)), 1.0
     return inv_freq, 1.0
-
-
-def _lazy_zeros(shape, dtype=np.float32) -> np.ndarray:
-    """A zero array whose pages become resident only when written, 4 KiB at a time: an
-    anonymous mapping with transparent huge pages off (with them, the first position written in
-    each head's slab would make 2 MiB resident)."""
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    if nbytes == 0:
-        return np.zeros(shape, dtype)
-    buf = mmap.mmap(-1, nbytes)
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):
-        buf.madvise(mmap.MADV_NOHUGEPAGE)
-    return np.frombuffer(buf, dtype).reshape(shape)
-
-
-class KVCache:
-    """Keys and values of every layer, preallocated for ``capacity`` positions, float32 (or
-    float16: ``dtype``) [kv_heads, positions, head_dim] per layer; memory becomes resident as
-    positions are filled.
-    A sliding-window layer holds only its window's positions, as a ring (``windows[i]``: its
-    size, 0 for a layer that holds them all). ``k`` / ``v``: one [layers, ...] array when every
-    layer holds ``capacity`` positions, else a list of the layers' arrays."""
-
-    def __init__(self, cfg: ModelConfig, capacity: int, dtype=np.float32):
-        caps = [min(capacity, cfg.window(i) or capacity) for i in range(cfg.num_layers)]
-        self.windows = [c if c < capacity else 0 for c in caps]
-        if len(set(caps)) == 1:
-            shape = (cfg.num_layers, cfg.num_kv_heads, caps[0], cfg.head_dim)
-            self.k, self.v = _lazy_zeros(shape, dtype), _lazy_zeros(shape, dtype)
-        else:
-            self.k = [_lazy_zeros((cfg.num_kv_heads, c, cfg.head_dim), dtype) for c in caps]
-            self.v = [_lazy_zeros((cfg.num_kv_heads, c, cfg.head_dim), dtype) for c in caps]
-        self.capacity = capacity
-        self.length = 0          # positions filled (the same for every layer after a forward)
-        self.ids: list[int] = []  # the tokens those positions hold (for prefix reuse)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in (*self.k, *self.v)) if isinstance(self.k, list) else self.k.nbytes + self.v.nbytes
 
 
 def _per_head_norm(qkv: np.ndarray, c0: int, c1: int, weight: np.ndarray, eps: float) -> None:

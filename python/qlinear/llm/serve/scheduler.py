@@ -21,7 +21,8 @@ from typing import Callable, Optional, Sequence as Seq
 import numpy as np
 
 from ..runtime.generation import Sampler, Sampling
-from ..runtime.layers import KVCache, decode_step
+from ..runtime.kv_cache import KVCache
+from ..runtime.layers import decode_step
 from ..runtime.model import PREFILL_CHUNK, Model
 
 

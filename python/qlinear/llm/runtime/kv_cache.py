@@ -1,0 +1,73 @@
+"""The KV cache: every layer's keys and values, preallocated, lazily resident; sliding-window
+layers as rings; and the rollback of positions a speculative run computed but did not keep."""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+from ..config import ModelConfig
+
+
+def _lazy_zeros(shape, dtype=np.float32) -> np.ndarray:
+    """A zero array whose pages become resident only when written, 4 KiB at a time: an
+    anonymous mapping with transparent huge pages off (with them, the first position written in
+    each head's slab would make 2 MiB resident)."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if nbytes == 0:
+        return np.zeros(shape, dtype)
+    buf = mmap.mmap(-1, nbytes)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, dtype).reshape(shape)
+
+
+class KVCache:
+    """Keys and values of every layer, preallocated for ``capacity`` positions, float32 (or
+    float16: ``dtype``) [kv_heads, positions, head_dim] per layer; memory becomes resident as
+    positions are filled.
+    A sliding-window layer holds only its window's positions, as a ring (``windows[i]``: its
+    size, 0 for a layer that holds them all). ``k`` / ``v``: one [layers, ...] array when every
+    layer holds ``capacity`` positions, else a list of the layers' arrays."""
+
+    def __init__(self, cfg: ModelConfig, capacity: int, dtype=np.float32):
+        caps = [min(capacity, cfg.window(i) or capacity) for i in range(cfg.num_layers)]
+        self.windows = [c if c < capacity else 0 for c in caps]
+        if len(set(caps)) == 1:
+            shape = (cfg.num_layers, cfg.num_kv_heads, caps[0], cfg.head_dim)
+            self.k, self.v = _lazy_zeros(shape, dtype), _lazy_zeros(shape, dtype)
+        else:
+            self.k = [_lazy_zeros((cfg.num_kv_heads, c, cfg.head_dim), dtype) for c in caps]
+            self.v = [_lazy_zeros((cfg.num_kv_heads, c, cfg.head_dim), dtype) for c in caps]
+        self.capacity = capacity
+        self.length = 0          # positions filled (the same for every layer after a forward)
+        self.ids: list[int] = []  # the tokens those positions hold (for prefix reuse)
+        self._saved: list = []   # ring slots a guarded run overwrites: (layer, position, k, v)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (*self.k, *self.v)) if isinstance(self.k, list) else self.k.nbytes + self.v.nbytes
+
+
+    def guard(self, start: int, count: int) -> None:
+        """Before running ``count`` positions from ``start`` that may be rolled back (speculative
+        drafts and verifications): keep what they overwrite in the sliding-window rings (the
+        positions ``window`` before them, still in the window of the positions kept)."""
+        self._saved = []
+        for i, w in enumerate(self.windows):
+            for pos in range(max(start, w), start + count) if w else ():
+                slot = pos % w
+                self._saved.append((i, pos, self.k[i][:, slot].copy(), self.v[i][:, slot].copy()))
+
+    def rollback(self, length: int) -> None:
+        """Keep the first ``length`` positions: the later ones are forgotten and the ring slots
+        they took (since the last ``guard``) get back what they held."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back to {length} positions: the cache holds {self.length}")
+        for i, pos, k, v in self._saved:
+            if pos >= length:
+                slot = pos % self.windows[i]
+                self.k[i][:, slot], self.v[i][:, slot] = k, v
+        self._saved = []
+        self.length, self.ids = length, self.ids[:length]
