@@ -1,4 +1,5 @@
-// Binds the decode step of qlinear.llm in one call: the DecodeStep class (step, step_batch) and
+// Binds the decode step of qlinear.llm in one call: the DecodeStep class (step, step_block,
+// step_batch) and
 // decode_step, which makes one over packed weights (internal API: every array checked here; the
 // step keeps what it points into alive).
 #include <algorithm>
@@ -56,6 +57,25 @@ py::array_t<float> step(DecodeStep& s, const py::array& h_in, int64_t pos) {
   float* out = logits.mutable_data();
   py::gil_scoped_release release;
   s.run(h, pos, out);
+  return logits;
+}
+
+// b tokens of the step's own sequence at positions pos.. (a speculative verification).
+py::array_t<float> step_block(DecodeStep& s, const py::array& h_in, int64_t pos) {
+  const decoder::StepModel& md = s.model();
+  if (!py::isinstance<py::array>(h_in) || h_in.ndim() != 2 || h_in.shape(0) < 1)
+    throw py::value_error("step_block: h must be a [tokens, hidden] float32 array");
+  const int64_t b = h_in.shape(0);
+  py::array h = f32_array(h_in, "h", {b, md.hidden});
+  if (pos < 0 || pos + b > md.attn.capacity || pos + b > md.rope_rows)
+    throw py::value_error("step_block: positions " + std::to_string(pos) + ".." + std::to_string(pos + b - 1) +
+                          " are outside the cache (" + std::to_string(md.attn.capacity) + ") or the RoPE tables (" +
+                          std::to_string(md.rope_rows) + ")");
+  py::array_t<float> logits({b, md.lm_head.w->n});
+  const float* hp = static_cast<const float*>(h.data());
+  float* out = logits.mutable_data();
+  py::gil_scoped_release release;
+  s.run_block(hp, pos, b, out);
   return logits;
 }
 
@@ -225,6 +245,10 @@ void register_decode_step(py::module_& m) {
   py::class_<DecodeStep>(m, "DecodeStep", py::dynamic_attr())
       .def("step", &step, py::arg("h"), py::arg("pos"),
            "One token: h = its embedding [hidden] at position pos; returns the logits [1, vocab].")
+      .def("step_block", &step_block, py::arg("h"), py::arg("pos"),
+           "Tokens of the step's own sequence at positions pos, pos + 1, ... (a speculative verification): "
+           "h = their embeddings [B, hidden]; returns the logits [B, vocab], row j the bits of the one-token "
+           "step at pos + j after the rows before it.")
       .def("step_batch", &step_batch, py::arg("h"), py::arg("pos"), py::arg("k_caches"), py::arg("v_caches"),
            py::arg("contexts"),
            "B tokens of B sequences (continuous batching): h = their embeddings [B, hidden], row r at position "

@@ -1,5 +1,6 @@
 #include "decoder_step.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -23,6 +24,8 @@ void DecodeStep::reserve(int64_t b) {
   gu_.resize(b * 2 * m_.intermediate);
   act_.resize(b * m_.intermediate);
   attend_.resize(b);
+  round_.resize(b);
+  round_of_.resize(b);
   rows_ = b;
 }
 
@@ -51,6 +54,12 @@ void DecodeStep::run(const float* h, int64_t pos, float* logits) {
   run(h, &row, 1, logits);
 }
 
+void DecodeStep::run_block(const float* h, int64_t pos, int64_t b, float* logits) {
+  std::vector<StepRow> rows(static_cast<size_t>(b));
+  for (int64_t r = 0; r < b; ++r) rows[r] = {pos + r, own_.data()};
+  run(h, rows.data(), b, logits);
+}
+
 void DecodeStep::run(const float* h, const StepRow* rows, int64_t b, float* logits) {
   std::lock_guard<std::mutex> lock(mutex_);
   const double t0 = now();
@@ -68,6 +77,12 @@ void DecodeStep::forward(const float* h_in, const StepRow* rows, int64_t b, floa
   const int64_t natt = heads * d, vocab = m_.lm_head.w->n;
   float* h = h_.data();
   std::copy(h_in, h_in + b * n, h);
+  int64_t rounds = 1;
+  for (int64_t r = 0; r < b; ++r) {
+    round_of_[r] = 0;
+    for (int64_t q = 0; q < r; ++q) round_of_[r] += rows[q].caches == rows[r].caches;
+    rounds = std::max(rounds, round_of_[r] + 1);
+  }
   // out = rms_norm(out) when a norm is given; then h += out (b rows)
   const auto residual = [&](const float* norm, float* out) {
     if (norm) rms_norm(out, norm, m_.eps, b, n, out);
@@ -85,7 +100,16 @@ void DecodeStep::forward(const float* h_in, const StepRow* rows, int64_t b, floa
       if (L.k_norm) rms_norm(qkv + heads * d, L.k_norm, m_.eps, kv_heads, d, qkv + heads * d);
       attend_[r] = {qkv, L.cos + pos * half, L.sin + pos * half, pos, c.capacity, c.k, c.v, att_.data() + r * natt};
     }
-    attend_batch(attend_.data(), b, m_.attn, m_.scale);
+    if (rounds == 1) {
+      attend_batch(attend_.data(), b, m_.attn, m_.scale);
+    } else {
+      for (int64_t j = 0; j < rounds; ++j) {
+        int64_t nr = 0;
+        for (int64_t r = 0; r < b; ++r)
+          if (round_of_[r] == j) round_[nr++] = attend_[r];
+        attend_batch(round_.data(), nr, m_.attn, m_.scale);
+      }
+    }
     linear(L.o, att_.data(), b, proj_.data());
     residual(L.attn_out_norm, proj_.data());
     rms_norm(h, L.post_norm, m_.eps, b, n, x_.data());

@@ -19,6 +19,11 @@
 // kernels compute each row of a GEMM exactly as the one-row GEMV, and float-activation
 // projections run row by row (their GEMM sums in another order), so every row's logits are
 // bit-identical to the step of that sequence alone; one sequence is the case B = 1.
+//
+// Several rows may belong to one sequence (a speculative verification: the token last decided and
+// the drafted ones): they share its caches and stand at consecutive positions, in order. Their
+// attention runs in rounds (round j: the j-th row of every sequence), so each row sees the keys
+// and values of the rows before it, and computes what the one-token step at its position would.
 #pragma once
 
 #include <cstdint>
@@ -85,9 +90,14 @@ class DecodeStep {
   // embedding [hidden]; writes the logits [lm_head n]. Fills the caches' row `pos` of every layer.
   void run(const float* h, int64_t pos, float* logits);
 
-  // `b` tokens of `b` sequences: h [b, hidden] their embeddings; writes logits [b, lm_head n] and
-  // fills row r's caches at rows[r].pos. No two rows may share a cache.
+  // `b` tokens: h [b, hidden] their embeddings; writes logits [b, lm_head n] and fills row r's
+  // caches at rows[r].pos. Rows sharing caches (one sequence's) come in order of consecutive
+  // positions; rows of different sequences share no cache.
   void run(const float* h, const StepRow* rows, int64_t b, float* logits);
+
+  // `b` tokens of the own sequence at positions pos.. (a speculative verification): as `b` one-
+  // token runs at pos, pos + 1, ..., with the projections as b-row matmuls.
+  void run_block(const float* h, int64_t pos, int64_t b, float* logits);
 
   // The step's matmuls alone, on its buffers as the last run left them (for measuring the time
   // the step spends outside them).
@@ -110,7 +120,8 @@ class DecodeStep {
   std::vector<LayerCache> own_;
   std::mutex mutex_;  // one step at a time per object (the buffers below)
   std::vector<float> h_, x_, qkv_, att_, proj_, gu_, act_;  // room for rows_ rows
-  std::vector<AttendRow> attend_;
+  std::vector<AttendRow> attend_, round_;
+  std::vector<int64_t> round_of_;  // each row's round: rows of its sequence before it
   int64_t rows_ = 0, last_rows_ = 1;
   double last_total_ = 0, last_matmul_ = 0, matmul_ = 0;
 };
