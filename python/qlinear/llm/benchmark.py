@@ -3,10 +3,13 @@ export or llama.cpp on the same GGUF file side by side."""
 
 from __future__ import annotations
 
-def bench(model, prompt_tokens: int = 64, decode_tokens: int = 32, repeats: int = 1) -> dict:
-    """Prefill ``prompt_tokens`` (ids drawn from the tokenizer's vocabulary, deterministic) and
-    decode ``decode_tokens`` greedily; the best of ``repeats`` runs. Decode speed counts the
-    one-token forwards (the first token comes from the prefill)."""
+def bench(model, prompt_tokens: int = 64, decode_tokens: int = 32, repeats: int = 1, prompt_ids=None,
+          **speculation) -> dict:
+    """Prefill ``prompt_tokens`` (ids drawn from the tokenizer's vocabulary, deterministic, or the
+    first of ``prompt_ids``: a text's) and decode ``decode_tokens`` greedily; the best of
+    ``repeats`` runs. Decode speed counts the tokens decided from the decode forwards' logits
+    (the first token comes from the prefill). ``speculation``: ``Model.stream_ids``' speculative
+    options (the row then reports the drafts kept and the tokens per forward)."""
     import numpy as np
 
     capacity = model.cache.capacity
@@ -16,17 +19,26 @@ def bench(model, prompt_tokens: int = 64, decode_tokens: int = 32, repeats: int 
         raise ValueError(f"a {prompt_tokens}-token prompt and {decode_tokens} decoded tokens need "
                          f"{prompt_tokens + decode_tokens} positions; the context holds {capacity} "
                          "(--max-context sets it)")
-    rng = np.random.default_rng(0)
-    hi = min(model.tokenizer.vocab_size, model.config.vocab_size)
-    ids = [int(t) for t in rng.integers(0, hi, prompt_tokens)]
+    if prompt_ids is not None:
+        if len(prompt_ids) < prompt_tokens:
+            raise ValueError(f"the prompt text has {len(prompt_ids)} tokens, fewer than {prompt_tokens}")
+        ids = [int(t) for t in prompt_ids[:prompt_tokens]]
+    else:
+        rng = np.random.default_rng(0)
+        hi = min(model.tokenizer.vocab_size, model.config.vocab_size)
+        ids = [int(t) for t in rng.integers(0, hi, prompt_tokens)]
     best = None
     for _ in range(repeats):
         model.reset()
-        tokens = model.generate_ids(ids, decode_tokens + 1, stop_ids=())
+        tokens = model.generate_ids(ids, decode_tokens + 1, stop_ids=(), **speculation)
         s = model.stats
         row = {"prompt_tokens": s.prompt_tokens, "prefill_tok_s": s.prefill_tok_s,
-               "decode_tokens": s.decode_steps, "decode_tok_s": s.decode_tok_s,
+               "decode_tokens": s.step_tokens, "decode_tok_s": s.decode_tok_s,
                "prompt_ids": ids, "tokens": tokens}
+        if speculation.get("speculative"):
+            row["speculative"] = {"drafted": s.draft_tokens, "accepted": s.accepted_tokens,
+                                  "acceptance_rate": s.acceptance_rate, "forwards": s.decode_steps,
+                                  "tokens_per_forward": s.tokens_per_step}
         if best is None or row["decode_tok_s"] > best["decode_tok_s"]:
             best = row
     best["peak_rss_mb"] = model.stats.peak_rss_mb
@@ -48,6 +60,10 @@ def bench_text(row: dict) -> str:
              f"prefill {row['prompt_tokens']} tokens: {row['prefill_tok_s']:.1f} tok/s",
              f"decode {row['decode_tokens']} tokens: {row['decode_tok_s']:.1f} tok/s",
              f"load {row['load_s']:.2f} s, peak RSS {row['peak_rss_mb']:.0f} MB"]
+    spec = row.get("speculative")
+    if spec:
+        lines.insert(3, f"speculative: {spec['accepted']} of {spec['drafted']} drafted tokens kept "
+                        f"({100 * spec['acceptance_rate']:.1f}%), {spec['tokens_per_forward']:.2f} tokens per forward")
     mnn = row.get("mnn")
     if mnn:
         lines += [f"MNN.llm prefill {mnn['prefill_tok_s']:.1f} tok/s, decode {mnn['decode_tok_s']:.1f} tok/s, "

@@ -4,8 +4,9 @@ export or llama.cpp on the same GGUF file beside it (``--vs``)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from .common import add_load_args, load_model
+from .common import add_load_args, add_speculative_args, load_model, speculation
 
 
 def add_parser(sub) -> None:
@@ -19,6 +20,9 @@ def add_parser(sub) -> None:
                         "(threads 1 and 2 unless --threads is given)")
     b.add_argument("--llamacpp", default=None, metavar="DIR",
                    help="bin folder of a llama.cpp build (default: $QLINEAR_LLAMACPP_BIN, ~/.cache/qlinear-llamacpp)")
+    b.add_argument("--prompt-file", default=None, metavar="FILE",
+                   help="the prompt: the first --prompt-tokens tokens of this UTF-8 text (default: random ids)")
+    add_speculative_args(b)
     b.add_argument("--json", action="store_true")
     b.set_defaults(run=run)
 
@@ -34,11 +38,18 @@ def run(args) -> None:
         thread_counts = [None]
     model = load_model(args)
     model.tokenizer.stop_ids = set()  # decode exactly --decode-tokens tokens
+    spec = speculation(args, model)
+    prompt = None
+    if args.prompt_file is not None:
+        try:
+            prompt = model.tokenizer.encode(Path(args.prompt_file).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"{args.prompt_file}: cannot read it as UTF-8 text ({e})") from None
     rows = []
     for threads in thread_counts:
         if threads is not None:
             set_num_threads(threads)
-        row = bench(model, args.prompt_tokens, args.decode_tokens, args.repeats)
+        row = bench(model, args.prompt_tokens, args.decode_tokens, args.repeats, prompt, **spec)
         row.update(threads=get_num_threads(), bits=weight_bits(model),
                    **{k: model.info[k] for k in ("act", "group_size")})
         if args.vs == "mnn":

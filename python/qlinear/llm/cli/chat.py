@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .common import add_load_args, add_sampling_args, load_model, print_reply, sampling
+from .common import add_load_args, add_sampling_args, add_speculative_args, load_model, print_reply, sampling, speculation
 
 
 def add_parser(sub) -> None:
@@ -12,11 +12,13 @@ def add_parser(sub) -> None:
     add_load_args(c)
     c.add_argument("--system", default=None, help="system prompt")
     add_sampling_args(c)
+    add_speculative_args(c)
     c.set_defaults(run=run)
 
 
 def run(args) -> None:
     model = load_model(args)
+    spec = speculation(args, model)
     if args.system:
         model.history.append({"role": "system", "content": args.system})
     print("(empty line or Ctrl-D to quit; /reset forgets the conversation)", file=sys.stderr)
@@ -30,5 +32,5 @@ def run(args) -> None:
         if line.strip() == "/reset":
             model.reset()
             continue
-        print_reply(model, model.chat(line, args.max_new_tokens, stream=True, **sampling(args)),
+        print_reply(model, model.chat(line, args.max_new_tokens, stream=True, **sampling(args), **spec),
                     args.max_new_tokens)

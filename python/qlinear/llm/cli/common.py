@@ -53,12 +53,36 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
 
 
-def load_model(args):
-    """``llm.load`` with the options of ``add_load_args``."""
+def add_speculative_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--speculative", default=None, choices=["ngram", "draft"],
+                   help="speculative decoding: drafts from n-gram lookup in the text so far, or from --draft-model")
+    p.add_argument("--draft-model", default=None, metavar="PATH",
+                   help="the draft model (same tokenizer), loaded with the model's options")
+    p.add_argument("--max-draft", type=int, default=8, help="the longest draft (1..32; shorter when drafts are rejected)")
+
+
+def speculation(args, model) -> dict:
+    """``Model.stream_ids``' speculative options of the command line (the draft model loaded)."""
+    if args.speculative is None:
+        if args.draft_model is not None:
+            raise ValueError("--draft-model goes with --speculative draft")
+        return {}
+    from ..runtime.speculative import Speculation
+
+    draft = None
+    if args.speculative == "draft":
+        if args.draft_model is None:
+            raise ValueError("--speculative draft needs --draft-model PATH")
+        draft = load_model(args, args.draft_model)
+    return {"speculative": Speculation(args.speculative, draft, max_draft=args.max_draft)}
+
+
+def load_model(args, path=None):
+    """``llm.load`` with the options of ``add_load_args`` (of another model at ``path``)."""
     from .. import load
 
     bits = None if args.bits == "none" else int(args.bits)
-    return load(args.model, bits=bits, group_size=args.group_size,
+    return load(args.model if path is None else path, bits=bits, group_size=args.group_size,
                 act="float" if bits is None else args.act, memory=args.memory,
                 disk_embedding=not args.no_disk_embedding, threads=args.threads,
                 max_context=args.max_context, slim_vocab=args.slim_vocab, kv_cache=args.kv_cache,

@@ -39,16 +39,30 @@ class Sampler:
     def __call__(self, logits: np.ndarray, context: Sequence[int]) -> int:
         """The index of the next token in ``logits`` (1-D); ``context`` holds indices into the
         same space (for the repetition penalty)."""
+        probs = self.distribution(logits, context)
+        if probs is None:
+            return int(np.argmax(self.penalized(logits, context)))
+        return int(self.rng.choice(probs.shape[0], p=probs))
+
+    def penalized(self, logits: np.ndarray, context: Sequence[int]) -> np.ndarray:
+        """``logits`` with the repetition penalty applied to the tokens of ``context``."""
         p = self.p
-        if p.repetition_penalty != 1.0 and len(context):
-            seen = np.unique(np.asarray(context))
-            seen = seen[seen < logits.shape[0]]
-            vals = logits[seen]
-            logits = logits.copy()
-            logits[seen] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if p.repetition_penalty == 1.0 or not len(context):
+            return logits
+        seen = np.unique(np.asarray(context))
+        seen = seen[seen < logits.shape[0]]
+        vals = logits[seen]
+        logits = logits.copy()
+        logits[seen] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        return logits
+
+    def distribution(self, logits: np.ndarray, context: Sequence[int]) -> Optional[np.ndarray]:
+        """The float64 probabilities the next token is drawn from (after the penalty,
+        temperature, top-k and top-p), or None when decoding is greedy."""
+        p = self.p
         if p.temperature == 0:
-            return int(np.argmax(logits))
-        z = logits.astype(np.float64) / p.temperature
+            return None
+        z = self.penalized(logits, context).astype(np.float64) / p.temperature
         if p.top_k and p.top_k < z.shape[0]:
             kth = np.partition(z, -p.top_k)[-p.top_k]
             z = np.where(z < kth, -np.inf, z)
@@ -61,4 +75,4 @@ class Sampler:
             mask = np.zeros_like(probs)
             mask[keep] = probs[keep]
             probs = mask / mask.sum()
-        return int(self.rng.choice(probs.shape[0], p=probs))
+        return probs

@@ -11,8 +11,11 @@ from typing import Iterator, Optional, Sequence, Union
 import numpy as np
 
 from ..config import ModelConfig
+from .drafters import check_compatible
 from .generation import Sampler, Sampling
-from .layers import Block, KVCache, Linear, decode_step, rms_norm
+from .kv_cache import KVCache
+from .speculative import Speculation, decode as speculative_decode
+from .layers import Block, Linear, decode_step, rms_norm
 from ..options import KV_DTYPES
 from .tokenizer import Messages, StreamDecoder, Tokenizer
 
@@ -41,8 +44,11 @@ class Stats:
     reused_tokens: int = 0   # prompt tokens whose keys / values the cache already held
     prefill_s: float = 0.0
     decode_tokens: int = 0   # tokens generated (the first comes from the prefill's logits)
-    decode_steps: int = 0    # forwards of one token each that decoding ran
-    decode_s: float = 0.0    # time of those forwards and of sampling
+    decode_steps: int = 0    # forwards that decoding ran (one token each, or a verification)
+    step_tokens: int = 0     # tokens decided from those forwards' logits
+    decode_s: float = 0.0    # time of those forwards and of sampling (and drafting)
+    draft_tokens: int = 0    # speculative decoding: tokens drafted, and those the model kept
+    accepted_tokens: int = 0
     finish_reason: str = ""
 
     @property
@@ -51,15 +57,26 @@ class Stats:
 
     @property
     def decode_tok_s(self) -> float:
-        return self.decode_steps / self.decode_s if self.decode_s and self.decode_steps else 0.0
+        return self.step_tokens / self.decode_s if self.decode_s and self.step_tokens else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Speculative decoding: the fraction of drafted tokens the model kept."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.step_tokens / self.decode_steps if self.decode_steps else 0.0
 
     @property
     def peak_rss_mb(self) -> float:
         return peak_rss_mb()
 
     def __str__(self) -> str:
+        spec = (f" (speculative: {self.accepted_tokens} of {self.draft_tokens} drafted tokens kept, "
+                f"{self.tokens_per_step:.2f} tokens per step)") if self.draft_tokens else ""
         return (f"prefill {self.prompt_tokens - self.reused_tokens} tokens in {self.prefill_s:.3f} s ({self.prefill_tok_s:.1f} tok/s), "
-                f"decode {self.decode_tokens} tokens in {self.decode_s:.3f} s ({self.decode_tok_s:.1f} tok/s), "
+                f"decode {self.decode_tokens} tokens in {self.decode_s:.3f} s ({self.decode_tok_s:.1f} tok/s){spec}, "
                 f"load {self.load_s:.2f} s, peak RSS {self.peak_rss_mb:.0f} MB")
 
 
@@ -119,15 +136,12 @@ class Model:
         cache = self.cache if cache is None else cache
         if start + len(ids) > cache.capacity:
             raise ValueError(f"context of {start + len(ids)} tokens exceeds max_context={cache.capacity}")
-        if len(ids) == 1 and self.compiled_decode and cache is self.cache:
-            if self._step_cache is not self.cache:
-                self._step = decode_step(self.blocks, self.norm, self.lm_head, self.cache)
-                self._step_cache = self.cache
-            if self._step is not None:
-                logits = self._step.step(np.ascontiguousarray(self.embedding(ids), np.float32), start)
-                self.cache.length = start + 1
-                self.cache.ids[start:] = list(ids)
-                return logits
+        step = self._compiled_step() if len(ids) == 1 and cache is self.cache else None
+        if step is not None:
+            logits = step.step(np.ascontiguousarray(self.embedding(ids), np.float32), start)
+            self.cache.length = start + 1
+            self.cache.ids[start:] = list(ids)
+            return logits
         h = self.embedding(ids)
         for block in self.blocks:
             h = block(h, cache, start)
@@ -137,12 +151,38 @@ class Model:
             h = h[-1:]
         return self.lm_head(rms_norm(np.ascontiguousarray(h), self.norm, self.config.rms_norm_eps))
 
+    def _compiled_step(self):
+        """The compiled decode step over the model's own cache, built once per cache (None: the
+        model has none, or ``compiled_decode`` is off)."""
+        if not self.compiled_decode:
+            return None
+        if self._step_cache is not self.cache:
+            self._step = decode_step(self.blocks, self.norm, self.lm_head, self.cache)
+            self._step_cache = self.cache
+        return self._step
+
     def _full_vocab(self, logits: np.ndarray) -> np.ndarray:
         if self.lm_rows is None:
             return logits
         out = np.full((logits.shape[0], self.config.vocab_size), -np.inf, np.float32)
         out[:, self.lm_rows] = logits
         return out
+
+    def verify(self, ids: Sequence[int], start: int) -> np.ndarray:
+        """Logits [len(ids), lm head] of tokens at positions start.. that follow the cache's
+        ``start`` positions, each row the bits the one-token decode step gives at its position
+        (a speculative verification): the compiled step over rows of this sequence, else one
+        token at a time."""
+        if start != self.cache.length or start + len(ids) > self.cache.capacity:
+            raise ValueError(f"cannot verify {len(ids)} tokens at position {start}: the cache holds "
+                             f"{self.cache.length} of {self.cache.capacity}")
+        step = self._compiled_step()
+        if step is None or len(ids) == 1:
+            return np.concatenate([self._forward([t], start + j) for j, t in enumerate(ids)])
+        logits = step.step_block(np.ascontiguousarray(self.embedding(list(ids)), np.float32), start)
+        self.cache.length = start + len(ids)
+        self.cache.ids[start:] = [int(t) for t in ids]
+        return logits
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Teacher-forced logits [len(ids), vocab] from an empty cache (for tests and
@@ -164,6 +204,8 @@ class Model:
             if a != b:
                 break
             common += 1
+        if any(self.cache.windows) and self.cache.length > common + 1:
+            common = 0  # the positions after the prefix overwrote ring slots the prefix's window needs
         self.stats.reused_tokens = common
         logits = None
         for s in range(common, len(ids), PREFILL_CHUNK):
@@ -171,10 +213,17 @@ class Model:
         return logits[0]
 
     # -- generation ---------------------------------------------------------------------------
-    def stream_ids(self, ids: Sequence[int], max_new_tokens: int = 128, **sampling) -> Iterator[int]:
-        """Yield generated token ids one at a time (prefill first, then one decode step each)."""
+    def stream_ids(self, ids: Sequence[int], max_new_tokens: int = 128, speculative=None, draft_model=None,
+                   **sampling) -> Iterator[int]:
+        """Yield generated token ids one at a time (prefill first, then one decode step each).
+        ``speculative``: "ngram" (prompt lookup) or "draft" (with ``draft_model``, a smaller
+        model of the same tokenizer), or a ``Speculation``: tokens drafted and verified several
+        at a time, the same tokens greedy decoding gives (see ``speculative``)."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        spec = Speculation.of(speculative, draft_model)
+        if spec is not None and spec.draft_model is not None:
+            check_compatible(self, spec.draft_model)
         params = Sampling(**sampling)
         sampler = Sampler(params)
         stop = set(self.tokenizer.stop_ids) | set(params.stop_ids)
@@ -186,6 +235,9 @@ class Model:
         logits = self.prefill(ids)
         st.prefill_s = time.perf_counter() - t0
         context = rows(ids)
+        if spec is not None:
+            yield from speculative_decode(self, logits, ids, context, max_new_tokens, sampler, stop, spec)
+            return
         st.finish_reason = "length"
         for n in range(max_new_tokens):
             t0 = time.perf_counter()
@@ -204,6 +256,7 @@ class Model:
             logits = self._forward([token], self.cache.length)[0]
             st.decode_s += time.perf_counter() - t0
             st.decode_steps += 1
+            st.step_tokens += 1
 
     def stream(self, prompt: Union[str, Messages], max_new_tokens: int = 128, **sampling) -> Iterator[str]:
         """Yield text pieces as they are generated. ``prompt``: a string (used as it is) or a

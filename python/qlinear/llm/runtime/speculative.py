@@ -1,0 +1,226 @@
+"""Speculative decoding: a drafter proposes the next tokens, one forward of the model over them
+(a verification: the decode step's code over rows of one sequence) scores them all, and every
+token the model agrees with is kept, with one token more of the model's own.
+
+Exact: a verification row computes what the one-token decode step computes at that position
+(the projections are int8 GEMMs whose rows are the GEMV's, the attention runs row by row), so
+greedy output is the plain greedy output token for token. Sampling keeps the model's distribution
+by speculative rejection sampling (Leviathan et al. 2023, Chen et al. 2023): a draft x from q is
+kept with probability min(1, p(x) / q(x)), else the token is drawn from max(p - q, 0) normalized;
+an n-gram draft is a point mass (q(x) = 1). The KV rows of rejected tokens are rolled back,
+sliding-window rings included (``KVCache.guard`` / ``rollback``).
+
+The draft length adapts: the acceptance rate (a running mean) and the measured cost of a
+verification of each length (and of drafting) give the expected tokens per second of each
+length; the best is taken, 0 (plain decode) when no length pays, with an occasional probe so the
+estimates follow the text.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import numpy as np
+
+from .drafters import ModelDrafter, NgramDrafter
+
+MAX_DRAFT = 32
+METHODS = ("ngram", "draft")
+
+
+@dataclass
+class Speculation:
+    """``method``: "ngram" (prompt lookup) or "draft" (``draft_model``, a smaller model with the
+    same tokenizer); ``max_draft``: the longest draft (1..32); ``adaptive``: choose each draft's
+    length from the measured acceptance and costs (else always the longest available)."""
+
+    method: str = "ngram"
+    draft_model: object = None
+    max_draft: int = 8
+    adaptive: bool = True
+    max_ngram: int = 4
+    min_ngram: int = 2
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"speculative must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if isinstance(self.max_draft, bool) or not isinstance(self.max_draft, int) or not 1 <= self.max_draft <= MAX_DRAFT:
+            raise ValueError(f"max_draft must be an int in 1..{MAX_DRAFT}, got {self.max_draft!r}")
+        if self.method == "draft" and self.draft_model is None:
+            raise ValueError("speculative='draft' needs a draft_model (a smaller model with the same tokenizer)")
+        if self.method == "ngram" and self.draft_model is not None:
+            raise ValueError("a draft_model goes with speculative='draft', not 'ngram'")
+
+    @classmethod
+    def of(cls, speculative, draft_model=None, max_draft: Optional[int] = None) -> Optional["Speculation"]:
+        """``Model.stream_ids``' options as a Speculation (None: plain decode)."""
+        if speculative is None or speculative is False:
+            if draft_model is not None:
+                raise ValueError("draft_model given without speculative='draft'")
+            return None
+        if isinstance(speculative, Speculation):
+            return speculative
+        if not isinstance(speculative, str):
+            raise TypeError(f"speculative must be None, 'ngram', 'draft' or a Speculation, got {type(speculative).__name__}")
+        return cls(speculative, draft_model, **({} if max_draft is None else {"max_draft": max_draft}))
+
+
+def judge(p: Optional[np.ndarray], q: Optional[np.ndarray], x: Optional[int], logits: np.ndarray,
+          sampler) -> tuple[bool, int]:
+    """(kept, token): the draft ``x`` against the model's distribution ``p`` (None: greedy, whose
+    choice is ``argmax`` of the penalized ``logits``); ``q``: the draft's distribution (None: a
+    point mass on x). A rejected draft's replacement comes from the residual distribution.
+    ``x`` None: a token the lm head cannot produce (vocabulary slimming), always rejected."""
+    if p is None:
+        best = int(np.argmax(logits))
+        return best == x, best
+    if x is None:
+        return False, int(sampler.rng.choice(len(p), p=p))
+    qx = 1.0 if q is None else float(q[x])
+    if qx > 0 and sampler.rng.random() * qx < p[x]:  # u < p(x) / q(x)
+        return True, x
+    residual = np.maximum(p - (np.eye(1, len(p), x)[0] if q is None else q), 0.0)
+    total = residual.sum()
+    if not total > 0:  # p == q: nothing left to prefer (a kept draft would have been certain)
+        return True, x
+    return False, int(sampler.rng.choice(len(p), p=residual / total))
+
+
+class DraftLength:
+    """Chooses each draft's length from the running acceptance rate and measured costs."""
+
+    def __init__(self, max_draft: int, adaptive: bool, probe_every: int = 16):
+        self.max_draft, self.adaptive, self.probe_every = max_draft, adaptive, probe_every
+        self.alpha = 0.6               # acceptance per drafted token, running mean
+        self.verify_s: dict = {}       # rows -> seconds of a verification, running mean
+        self.draft_s = 0.0             # seconds to draft one token (draft models)
+        self.plain_run = 0
+
+    def expected(self, k: int) -> float:
+        """Tokens a verification of k drafts yields: the accepted ones and one of the model's."""
+        a = min(self.alpha, 0.999)
+        return (1 - a ** (k + 1)) / (1 - a)
+
+    def cost(self, k: int) -> float:
+        one = self.verify_s.get(1)
+        if one is None:
+            return 1.0 + 0.1 * k
+        known = self.verify_s.get(k + 1)
+        if known is None:  # not measured yet: the cheapest guess, a fixed part and rows more
+            larger = [(r, t) for r, t in self.verify_s.items() if r > 1]
+            slope = max(((t - one) / (r - 1) for r, t in larger), default=0.02 * one)
+            known = one + slope * k
+        return known + k * self.draft_s
+
+    def choose(self, available: int) -> int:
+        k_max = min(self.max_draft, available)
+        if k_max <= 0 or not self.adaptive:
+            return max(k_max, 0)
+        best = max(range(k_max + 1), key=lambda k: self.expected(k) / self.cost(k))
+        if best == 0:
+            self.plain_run += 1
+            if self.plain_run % self.probe_every == 0:  # a probe keeps alpha current
+                return min(2, k_max)
+        return best
+
+    def update(self, drafted: int, accepted: int, rows: int, seconds: float, draft_seconds: float) -> None:
+        rate = 0.15
+        if drafted:
+            self.alpha += rate * (accepted / drafted - self.alpha)
+            self.draft_s += rate * (draft_seconds / drafted - self.draft_s)
+        old = self.verify_s.get(rows)
+        self.verify_s[rows] = seconds if old is None else old + rate * (seconds - old)
+
+
+def decode(model, logits: np.ndarray, ids: list, rows: list, max_new_tokens: int, sampler, stop: set,
+           spec: Speculation) -> Iterator[int]:
+    """The tokens after a prefill whose last logits are ``logits`` (``ids``: the prompt's token
+    ids, ``rows``: their indices in the lm head, for the repetition penalty), each verification
+    one forward of the model over the token last decided and the draft."""
+    st, cache = model.stats, model.cache
+    drafter = (NgramDrafter(spec.max_ngram, spec.min_ngram) if spec.method == "ngram"
+               else ModelDrafter(model, spec.draft_model))
+    length = DraftLength(spec.max_draft, spec.adaptive)
+    to_row = (lambda t: t) if model.lm_rows is None else {int(t): i for i, t in enumerate(model.lm_rows)}.get
+    to_id = (lambda r: r) if model.lm_rows is None else (lambda r: int(model.lm_rows[r]))
+    tokens = list(ids)
+    st.finish_reason = "length"
+    clock = time.perf_counter()
+
+    def draft(room: int):
+        k = length.choose(room)
+        t = time.perf_counter()
+        out = drafter.propose(tokens, rows, k, sampler) if k else ([], [])
+        return out[0][:k], out[1][:k], time.perf_counter() - t
+
+    def decided(row: int) -> bool:
+        """A token decided: False when generation ends with it (a stop token, the length)."""
+        nonlocal clock
+        now = time.perf_counter()
+        st.decode_s += now - clock
+        clock = now
+        token = to_id(row)
+        if token in stop:
+            st.finish_reason = "stop"
+            return False
+        st.decode_tokens += 1
+        yielded.append(token)
+        tokens.append(token)
+        rows.append(row)
+        return st.decode_tokens < max_new_tokens
+
+    # The prefill's logits judge the first draft token: the first token is speculative too.
+    yielded: list = []
+    drafts, dists, draft_s = draft(max(0, min(spec.max_draft, cache.capacity - cache.length - 1)))
+    if drafts:
+        ok, x = judge(sampler.distribution(logits, rows), dists[0], to_row(drafts[0]),
+                      sampler.penalized(logits, rows), sampler)
+        st.draft_tokens, st.accepted_tokens = st.draft_tokens + 1, st.accepted_tokens + ok
+        drafts, dists = (drafts[1:], dists[1:]) if ok else ([], [])
+    else:
+        x = sampler(logits, rows)
+    going = max_new_tokens > 0 and decided(x)
+    yield from _drain(yielded)
+    while going:
+        clock = time.perf_counter()
+        start = cache.length
+        room = cache.capacity - start - 1  # after the decided token
+        if room < 0:
+            break
+        if not drafts:
+            drafts, dists, draft_s = draft(room)
+        drafts, dists = drafts[:room], dists[:room]
+        block = [to_id(rows[-1])] + drafts
+        cache.guard(start, len(block))
+        t = time.perf_counter()
+        out = model.verify(block, start)
+        seconds = time.perf_counter() - t
+        st.decode_steps += 1
+        st.step_tokens += 1
+        accepted, going = 0, True
+        for j, d in enumerate(drafts):
+            ok, x = judge(sampler.distribution(out[j], rows), dists[j], to_row(d), sampler.penalized(out[j], rows), sampler)
+            if not ok:
+                break
+            accepted += 1
+            going = decided(x)
+            if not going:
+                break
+        else:
+            x = sampler(out[len(drafts)], rows)  # every draft kept: the model's next token
+        st.draft_tokens += len(drafts)
+        st.accepted_tokens += accepted
+        st.step_tokens += accepted
+        length.update(len(drafts), accepted, len(block), seconds, draft_s)
+        cache.rollback(start + 1 + accepted)
+        drafter.accepted(tokens)
+        drafts, dists, draft_s = [], [], 0.0
+        going = going and decided(x)
+        yield from _drain(yielded)
+
+
+def _drain(pending: list) -> Iterator[int]:
+    while pending:
+        yield pending.pop(0)
