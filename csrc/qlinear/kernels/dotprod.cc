@@ -4,6 +4,7 @@
 // from a 16-byte load, 16 products per instruction into one s32 per row. int4 nibbles 0..15 and
 // int8 codes flipped to code - 128 are both valid s8 operands. The level implies FP16 arithmetic
 // (cpu.h), so fp16 activations take kernels/fp16.cc's float path.
+#define QLINEAR_ARM_LEVEL dotprod
 #include "neon_common.h"
 
 namespace qlinear {

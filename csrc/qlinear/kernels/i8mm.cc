@@ -6,6 +6,7 @@
 // chunks) gives exactly those weight operands, rows (0,1) (2,3) (4,5) (6,7). GEMV stays on SDOT
 // (a 2-row SMMLA would waste half of every product at M = 1). fp16 activations take
 // kernels/fp16.cc's float path, as on the dotprod level.
+#define QLINEAR_ARM_LEVEL i8mm
 #include "neon_common.h"
 
 namespace qlinear {

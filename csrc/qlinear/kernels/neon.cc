@@ -4,6 +4,7 @@
 // rows shares an accumulator ([row a k0+k1, a k2+k3, row b ..]); blocks end with ADDP.
 // int4 nibbles are 0..15 (|product| <= 1905), int8 codes are flipped to code - 128 (<= 16256):
 // exact in s16.
+#define QLINEAR_ARM_LEVEL neon
 #include "neon_common.h"
 
 namespace qlinear {

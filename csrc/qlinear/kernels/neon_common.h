@@ -1,7 +1,14 @@
-// Pieces shared by the aarch64 levels (neon.cc, dotprod.cc): activation quantization, the float
-// epilogue of the int8 kernels, and the float path. Included by each level's file, so each copy
-// is compiled with that file's -march flags.
+// Pieces shared by the aarch64 levels (neon.cc, dotprod.cc, i8mm.cc): activation quantization, the
+// float epilogue of the int8 kernels, and the float path. Included by each level's file, so each copy
+// is compiled with that file's -march flags; the file names its level first (QLINEAR_ARM_LEVEL),
+// and every template here lives in the namespace qlinear::arm::<level>, so the linker never merges
+// one level's copy into another's (a weak template instance compiled with +i8mm must not be what
+// the neon level calls) and each level's kernels have their own symbols.
 #pragma once
+
+#if !defined(QLINEAR_ARM_LEVEL)
+#error "define QLINEAR_ARM_LEVEL (neon, dotprod, i8mm) before including neon_common.h"
+#endif
 
 #include <arm_neon.h>
 
@@ -13,6 +20,7 @@
 #include "tiling.h"
 
 namespace qlinear::arm {
+inline namespace QLINEAR_ARM_LEVEL {
 
 template <DType DT>
 inline float32x4_t load4(const void* x, int64_t i) {
@@ -307,4 +315,5 @@ KernelTable make_table(Isa isa, const char* gemv_w4, const char* gemv_w8, const 
   return t;
 }
 
+}  // namespace QLINEAR_ARM_LEVEL
 }  // namespace qlinear::arm
