@@ -12,9 +12,9 @@ namespace qlinear {
 using arm::SdotBlockDot;
 
 const KernelTable& dotprod_kernels() {
-  static const KernelTable table = with_fp16_float_path(arm::make_table<SdotBlockDot, SdotBlockDot>(
+  static const KernelTable table = with_fp16_float_path(arm::make_table<SdotBlockDot, SdotBlockDot, 8>(
       Isa::dotprod, "gemv_w4a8_nr8_kr4_1x8_dotprod", "gemv_w8a8_nr8_kr4_1x8_dotprod",
-      "gemm_w4a8_nr8_kr4_4x8_dotprod", "gemm_w8a8_nr8_kr4_4x8_dotprod"));
+      "gemm_w4a8_nr8_kr4_8x8_dotprod", "gemm_w8a8_nr8_kr4_8x8_dotprod"));
   return table;
 }
 

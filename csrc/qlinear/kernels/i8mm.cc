@@ -71,7 +71,7 @@ struct SmmlaBlockDot {
 }  // namespace
 
 const KernelTable& i8mm_kernels() {
-  static const KernelTable table = with_fp16_float_path(arm::make_table<arm::SdotBlockDot, SmmlaBlockDot>(
+  static const KernelTable table = with_fp16_float_path(arm::make_table<arm::SdotBlockDot, SmmlaBlockDot, 4>(
       Isa::i8mm, "gemv_w4a8_nr8_kr4_1x8_dotprod", "gemv_w8a8_nr8_kr4_1x8_dotprod",
       "gemm_w4a8_nr8_kr4_4x8_i8mm", "gemm_w8a8_nr8_kr4_4x8_i8mm"));
   return table;

@@ -57,7 +57,7 @@ struct SmullBlockDot {
 }  // namespace
 
 const KernelTable& neon_kernels() {
-  static const KernelTable table = arm::make_table<SmullBlockDot, SmullBlockDot>(
+  static const KernelTable table = arm::make_table<SmullBlockDot, SmullBlockDot, 4>(
       Isa::neon, "gemv_w4a8_nr8_kr4_1x8_neon", "gemv_w8a8_nr8_kr4_1x8_neon", "gemm_w4a8_nr8_kr4_4x8_neon",
       "gemm_w8a8_nr8_kr4_4x8_neon");
   return table;
