@@ -358,7 +358,7 @@ def qlinear_descriptors() -> list[tuple[str, str, int, str, str]]:
                 out.append((f"gemv_w{bits}a8_nr8_kr4_1x8_{level}", f"W{bits}A8 GEMV", bits, level,
                             rf"^void {ns}gemv<[^,]*\b{cores[level]}, {bits}>\("))
             out.append((f"gemm_w{bits}a8_nr8_kr4_{{mr}}x8_{level}", f"W{bits}A8 GEMM", bits, level,
-                        rf"^void {ns}gemm<[^,]*\b{cores[level]}, {bits}>\("))
+                        rf"^void {ns}gemm<[^,]*\b{cores[level]}, {bits}, \d+>\("))
     for bits in (4, 8):
         for kind in ("gemv", "gemm"):
             out.append((f"{kind}_w{bits}f32_nr8_kr4_1x8_neon", f"W{bits} float32 {kind.upper()}", bits, "neon",
@@ -383,6 +383,10 @@ def pick_loops(binary: Binary, entry: re.Pattern, float_path: bool, rows: int | 
     if not mac_loops:
         raise RuntimeError(f"{entry.pattern}: no multiply loop found")
     main = max(mac_loops, key=lambda l: (sum(macs(i) for i in l.insns), -len(l.insns)))
+    if float_path and rows == 1:
+        # The float kernels serve GEMV and GEMM with one function: the GEMV runs its one-row tile,
+        # the multiply loop with the fewest multiply slots.
+        main = min(mac_loops, key=lambda l: (sum(macs(i) for i in l.insns), len(l.insns)))
     if not float_path:
         return [main], rows or 1
     unpack = [l for l in loops if any(is_conversion(i) for i in l.insns) and any(store_bytes(i) for i in l.insns)]
@@ -408,7 +412,7 @@ def qlinear_kernels(binary: Binary) -> list[Kernel]:
         desc = desc.replace("{mr}", str(rows))
         if desc.encode() + b"\0" not in rodata:
             raise RuntimeError(f"descriptor {desc} is not in {binary.path}: the script's list is out of date")
-        loops, rows = pick_loops(binary, pattern, float_path, rows)
+        loops, rows = pick_loops(binary, pattern, float_path, rows if not float_path else (1 if not gemm else 0))
         out.append(Kernel("qlinear", desc, work, bits, rows, loops, needs_i8mm=level == "i8mm"))
     return out
 
