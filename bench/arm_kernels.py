@@ -30,7 +30,9 @@ Usage:
   python bench/arm_kernels.py [--so PATH] [--mnn-wheel WHEEL | --mnn-lib SO] [--cpus ...]
       [--markdown FILE] [--json FILE] [--show-loops]
 
---so defaults to the _core*.so in $QLINEAR_AARCH64_CACHE/build (default ~/.cache/qlinear-aarch64).
+--so defaults to the _core*.so in $QLINEAR_AARCH64_CACHE/build (default ~/.cache/qlinear-aarch64);
+the build strips it, so the script first links it again, unstripped, from the build tree's objects
+(the build's own link command, LTO included) into _core.unstripped.so beside it (~1 min).
 LLVM 19's scheduling models: cortex-a55 (its own), neoverse-n1 (N1 = the Cortex-A76 design),
 neoverse-v1 (V1 = derived from Cortex-X1, 4 NEON pipes), neoverse-n2 (also used by LLVM for
 cortex-a710 / cortex-x2; has i8mm); -mcpu=cortex-a76 and -mcpu=cortex-x1 are given the Cortex-A57
@@ -499,6 +501,33 @@ def evaluate(k: Kernel, cpu: str, peaks: dict) -> dict | None:
     return res
 
 
+def has_symbols(path: str) -> bool:
+    return bool(subprocess.run([NM, path], capture_output=True, text=True).stdout.strip())
+
+
+def unstripped_core(build: str) -> str | None:
+    """The cross-built module with its symbols. The build strips _core*.so (pybind11 does in a
+    Release build), so it is linked once more, unstripped, from the build tree's objects with the
+    build's own link command (as `ninja -t commands _core` gives it) into _core.unstripped.so."""
+    found = sorted(glob.glob(os.path.join(build, "_core*.so")))
+    found = [f for f in found if not f.endswith("_core.unstripped.so")]
+    if not found:
+        return None
+    out = os.path.join(build, "_core.unstripped.so")
+    if has_symbols(found[0]):
+        return found[0]
+    if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(found[0]):
+        return out
+    cmds = run(["ninja", "-C", build, "-t", "commands", "_core"]).splitlines()
+    link = cmds[-1].removeprefix(": && ").split(" && ")[0]
+    target = os.path.basename(found[0])
+    if f"-o {target}" not in link:
+        sys.exit(f"cannot read the link command of {target} in {build}: pass --so an unstripped build")
+    print(f"linking {out} (unstripped) ...", file=sys.stderr)
+    subprocess.run(link.replace(f"-o {target}", "-o _core.unstripped.so"), shell=True, cwd=build, check=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cache = os.environ.get("QLINEAR_AARCH64_CACHE", os.path.expanduser("~/.cache/qlinear-aarch64"))
@@ -513,7 +542,7 @@ def main() -> None:
     ap.add_argument("--show-loops", action="store_true", help="print every measured loop's instructions")
     args = ap.parse_args()
 
-    so = args.so or next(iter(sorted(glob.glob(os.path.join(cache, "build", "_core*.so")))), None)
+    so = args.so or unstripped_core(os.path.join(cache, "build"))
     if not so:
         sys.exit(f"no _core*.so in {cache}/build: run tools/test-aarch64.sh first, or pass --so")
     for tool in (OBJDUMP, NM):
