@@ -388,19 +388,15 @@ def pick_loops(binary: Binary, entry: re.Pattern, float_path: bool, rows: int | 
     if float_path and rows == 1:
         # The float kernels serve GEMV and GEMM with one function: the GEMV runs its one-row tile,
         # the multiply loop with the fewest multiply slots.
-        main = min(mac_loops, key=lambda l: (sum(macs(i) for i in l.insns), len(l.insns)))
+        # (Loops of fewer than 8 multiply instructions are set-up code, not a row tile.)
+        tiles = [l for l in mac_loops if l.count(*KEY_CLASSES[key_class(l)]) >= 8] or mac_loops
+        main = min(tiles, key=lambda l: (sum(macs(i) for i in l.insns), len(l.insns)))
     if not float_path:
         return [main], rows or 1
     unpack = [l for l in loops if any(is_conversion(i) for i in l.insns) and any(store_bytes(i) for i in l.insns)]
     if not unpack:
         raise RuntimeError(f"{entry.pattern}: no dequantization loop found")
     return [max(unpack, key=lambda l: (sum(is_conversion(i) for i in l.insns), -len(l.insns))), main], 1
-
-
-def tile_rows(binary: Binary, entry: re.Pattern) -> int:
-    """Rows of the widest register tile a GEMM entry point calls: panel_tile<Core, BITS, MR>."""
-    rows = [int(m.group(1)) for fn in binary.callees(entry) for m in [re.search(r"panel_tile<[^>]*, \d+, (\d+)>", fn)] if m]
-    return max(rows) if rows else 1
 
 
 def qlinear_kernels(binary: Binary) -> list[Kernel]:
@@ -410,8 +406,14 @@ def qlinear_kernels(binary: Binary) -> list[Kernel]:
         pattern = re.compile(entry)
         float_path = "float" in work
         gemm = "GEMM" in work
-        rows = tile_rows(binary, pattern) if gemm and not float_path else 1
-        desc = desc.replace("{mr}", str(rows))
+        rows = 1
+        if "{mr}" in desc:  # the row tile is in the descriptor's name, as the binary holds it
+            pat = re.escape(desc).replace(re.escape("{mr}"), r"(\d+)").encode() + b"\0"
+            hits = {int(m.group(1)) for m in re.finditer(pat, rodata)}
+            if len(hits) != 1:
+                raise RuntimeError(f"descriptor {desc}: {len(hits)} matches in {binary.path}")
+            rows = hits.pop()
+            desc = desc.replace("{mr}", str(rows))
         if desc.encode() + b"\0" not in rodata:
             raise RuntimeError(f"descriptor {desc} is not in {binary.path}: the script's list is out of date")
         loops, rows = pick_loops(binary, pattern, float_path, rows if not float_path else (1 if not gemm else 0))
