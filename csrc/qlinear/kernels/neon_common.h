@@ -348,7 +348,7 @@ void float_matmul(const FloatMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, 
   }
 }
 
-// A level's table: its integer cores for GEMV (1 x 8) and GEMM (4 x 8 row tiles), everything else
+// A level's table: its integer cores for GEMV (1 x 8) and GEMM (GemmRows x 8 row tiles), everything else
 // shared. Names: scheme x layout x tile x level.
 template <template <int, int> class GemvDot, template <int, int> class GemmDot, int GemmRows>
 KernelTable make_table(Isa isa, const char* gemv_w4, const char* gemv_w8, const char* gemm_w4,
