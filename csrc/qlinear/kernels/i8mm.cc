@@ -6,6 +6,7 @@
 // chunks) gives exactly those weight operands, rows (0,1) (2,3) (4,5) (6,7). GEMV stays on SDOT
 // (a 2-row SMMLA would waste half of every product at M = 1). fp16 activations take
 // kernels/fp16.cc's float path, as on the dotprod level.
+#define QLINEAR_ARM_LEVEL i8mm
 #include "neon_common.h"
 
 namespace qlinear {
@@ -70,7 +71,7 @@ struct SmmlaBlockDot {
 }  // namespace
 
 const KernelTable& i8mm_kernels() {
-  static const KernelTable table = with_fp16_float_path(arm::make_table<arm::SdotBlockDot, SmmlaBlockDot>(
+  static const KernelTable table = with_fp16_float_path(arm::make_table<arm::SdotBlockDot, SmmlaBlockDot, 4>(
       Isa::i8mm, "gemv_w4a8_nr8_kr4_1x8_dotprod", "gemv_w8a8_nr8_kr4_1x8_dotprod",
       "gemm_w4a8_nr8_kr4_4x8_i8mm", "gemm_w8a8_nr8_kr4_4x8_i8mm"));
   return table;

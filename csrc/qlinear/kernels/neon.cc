@@ -4,6 +4,7 @@
 // rows shares an accumulator ([row a k0+k1, a k2+k3, row b ..]); blocks end with ADDP.
 // int4 nibbles are 0..15 (|product| <= 1905), int8 codes are flipped to code - 128 (<= 16256):
 // exact in s16.
+#define QLINEAR_ARM_LEVEL neon
 #include "neon_common.h"
 
 namespace qlinear {
@@ -56,7 +57,7 @@ struct SmullBlockDot {
 }  // namespace
 
 const KernelTable& neon_kernels() {
-  static const KernelTable table = arm::make_table<SmullBlockDot, SmullBlockDot>(
+  static const KernelTable table = arm::make_table<SmullBlockDot, SmullBlockDot, 4>(
       Isa::neon, "gemv_w4a8_nr8_kr4_1x8_neon", "gemv_w8a8_nr8_kr4_1x8_neon", "gemm_w4a8_nr8_kr4_4x8_neon",
       "gemm_w8a8_nr8_kr4_4x8_neon");
   return table;

@@ -1,7 +1,14 @@
-// Pieces shared by the aarch64 levels (neon.cc, dotprod.cc): activation quantization, the float
-// epilogue of the int8 kernels, and the float path. Included by each level's file, so each copy
-// is compiled with that file's -march flags.
+// Pieces shared by the aarch64 levels (neon.cc, dotprod.cc, i8mm.cc): activation quantization, the
+// float epilogue of the int8 kernels, and the float path. Included by each level's file, so each copy
+// is compiled with that file's -march flags; the file names its level first (QLINEAR_ARM_LEVEL),
+// and every template here lives in the namespace qlinear::arm::<level>, so the linker never merges
+// one level's copy into another's (a weak template instance compiled with +i8mm must not be what
+// the neon level calls) and each level's kernels have their own symbols.
 #pragma once
+
+#if !defined(QLINEAR_ARM_LEVEL)
+#error "define QLINEAR_ARM_LEVEL (neon, dotprod, i8mm) before including neon_common.h"
+#endif
 
 #include <arm_neon.h>
 
@@ -13,6 +20,7 @@
 #include "tiling.h"
 
 namespace qlinear::arm {
+inline namespace QLINEAR_ARM_LEVEL {
 
 template <DType DT>
 inline float32x4_t load4(const void* x, int64_t i) {
@@ -135,62 +143,95 @@ void gemv(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p
     for (int64_t p = p0; p < p1; ++p) panel_tile<BlockDot, BITS, 1>(a, m, p);
 }
 
-template <template <int, int> class BlockDot, int BITS>
+template <template <int, int> class BlockDot, int BITS, int MR>
 void gemm(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
   constexpr int64_t kRowChunk = 32;
   for (int64_t mc = m0; mc < m1; mc += kRowChunk) {
     const int64_t mc1 = std::min(m1, mc + kRowChunk);
     for (int64_t p = p0; p < p1; ++p)
-      for_row_tiles<4>(mc, mc1, [&](auto rows, int64_t m) { panel_tile<BlockDot, BITS, decltype(rows)::value>(a, m, p); });
+      for_row_tiles<MR>(mc, mc1, [&](auto rows, int64_t m) { panel_tile<BlockDot, BITS, decltype(rows)::value>(a, m, p); });
   }
 }
 
 #if defined(__ARM_FEATURE_DOTPROD)
-// SDOT by element: a 16-byte half chunk (4 rows x 4 k) against 4 activation bytes chosen by lane
-// from a 16-byte load, 16 products per instruction into one s32 per row. int4 nibbles 0..15 and
-// int8 codes flipped to code - 128 are both valid s8 operands.
+// SDOT by element: a 16-byte half chunk (4 rows x 4 k) against 4 activation bytes chosen by lane,
+// 16 products per instruction into one s32 per row. int4 nibbles 0..15 and int8 codes flipped to
+// code - 128 are both valid s8 operands. The integer sums are exact, so the order in which the
+// kernels add them (several accumulators, summed at the end) does not change a bit of the result.
+//
+// GEMV (MR = 1): 32 k per iteration (int4: 128 bytes, int8: 256 bytes of weights, loaded 64 at a
+// time), eight accumulators (k-quad lane x half) so that no SDOT waits for the previous one: at
+// four SIMD pipes (Cortex-X1 / Neoverse V1) a chain of SDOTs into one register would be latency-bound.
+//
+// GEMM (MR rows): 8 k per iteration; each unpacked weight operand (2 per 32-byte int4 chunk half,
+// 1 AND or USHR each; int8: 1 EOR) serves all MR rows, and each row's 8 activation bytes are one
+// 64-bit load used by lane: 4 * MR SDOTs per 4 unpacking instructions (MR = 8: 89% of the issue
+// slots are SDOTs).
 template <int BITS, int MR>
 struct SdotBlockDot {
   static inline void run(const uint8_t* w, int64_t block, const int8_t* const* xq, int32x4_t (*acc)[2]) {
-    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = vdupq_n_s32(0);
-    if constexpr (BITS == 4) {
-      const uint8x16_t low4 = vdupq_n_u8(0x0F);
-      for (int64_t kk = 0; kk < block; kk += 16, w += 64) {  // two chunks: 16 k
-        int8x16_t lo[2][2], hi[2][2];
-        for (int c = 0; c < 2; ++c) {
-          const uint8x16_t v0 = vld1q_u8(w + 32 * c), v1 = vld1q_u8(w + 32 * c + 16);
-          lo[c][0] = vreinterpretq_s8_u8(vandq_u8(v0, low4));
-          lo[c][1] = vreinterpretq_s8_u8(vandq_u8(v1, low4));
-          hi[c][0] = vreinterpretq_s8_u8(vshrq_n_u8(v0, 4));
-          hi[c][1] = vreinterpretq_s8_u8(vshrq_n_u8(v1, 4));
-        }
-        for (int i = 0; i < MR; ++i) {
-          const int8x16_t x = vld1q_s8(xq[i] + kk);
-          for (int h = 0; h < 2; ++h) {
-            acc[i][h] = vdotq_laneq_s32(acc[i][h], lo[0][h], x, 0);
-            acc[i][h] = vdotq_laneq_s32(acc[i][h], hi[0][h], x, 1);
-            acc[i][h] = vdotq_laneq_s32(acc[i][h], lo[1][h], x, 2);
-            acc[i][h] = vdotq_laneq_s32(acc[i][h], hi[1][h], x, 3);
-          }
-        }
-      }
+    if constexpr (MR == 1) {
+      gemv(w, block, xq[0], acc[0]);
     } else {
-      const uint8x16_t flip = vdupq_n_u8(0x80);
-      for (int64_t kk = 0; kk < block; kk += 16, w += 128) {  // four chunks: 16 k
-        int8x16_t c[4][2];
-        for (int j = 0; j < 4; ++j)
-          for (int h = 0; h < 2; ++h) c[j][h] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(w + 32 * j + 16 * h), flip));
-        for (int i = 0; i < MR; ++i) {
-          const int8x16_t x = vld1q_s8(xq[i] + kk);
+      for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = vdupq_n_s32(0);
+      for (int64_t kk = 0; kk < block; kk += 8) {
+        int8x16_t op[2][2];  // [k half (lane)][rows 0-3, 4-7]
+        if constexpr (BITS == 4) {
+          const uint8x16x2_t v = vld1q_u8_x2(w);
+          w += 32;
+          const uint8x16_t low4 = vdupq_n_u8(0x0F);
           for (int h = 0; h < 2; ++h) {
-            acc[i][h] = vdotq_laneq_s32(acc[i][h], c[0][h], x, 0);
-            acc[i][h] = vdotq_laneq_s32(acc[i][h], c[1][h], x, 1);
-            acc[i][h] = vdotq_laneq_s32(acc[i][h], c[2][h], x, 2);
-            acc[i][h] = vdotq_laneq_s32(acc[i][h], c[3][h], x, 3);
+            op[0][h] = vreinterpretq_s8_u8(vandq_u8(v.val[h], low4));  // k 0-3
+            op[1][h] = vreinterpretq_s8_u8(vshrq_n_u8(v.val[h], 4));   // k 4-7
+          }
+        } else {
+          const uint8x16x4_t v = vld1q_u8_x4(w);  // chunks of k 0-3 and k 4-7
+          w += 64;
+          const uint8x16_t flip = vdupq_n_u8(0x80);
+          for (int c = 0; c < 2; ++c)
+            for (int h = 0; h < 2; ++h) op[c][h] = vreinterpretq_s8_u8(veorq_u8(v.val[2 * c + h], flip));
+        }
+        for (int i = 0; i < MR; ++i) {
+          const int8x8_t x = vld1_s8(xq[i] + kk);
+          for (int h = 0; h < 2; ++h) {
+            acc[i][h] = vdotq_lane_s32(acc[i][h], op[0][h], x, 0);
+            acc[i][h] = vdotq_lane_s32(acc[i][h], op[1][h], x, 1);
           }
         }
       }
     }
+  }
+
+  static inline void gemv(const uint8_t* w, int64_t block, const int8_t* x, int32x4_t* out) {
+    int32x4_t s[4][2];  // [k-quad lane][half]
+    for (int l = 0; l < 4; ++l) s[l][0] = s[l][1] = vdupq_n_s32(0);
+    for (int64_t kk = 0; kk < block; kk += 32, x += 32) {
+      const int8x16x2_t xv = vld1q_s8_x2(x);
+      if constexpr (BITS == 4) {
+        const uint8x16_t low4 = vdupq_n_u8(0x0F);
+        for (int q = 0; q < 2; ++q, w += 64) {  // 16 k: two 32-byte chunks
+          const uint8x16x4_t v = vld1q_u8_x4(w);
+          for (int c = 0; c < 2; ++c)
+            for (int h = 0; h < 2; ++h) {
+              const uint8x16_t b = v.val[2 * c + h];
+              s[2 * c][h] = vdotq_laneq_s32(s[2 * c][h], vreinterpretq_s8_u8(vandq_u8(b, low4)), xv.val[q], 2 * c);
+              s[2 * c + 1][h] = vdotq_laneq_s32(s[2 * c + 1][h], vreinterpretq_s8_u8(vshrq_n_u8(b, 4)), xv.val[q], 2 * c + 1);
+            }
+        }
+      } else {
+        const uint8x16_t flip = vdupq_n_u8(0x80);
+        for (int q = 0; q < 4; ++q, w += 64) {  // 8 k: two 32-byte chunks of 4 k
+          const uint8x16x4_t v = vld1q_u8_x4(w);
+          for (int c = 0; c < 2; ++c)
+            for (int h = 0; h < 2; ++h) {
+              const int lane = 2 * (q % 2) + c;
+              s[lane][h] = vdotq_laneq_s32(s[lane][h], vreinterpretq_s8_u8(veorq_u8(v.val[2 * c + h], flip)),
+                                           xv.val[q / 2], lane);
+            }
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) out[h] = vaddq_s32(vaddq_s32(s[0][h], s[1][h]), vaddq_s32(s[2][h], s[3][h]));
   }
 };
 
@@ -256,6 +297,27 @@ inline void dequantize_block(const WeightGeometry& g, const uint8_t* block, floa
   }
 }
 
+// R rows of x against one dequantized block, 8 outputs each: part[i] = sum_k w'[k] * x[i][k], in
+// k order (the same FMAs as one row at a time; R rows give 2R independent chains, so the FMLAs do
+// not wait on each other's latency).
+template <int R>
+inline void float_rows(const float* wbuf, const float* const* x, int64_t block, float32x4_t (*part)[2]) {
+  for (int i = 0; i < R; ++i) part[i][0] = part[i][1] = vdupq_n_f32(0.f);
+  for (int64_t kk = 0; kk < block; kk += 4) {
+    float32x4_t xv[R];
+    for (int i = 0; i < R; ++i) xv[i] = vld1q_f32(x[i] + kk);
+    const auto step = [&](auto lane) {  // k = kk + lane
+      constexpr int j = decltype(lane)::value;
+      const float32x4_t w0 = vld1q_f32(wbuf + 8 * (kk + j)), w1 = vld1q_f32(wbuf + 8 * (kk + j) + 4);
+      for (int i = 0; i < R; ++i) {
+        part[i][0] = vfmaq_laneq_f32(part[i][0], w0, xv[i], j);
+        part[i][1] = vfmaq_laneq_f32(part[i][1], w1, xv[i], j);
+      }
+    };
+    step(Rows<0>{}), step(Rows<1>{}), step(Rows<2>{}), step(Rows<3>{});
+  }
+}
+
 template <int BITS>
 void float_matmul(const FloatMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
   const WeightGeometry& g = *a.w;
@@ -265,38 +327,39 @@ void float_matmul(const FloatMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, 
     const int64_t n0 = p * 8, rows = std::min<int64_t>(8, g.n - n0);
     for (int64_t b = 0; b < g.nblocks; ++b) {
       dequantize_block<BITS>(g, panel + b * g.block_bytes, wbuf);
-      for (int64_t m = m0; m < m1; ++m) {
-        const float* x = a.x + m * a.ldx + b * g.block;
-        float32x4_t part0 = vdupq_n_f32(0.f), part1 = vdupq_n_f32(0.f);
-        for (int64_t kk = 0; kk < g.block; ++kk) {
-          part0 = vfmaq_n_f32(part0, vld1q_f32(wbuf + 8 * kk), x[kk]);
-          part1 = vfmaq_n_f32(part1, vld1q_f32(wbuf + 8 * kk + 4), x[kk]);
+      for_row_tiles<8>(m0, m1, [&](auto tile_rows, int64_t mt) {
+        constexpr int R = decltype(tile_rows)::value;
+        const float* x[R];
+        for (int i = 0; i < R; ++i) x[i] = a.x + (mt + i) * a.ldx + b * g.block;
+        float32x4_t part[R][2];
+        float_rows<R>(wbuf, x, g.block, part);
+        for (int i = 0; i < R; ++i) {
+          float tmp[8];
+          vst1q_f32(tmp, part[i][0]);
+          vst1q_f32(tmp + 4, part[i][1]);
+          float* out = a.y + (mt + i) * a.ldy + n0;
+          for (int64_t r = 0; r < rows; ++r) {
+            const float acc = (b == 0 ? 0.f : out[r]) + tmp[r];
+            out[r] = b + 1 < g.nblocks ? acc : acc * a.unscale + (a.bias ? a.bias[n0 + r] : 0.f);
+          }
         }
-        float tmp[8];
-        vst1q_f32(tmp, part0);
-        vst1q_f32(tmp + 4, part1);
-        float* out = a.y + m * a.ldy + n0;
-        for (int64_t r = 0; r < rows; ++r) {
-          const float acc = (b == 0 ? 0.f : out[r]) + tmp[r];
-          out[r] = b + 1 < g.nblocks ? acc : acc * a.unscale + (a.bias ? a.bias[n0 + r] : 0.f);
-        }
-      }
+      });
     }
   }
 }
 
-// A level's table: its integer cores for GEMV (1 x 8) and GEMM (4 x 8 row tiles), everything else
+// A level's table: its integer cores for GEMV (1 x 8) and GEMM (GemmRows x 8 row tiles), everything else
 // shared. Names: scheme x layout x tile x level.
-template <template <int, int> class GemvDot, template <int, int> class GemmDot>
+template <template <int, int> class GemvDot, template <int, int> class GemmDot, int GemmRows>
 KernelTable make_table(Isa isa, const char* gemv_w4, const char* gemv_w8, const char* gemm_w4,
                        const char* gemm_w8) {
   constexpr int32_t kShift8 = 128;  // int8 codes flipped to code - 128 (s8 operands)
   KernelTable t{isa, LayoutId::nr8_kr4, quantize_acts, "quantize_acts_absmax_neon", prepare_float_acts, {}, {}, {}};
   t.int8 = {
       {gemv_w4, gemv<GemvDot, 4>, 4, 1, 1, 1, 1},
-      {gemm_w4, gemm<GemmDot, 4>, 4, 4, 1, 2},
+      {gemm_w4, gemm<GemmDot, 4, GemmRows>, 4, GemmRows, 1, 2},
       {gemv_w8, gemv<GemvDot, 8>, 8, 1, 1, 1, 1, 1, kShift8},
-      {gemm_w8, gemm<GemmDot, 8>, 8, 4, 1, 2, INT64_MAX, 1, kShift8},
+      {gemm_w8, gemm<GemmDot, 8, GemmRows>, 8, GemmRows, 1, 2, INT64_MAX, 1, kShift8},
   };
   t.float32 = {
       {"gemv_w4f32_nr8_kr4_1x8_neon", float_matmul<4>, 4, 1, 1, 1, 1},
@@ -307,4 +370,5 @@ KernelTable make_table(Isa isa, const char* gemv_w4, const char* gemv_w8, const 
   return t;
 }
 
+}  // namespace QLINEAR_ARM_LEVEL
 }  // namespace qlinear::arm
