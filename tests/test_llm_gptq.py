@@ -143,7 +143,7 @@ def test_calibration_sequences_spread_over_the_text():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(method="gptq"), "needs calibration"),
     (dict(method="awq", calibration=[1, 2]), "method must be one of"),
-    (dict(calibration=[1, 2]), "applies to method='gptq' only"),
+    (dict(calibration=[1, 2]), "applies to method='gptq' or smooth= only"),
     (dict(method="gptq", calibration="/nonexistent/calibration.txt"), "does not exist"),
     (dict(method="gptq", calibration=[]), "empty"),
     (dict(method="gptq", calibration=[5, 99999]), r"must lie in \[0, 1024\)"),

@@ -22,7 +22,9 @@ def add_parser(sub) -> None:
     v.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     v.add_argument("--method", default="rtn", choices=["rtn", "gptq"],
                    help="rtn: round to nearest; gptq: error feedback against --calibration (needs torch)")
-    v.add_argument("--calibration", default=None, metavar="FILE", help="UTF-8 text for --method gptq")
+    v.add_argument("--calibration", default=None, metavar="FILE", help="UTF-8 text for --method gptq and --smooth")
+    v.add_argument("--smooth", type=float, default=None, metavar="ALPHA",
+                   help="SmoothQuant first: activation outliers moved into the weights (alpha in 0..1, e.g. 0.5)")
     v.add_argument("--damp", type=float, default=DAMP, help="GPTQ dampening, fraction of the mean Hessian diagonal")
     v.add_argument("--act-order", action="store_true", help="GPTQ: columns in order of decreasing input energy")
     v.add_argument("--calibration-tokens", type=int, default=CALIBRATION_TOKENS,
@@ -39,5 +41,5 @@ def run(args) -> None:
                                                 calibration_tokens=args.calibration_tokens)
     out = convert(args.src, args.out_dir, bits=bits, group_size=args.group_size, symmetric=args.symmetric,
                   slim_vocab=args.slim_vocab, progress=not args.no_progress, force=args.force, flash=args.flash,
-                  method=args.method, calibration=args.calibration, **gptq)
+                  method=args.method, calibration=args.calibration, smooth=args.smooth, **gptq)
     print(f"wrote {out} in {time.perf_counter() - t0:.1f} s")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -15,7 +17,9 @@ from ..gguf import source as gguf_source
 from ..hf import source as hf_source
 from ..config import ModelConfig
 from ..options import Options
+from ..runtime.tokenizer import Tokenizer
 from ..source import progress as progress_bar
+from .smooth import smooth_checkpoint
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -33,7 +37,7 @@ def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 6
             slim_vocab: Union[bool, Sequence[int]] = False, progress: bool = True,
             force: bool = False, flash: bool = False, method: str = "rtn",
             calibration: Optional[gptq.Calibration] = None, damp: float = gptq.DAMP, act_order: bool = False,
-            calibration_tokens: int = gptq.CALIBRATION_TOKENS) -> Path:
+            calibration_tokens: int = gptq.CALIBRATION_TOKENS, smooth: Optional[float] = None) -> Path:
     """Quantize a Hugging Face checkpoint (or a GGUF file: its Q4_0 / Q8_0 / Q4_K codes kept, the
     rest quantized to ``bits``) once and write OUT_DIR: ``model.qlinear`` (packed
     weights, norms, biases and the embedding table in the checkpoint's dtype, one checked,
@@ -47,7 +51,11 @@ def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 6
     computed by the blocks already quantized, the lm head included (``converted.gptq``): ``damp`` (the
     fraction of the Hessian's mean diagonal added to it), ``act_order`` (columns by decreasing
     input energy), ``calibration_tokens`` (at most this many, in sequences of 512). The method and
-    the calibration's facts go into the file's metadata (``model.info`` shows them)."""
+    the calibration's facts go into the file's metadata (``model.info`` shows them).
+
+    smooth: SmoothQuant's alpha (0..1): activation outliers moved into the weights by scales
+    folded into the float model first (``converted.smooth``; calibration= gives the activations),
+    then rounded by ``method``."""
     src, out = Path(src), Path(out_dir)
     if converted_source.is_converted(src) and not flash:
         raise ValueError(f"{src} is already converted")
@@ -57,9 +65,10 @@ def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 6
                    slim_vocab=slim_vocab).check()
     if method not in gptq.METHODS:
         raise ValueError(f"method must be one of {', '.join(gptq.METHODS)}, got {method!r}")
-    if (calibration is None) != (method == "rtn"):
-        raise ValueError("method='gptq' needs calibration= (a text file or token ids)" if method == "gptq"
-                         else "calibration applies to method='gptq' only")
+    needs_calibration = method == "gptq" or smooth is not None
+    if (calibration is None) == needs_calibration:
+        raise ValueError("method='gptq' and smooth= need calibration= (a text file or token ids)" if needs_calibration
+                         else "calibration applies to method='gptq' or smooth= only")
     check_out_dir(out, force)
     if converted_source.is_converted(src):
         if method != "rtn":
@@ -68,6 +77,17 @@ def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 6
     gguf = gguf_source.is_gguf(src)
     if gguf and method == "gptq":
         raise ValueError(f"{src}: method='gptq' needs a Hugging Face checkpoint (a GGUF file's codes are kept)")
+    if smooth is not None:
+        if gguf:
+            raise ValueError(f"{src}: smooth= needs a Hugging Face checkpoint (a GGUF file's codes are kept)")
+        with tempfile.TemporaryDirectory(prefix="qlinear-smooth-") as tmp:
+            calib = gptq.calibration_set(calibration, Tokenizer.from_dir(src), hf_source.read_config(src).vocab_size,
+                                         calibration_tokens)
+            smoothed = smooth_checkpoint(src, Path(tmp) / "smoothed", np.concatenate(calib.sequences), smooth)
+            out_dir = convert(smoothed, out, bits, group_size, symmetric, slim_vocab, progress, True, flash, method,
+                              calibration if method == "gptq" else None, damp, act_order, calibration_tokens)
+        _note_smoothing(out, smooth, calib)
+        return out_dir
     if gguf:
         source = gguf_source.read(src, opts, progress)
     elif method == "gptq":
@@ -97,6 +117,16 @@ def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 6
         if (src / name).is_file():
             (out / name).write_bytes((src / name).read_bytes())
     return out
+
+
+def _note_smoothing(out: Path, alpha: float, calib) -> None:
+    """Record the smoothing in the converted file's metadata (rewritten: the tensors are mapped)."""
+    tensors, meta = load_weights(out / converted_source.MODEL_FILE, mmap_mode=True, verify=True)
+    meta["quantization"] = {**meta["quantization"], "smooth": {"alpha": alpha, **calib.facts()}}
+    tmp = out / (converted_source.MODEL_FILE + ".tmp")
+    save_weights(tmp, tensors, meta)
+    del tensors
+    os.replace(tmp, out / converted_source.MODEL_FILE)
 
 
 def _relayout_flash(src: Path, out: Path) -> Path:

@@ -49,6 +49,6 @@ def read(d: Path, opts: Options, verify: bool = True) -> Source:
     embedding = EmbeddingFile(str(path), offset, cfg.vocab_size, cfg.hidden_size, dtype)
     quantization = {"bits": q.get("bits"), "group_size": q.get("group_size"),
                     "symmetric": bool(q.get("symmetric"))}
-    # how the weights were rounded ("rtn" / "gptq"; GPTQ's calibration), for model.info
-    info = {k: q[k] for k in ("method", "calibration", "gptq") if k in q}
+    # how the weights were rounded ("rtn" / "gptq"; the calibration; SmoothQuant's alpha), for model.info
+    info = {k: q[k] for k in ("method", "calibration", "gptq", "smooth") if k in q}
     return Source(KIND, d, cfg, tokenizer, embedding, tensors, quantization, info)
