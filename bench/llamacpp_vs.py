@@ -185,6 +185,25 @@ def gguf_file(quant: str, arch: str = "qwen2") -> Path:
     return out
 
 
+def checkpoint_gguf(hf: Path, quant: str, pre: str = "gpt-2") -> Path:
+    """A checkpoint directory (the trained models/) as a GGUF file of llama.cpp's own making,
+    cached: F32 / BF16 / Q8_0 by its converter (the tokenizer's pre-tokenizer given as ``pre``:
+    the trained tokenizer splits text as GPT-2 does), the other types by llama-quantize from F32."""
+    out = CACHE / f"{Path(hf).name}-{quant}.gguf"
+    if out.exists():
+        return out
+    fetch_source()
+    if quant in CONVERTER_TYPES:
+        wrapper = CACHE / f"convert_wrapper_{pre}.py"
+        wrapper.write_text(_CONVERT_WRAPPER.replace('return "qwen2"', f'return "{pre}"'))
+        subprocess.run([sys.executable, str(wrapper), str(SRC), str(hf), "--outtype", quant.lower(),
+                        "--outfile", str(out)], check=True, env=dict(os.environ, PYTHONPATH=str(SRC / "gguf-py")))
+    else:
+        subprocess.run([str(tool("llama-quantize")), str(checkpoint_gguf(hf, "F32", pre)), str(out), quant],
+                       check=True, capture_output=True)
+    return out
+
+
 def llamacpp_speed(path: Path, threads: int) -> dict:
     """llama-bench's pp64 and tg32 tok/s (one repetition), its peak RSS and CPU path."""
     from qlinear.llm.peers import llamacpp
