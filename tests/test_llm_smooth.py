@@ -5,17 +5,17 @@ in the converted file."""
 import numpy as np
 import pytest
 
-pytest.importorskip("tokenizers")
-pytest.importorskip("jinja2")
 torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+for needed in ("tokenizers", "jinja2", "transformers"):
+    pytest.importorskip(needed)
 
 from qlinear import llm  # noqa: E402
 from qlinear.llm.converted.smooth import smooth_checkpoint  # noqa: E402
 from qlinear.llm.synthetic import local_text, make_checkpoint  # noqa: E402
 
-SHAPE = dict(hidden_size=128, intermediate_size=352, num_attention_heads=4, num_key_value_heads=2,
-             num_hidden_layers=2, vocab_size=1024)
+# grouped-query attention (two query heads per value head: the value rows' scales are shared)
+SHAPE = dict(hidden_size=96, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+             num_hidden_layers=3, vocab_size=768)
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +65,7 @@ def test_smoothing_flattens_the_activation_range(ckpt, calibration_ids, tmp_path
         return m.max() / np.median(m)
 
     out = smooth_checkpoint(ckpt, tmp_path / "s1", calibration_ids[:256], 1.0)
-    assert spread(out) < 0.5 * spread(ckpt)
-    assert spread(out) < 1.01
+    assert spread(ckpt) > 1.2 and spread(out) < 1.01
 
 
 def test_convert_with_smooth_records_it(ckpt, text, tmp_path):

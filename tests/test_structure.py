@@ -151,3 +151,12 @@ def test_every_command_has_its_module():
     names = {c.__name__.rpartition(".")[2] for c in COMMANDS}
     files = {p.stem for p in (PKG / "llm" / "cli").glob("*.py")} - {"__init__", "common"}
     assert names == files
+
+
+def test_bindings_are_split_by_domain():
+    """The extension's bindings: one file per domain (matmul, weights, decoder, the decode step,
+    the runtime), each a size one reads in a sitting."""
+    csrc = PKG.parents[1] / "csrc" / "bindings"
+    files = {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in csrc.glob("*.cc")}
+    assert {"module.cc", "matmul.cc", "weights.cc", "decoder.cc", "decode_step.cc", "runtime.cc"} <= set(files)
+    assert {n: c for n, c in files.items() if c > 300} == {}
