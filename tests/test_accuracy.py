@@ -15,6 +15,7 @@ from qlinear import accuracy
 W8A8_MIN_COSINE = 0.995
 W4A8_MIN_COSINE = 0.98
 W4A8_G128_GPTQ_MIN_COSINE = 0.987
+BEST_FIVE_BIT_MIN_COSINE = 0.99
 
 
 def test_sentences_are_deterministic_distinct_and_disjoint():
@@ -115,3 +116,21 @@ def test_w4a8_g128_gptq(minilm):
     assert summary.bits_per_weight <= 4.25
     assert {r["method"] for r in summary.layers} == {"gptq"}
     assert _cosine(qm, eval_b, ref) >= W4A8_G128_GPTQ_MIN_COSINE
+
+
+def test_best_five_bit_configuration_on_another_kind_of_text(minilm):
+    """At <= 5 bits per weight (g64 + smoothing + clipping + GPTQ, sensitive layers int8 within
+    5.0), calibrated on generated sentences and standard-library comments, scored on sentences of
+    a kind neither holds (standard-library docstrings): mean cosine >= 0.99. Measured 0.9922 on
+    these 48 sentences (4.969 bits per weight); calibrated on the generated sentences alone, 0.9847:
+    the varied calibration text is what carries it to text of another kind."""
+    from qlinear.torch import calibrate, quantize_model
+    model, tok, _, _, _ = minilm
+    held_out = accuracy.batches(tok, accuracy.docstring_sentences(48))
+    ref = accuracy.embed(model, held_out)
+    qm = copy.deepcopy(model)
+    calib = calibrate(qm, accuracy.batches(tok, accuracy.calibration_sentences(32, 32)), max_samples=256, hessian=True)
+    cfg = next(c for c in accuracy.CONFIGS if c.name == "W4A8 g64 +smooth+gptq+mixed")
+    summary = quantize_model(qm, calibration=calib, skip=["pooler.*"], **cfg.kwargs)
+    assert summary.bits_per_weight <= 5.0
+    assert _cosine(qm, held_out, ref) >= BEST_FIVE_BIT_MIN_COSINE
