@@ -499,11 +499,16 @@ def _row_caches(rng, m, context):
             [rng.standard_normal(shape(c)).astype(dtype) for c in caps])
 
 
-def _single_step(m, k, v, context, h, pos):
-    """The step of one sequence alone: a DecodeStep over its caches (copies); logits, caches."""
+def _own_step(m, k, v, context):
+    """A DecodeStep whose own caches are copies of one sequence's; the step and those copies."""
     k, v = [a.copy() for a in k], [a.copy() for a in v]
     layers = [lay[:6] + (k[i], v[i]) + lay[8:] for i, lay in enumerate(m["layers"])]
-    step = _core.decode_step(**{**m, "layers": layers, "context": context})
+    return _core.decode_step(**{**m, "layers": layers, "context": context}), k, v
+
+
+def _single_step(m, k, v, context, h, pos):
+    """The step of one sequence alone: a DecodeStep over its caches (copies); logits, caches."""
+    step, k, v = _own_step(m, k, v, context)
     return step.step(h, pos), k, v
 
 
@@ -531,6 +536,37 @@ def test_step_batch_rows_equal_the_single_step(isa, rng, bits, act, arch):
             for got, want in zip(ks[i] + vs[i], expected[r][1] + expected[r][2]):
                 np.testing.assert_array_equal(got, want)
 
+
+
+@pytest.mark.parametrize("arch", [None, "gemma2"])
+def test_step_batch_rows_of_one_sequence(isa, rng, arch):
+    """Rows of one sequence in a batch (a speculative verification), its caches given for each of
+    them at consecutive positions, beside another sequence's rows (before, between and after
+    them): each row's logits and the caches' writes are step_block's, and the one-token step's,
+    bit for bit (Gemma 2: the block wraps layer 0's ring of 8). Rows sharing caches at other than
+    consecutive positions are refused."""
+    m = _step_model(rng, 4, "int8", True, arch=arch)[0]
+    step = _core.decode_step(**m)
+    (k, v), (ko, vo) = _row_caches(rng, m, 24), _row_caches(rng, m, 24)
+    start, n = 6, 4
+    h = rng.standard_normal((n + 2, 128)).astype(np.float32)
+    block, kb, vb = _own_step(m, k, v, 24)
+    want = block.step_block(h[1:n + 1], start)
+    one = _own_step(m, k, v, 24)[0]
+    np.testing.assert_array_equal(np.concatenate([one.step(h[1 + j], start + j) for j in range(n)]), want)
+    other, ko_want, vo_want = _own_step(m, ko, vo, 24)
+    other_want = other.step_block(np.ascontiguousarray(h[[0, n + 1]]), 10)
+    ks, vs = [a.copy() for a in k], [a.copy() for a in v]
+    kso, vso = [a.copy() for a in ko], [a.copy() for a in vo]
+    logits = step.step_batch(h, [10, *range(start, start + n), 11], [kso] + [ks] * n + [kso],
+                             [vso] + [vs] * n + [vso], [24] * (n + 2))
+    np.testing.assert_array_equal(logits[1:n + 1], want)
+    np.testing.assert_array_equal(logits[[0, n + 1]], other_want)
+    for got, expected in zip(ks + vs + kso + vso, kb + vb + ko_want + vo_want):
+        np.testing.assert_array_equal(got, expected)
+    for positions in ([6, 8], [7, 6], [6, 6]):
+        with pytest.raises(ValueError, match="consecutive positions"):
+            step.step_batch(h[:2], positions, [ks, ks], [vs, vs], [24, 24])
 
 def test_step_batch_is_the_single_step_of_the_own_cache(rng):
     """A batch of one row over the step's own caches ([layers, ...] views) is step() itself."""

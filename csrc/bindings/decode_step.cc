@@ -1,7 +1,6 @@
 // Binds the decode step of qlinear.llm in one call: the DecodeStep class (step, step_block,
-// step_batch) and
-// decode_step, which makes one over packed weights (internal API: every array checked here; the
-// step keeps what it points into alive).
+// step_batch) and decode_step, which makes one over packed weights (internal API: every array
+// checked here; the step keeps what it points into alive).
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -141,14 +140,24 @@ py::array_t<float> step_batch(DecodeStep& s, const py::array& h_in, const std::v
         caches[r * nl + i] = {k.mutable_data(), v.mutable_data(), cap};
       }
     }
-    for (int64_t i = 0; i < nl; ++i)
-      for (int64_t q = 0; q < r; ++q) {
-        const decoder::LayerCache& o = caches[q * nl + i];
-        if (o.k == caches[r * nl + i].k || o.v == caches[r * nl + i].v)
-          throw py::value_error("step_batch: rows " + std::to_string(q) + " and " + std::to_string(r) +
-                                " share a cache");
-      }
-    rows[r] = {pos[r], caches.data() + r * nl};
+    // Rows of one sequence (a speculative verification) share all its caches, at consecutive
+    // positions: the step runs their attention in rounds, each row after the one before it.
+    const decoder::LayerCache* own_caches = caches.data() + r * nl;
+    for (int64_t q = r - 1; q >= 0; --q) {  // the latest earlier row sharing any cache
+      int64_t shared = 0;
+      for (int64_t i = 0; i < nl; ++i)
+        shared += (rows[q].caches[i].k == own_caches[i].k) + (rows[q].caches[i].v == own_caches[i].v);
+      if (shared == 0) continue;
+      const std::string pair = "step_batch: rows " + std::to_string(q) + " and " + std::to_string(r) + " share a cache";
+      if (shared != 2 * nl)
+        throw py::value_error(pair + " in part (rows of one sequence share every layer's k and v caches)");
+      if (pos[r] != pos[q] + 1)
+        throw py::value_error(pair + " at positions " + std::to_string(pos[q]) + " and " + std::to_string(pos[r]) +
+                              " (rows of one sequence stand at consecutive positions, in order)");
+      own_caches = rows[q].caches;
+      break;
+    }
+    rows[r] = {pos[r], own_caches};
   }
   py::array_t<float> logits({b, md.lm_head.w->n});
   const float* hp = static_cast<const float*>(h.data());
@@ -251,9 +260,10 @@ void register_decode_step(py::module_& m) {
            "step at pos + j after the rows before it.")
       .def("step_batch", &step_batch, py::arg("h"), py::arg("pos"), py::arg("k_caches"), py::arg("v_caches"),
            py::arg("contexts"),
-           "B tokens of B sequences (continuous batching): h = their embeddings [B, hidden], row r at position "
+           "B tokens of sequences (continuous batching): h = their embeddings [B, hidden], row r at position "
            "pos[r] of a sequence of contexts[r] positions over its own caches: k_caches[r][layer] / "
            "v_caches[r][layer] [kv_heads, capacity, head_dim] (a sliding layer's capacity: min(context, window)); "
+           "rows of one sequence (a verification) share all its caches at consecutive positions; "
            "returns the logits [B, vocab], each row's the bits of that sequence's step alone.")
       .def("run_matmuls", [](DecodeStep& s) {
              std::vector<float> logits(static_cast<size_t>(s.last_rows() * s.model().lm_head.w->n));
