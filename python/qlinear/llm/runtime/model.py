@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import resource
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
@@ -107,6 +107,14 @@ class Model:
     def new_cache(self, capacity: int) -> KVCache:
         """An empty KV cache of ``capacity`` positions, of the model's element type."""
         return KVCache(self.config, capacity, KV_DTYPES[self.kv_cache])
+
+    def fork(self, max_context: Optional[int] = None) -> "Model":
+        """This model's weights with a KV cache, compiled step, history and stats of its own (and
+        no resources: closing the fork closes nothing of this model's)."""
+        twin = replace(self, max_context=min(max_context or self.max_context, self.max_context),
+                       stats=Stats(load_s=self.stats.load_s), info=dict(self.info), resources=[])
+        twin.compiled_decode = self.compiled_decode  # off on the instance for flash models
+        return twin
 
     def close(self) -> None:
         """Stop and close what the model holds open (a flash model's reader threads and file,

@@ -13,7 +13,11 @@ sliding-window rings included (``KVCache.guard`` / ``rollback``).
 The draft length adapts: the acceptance rate (a running mean) and the measured cost of a
 verification of each length (and of drafting) give the expected tokens per second of each
 length; the best is taken, 0 (plain decode) when no length pays, with an occasional probe so the
-estimates follow the text.
+estimates follow the text. A sampled sequence's lengths follow its acceptance alone (costs
+guessed, not measured): its random draws, and so its text under a seed, do not depend on timings.
+
+``Speculator`` is one sequence's part (drafter, draft length, judging the verification's rows):
+``decode`` here runs one sequence, qlinear.llm.serve's scheduler verifies many in one batch.
 """
 
 from __future__ import annotations
@@ -91,8 +95,9 @@ def judge(p: Optional[np.ndarray], q: Optional[np.ndarray], x: Optional[int], lo
 class DraftLength:
     """Chooses each draft's length from the running acceptance rate and measured costs."""
 
-    def __init__(self, max_draft: int, adaptive: bool, probe_every: int = 16):
+    def __init__(self, max_draft: int, adaptive: bool, probe_every: int = 16, timed: bool = True):
         self.max_draft, self.adaptive, self.probe_every = max_draft, adaptive, probe_every
+        self.timed = timed             # False: costs guessed, lengths a function of the acceptance alone
         self.alpha = 0.6               # acceptance per drafted token, running mean
         self.verify_s: dict = {}       # rows -> seconds of a verification, running mean
         self.draft_s = 0.0             # seconds to draft one token (draft models)
@@ -129,9 +134,56 @@ class DraftLength:
         rate = 0.15
         if drafted:
             self.alpha += rate * (accepted / drafted - self.alpha)
+        if not self.timed:
+            return
+        if drafted:
             self.draft_s += rate * (draft_seconds / drafted - self.draft_s)
         old = self.verify_s.get(rows)
         self.verify_s[rows] = seconds if old is None else old + rate * (seconds - old)
+
+
+class Speculator:
+    """One sequence's speculative decoding: its drafter (``draft_model``, if given, instead of
+    the Speculation's: a model of the sequence's own) and draft length, and the judging of a
+    verification's rows."""
+
+    def __init__(self, spec: Speculation, target, sampler, draft_model=None):
+        self.drafter = (NgramDrafter(spec.max_ngram, spec.min_ngram) if spec.method == "ngram"
+                        else ModelDrafter(target, draft_model or spec.draft_model))
+        self.length = DraftLength(spec.max_draft, spec.adaptive, timed=sampler.p.temperature == 0)
+        self.sampler = sampler
+        self.to_row = (lambda t: t) if target.lm_rows is None else {int(t): i for i, t in enumerate(target.lm_rows)}.get
+        self.draft_seconds = 0.0  # of the last draft
+
+    def draft(self, tokens: list, rows: list, room: int) -> tuple[list, list]:
+        """Up to ``room`` token ids to follow ``tokens`` (``rows``: their lm head indices), as many
+        as the draft length chooses, and the distributions they were drawn from."""
+        k = self.length.choose(room)
+        t = time.perf_counter()
+        drafts, dists = self.drafter.propose(tokens, rows, k, self.sampler) if k else ([], [])
+        self.draft_seconds = time.perf_counter() - t
+        return drafts[:k], dists[:k]
+
+    def verdicts(self, logits: np.ndarray, drafts: list, dists: list, rows: list) -> Iterator[tuple[bool, int]]:
+        """(kept, lm head row) of each token a verification decides: every draft kept, then the
+        model's own (the first rejected draft's replacement, or the token after the last draft).
+        ``logits``: the verification's rows; ``rows``, the context for the repetition penalty,
+        may grow by each token before the next is judged."""
+        for j, d in enumerate(drafts):
+            kept, x = judge(self.sampler.distribution(logits[j], rows), dists[j], self.to_row(d),
+                            self.sampler.penalized(logits[j], rows), self.sampler)
+            yield kept, x
+            if not kept:
+                return
+        yield False, self.sampler(logits[len(drafts)], rows)
+
+    def verified(self, cache, start: int, drafted: int, accepted: int, tokens: list, seconds: float) -> None:
+        """After a verification at ``start`` of ``drafted`` drafts (``seconds``) that kept
+        ``accepted``: the draft length learns, the cache keeps the accepted rows, the drafter
+        follows ``tokens``."""
+        self.length.update(drafted, accepted, 1 + drafted, seconds, self.draft_seconds)
+        cache.rollback(start + 1 + accepted)
+        self.drafter.accepted(tokens)
 
 
 def decode(model, logits: np.ndarray, ids: list, rows: list, max_new_tokens: int, sampler, stop: set,
@@ -140,20 +192,11 @@ def decode(model, logits: np.ndarray, ids: list, rows: list, max_new_tokens: int
     ids, ``rows``: their indices in the lm head, for the repetition penalty), each verification
     one forward of the model over the token last decided and the draft."""
     st, cache = model.stats, model.cache
-    drafter = (NgramDrafter(spec.max_ngram, spec.min_ngram) if spec.method == "ngram"
-               else ModelDrafter(model, spec.draft_model))
-    length = DraftLength(spec.max_draft, spec.adaptive)
-    to_row = (lambda t: t) if model.lm_rows is None else {int(t): i for i, t in enumerate(model.lm_rows)}.get
+    speculator = Speculator(spec, model, sampler)
     to_id = (lambda r: r) if model.lm_rows is None else (lambda r: int(model.lm_rows[r]))
     tokens = list(ids)
     st.finish_reason = "length"
     clock = time.perf_counter()
-
-    def draft(room: int):
-        k = length.choose(room)
-        t = time.perf_counter()
-        out = drafter.propose(tokens, rows, k, sampler) if k else ([], [])
-        return out[0][:k], out[1][:k], time.perf_counter() - t
 
     def decided(row: int) -> bool:
         """A token decided: False when generation ends with it (a stop token, the length)."""
@@ -173,9 +216,9 @@ def decode(model, logits: np.ndarray, ids: list, rows: list, max_new_tokens: int
 
     # The prefill's logits judge the first draft token: the first token is speculative too.
     yielded: list = []
-    drafts, dists, draft_s = draft(max(0, min(spec.max_draft, cache.capacity - cache.length - 1)))
+    drafts, dists = speculator.draft(tokens, rows, max(0, min(spec.max_draft, cache.capacity - cache.length - 1)))
     if drafts:
-        ok, x = judge(sampler.distribution(logits, rows), dists[0], to_row(drafts[0]),
+        ok, x = judge(sampler.distribution(logits, rows), dists[0], speculator.to_row(drafts[0]),
                       sampler.penalized(logits, rows), sampler)
         st.draft_tokens, st.accepted_tokens = st.draft_tokens + 1, st.accepted_tokens + ok
         drafts, dists = (drafts[1:], dists[1:]) if ok else ([], [])
@@ -190,7 +233,7 @@ def decode(model, logits: np.ndarray, ids: list, rows: list, max_new_tokens: int
         if room < 0:
             break
         if not drafts:
-            drafts, dists, draft_s = draft(room)
+            drafts, dists = speculator.draft(tokens, rows, room)
         drafts, dists = drafts[:room], dists[:room]
         block = [to_id(rows[-1])] + drafts
         cache.guard(start, len(block))
@@ -199,25 +242,17 @@ def decode(model, logits: np.ndarray, ids: list, rows: list, max_new_tokens: int
         seconds = time.perf_counter() - t
         st.decode_steps += 1
         st.step_tokens += 1
-        accepted, going = 0, True
-        for j, d in enumerate(drafts):
-            ok, x = judge(sampler.distribution(out[j], rows), dists[j], to_row(d), sampler.penalized(out[j], rows), sampler)
-            if not ok:
-                break
-            accepted += 1
+        accepted = 0
+        for kept, x in speculator.verdicts(out, drafts, dists, rows):
+            accepted += kept
             going = decided(x)
             if not going:
                 break
-        else:
-            x = sampler(out[len(drafts)], rows)  # every draft kept: the model's next token
         st.draft_tokens += len(drafts)
         st.accepted_tokens += accepted
         st.step_tokens += accepted
-        length.update(len(drafts), accepted, len(block), seconds, draft_s)
-        cache.rollback(start + 1 + accepted)
-        drafter.accepted(tokens)
-        drafts, dists, draft_s = [], [], 0.0
-        going = going and decided(x)
+        speculator.verified(cache, start, len(drafts), accepted, tokens, seconds)
+        drafts, dists = [], []
         yield from _drain(yielded)
 
 
