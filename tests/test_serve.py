@@ -1,6 +1,7 @@
 """qlinear-llm serve: the OpenAI API over HTTP (the real openai client, raw HTTP for the errors),
-continuous batching (batch invariance against the single-request path), cancellation, auth and
-the bounded queue. Servers run in-process on a loopback port with a tiny synthetic model."""
+continuous batching (batch invariance against the single-request path), speculative decoding in
+the batch, cancellation, auth and the bounded queue. Servers run in-process on a loopback port
+with a tiny synthetic model."""
 
 import contextlib
 import json
@@ -23,6 +24,7 @@ pytest.importorskip("transformers")
 from qlinear import llm  # noqa: E402
 from qlinear.llm import synthetic  # noqa: E402
 from qlinear.llm.runtime.generation import Sampling  # noqa: E402
+from qlinear.llm.runtime.speculative import Speculation  # noqa: E402
 from qlinear.llm.serve import QueueFull, Scheduler, SchedulerClosed, Sequence, create_app  # noqa: E402
 
 NAME = "tiny"
@@ -30,6 +32,7 @@ CONTEXT = 256
 WAIT = 30  # seconds: the bound of every wait below (never reached when things work)
 PROMPTS = ["def main():", "import os\nimport sys", "class Foo(object):", "for i in range(10):",
            "# Copyright", "return None", "x = [", "while True:"]
+REPEATING = "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a"
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +99,8 @@ def wait_until(condition, what):
 # -- the scheduler (batch invariance of the batched step itself: tests/test_decoder_ops.py; of the
 # kernels' rows: tests/test_matmul.py) -----------------------------------------------------------------
 def run_scheduler(model, jobs, max_batch):
-    """Run (ids, max_tokens, sampling) jobs through a Scheduler at once; their token ids and
-    finish reasons."""
+    """Run (ids, max_tokens, sampling[, speculation]) jobs through a Scheduler at once; their
+    token ids and finish reasons, and the scheduler."""
     scheduler = Scheduler(model, max_batch=max_batch, max_queue=len(jobs))
     results = [([], []) for _ in jobs]
     done = threading.Semaphore(0)
@@ -109,15 +112,15 @@ def run_scheduler(model, jobs, max_batch):
                 done.release()
         return on
 
-    for i, (ids, n, sampling) in enumerate(jobs):
-        scheduler.submit(Sequence(ids, n, Sampling(**sampling), emit(i)))
+    for i, (ids, n, sampling, *speculation) in enumerate(jobs):
+        scheduler.submit(Sequence(ids, n, Sampling(**sampling), emit(i), speculation=next(iter(speculation), None)))
     scheduler.start()
     try:
         for _ in jobs:
             assert done.acquire(timeout=WAIT)
     finally:
         scheduler.stop(WAIT)
-    return results
+    return results, scheduler
 
 
 def test_scheduler_equals_single_request_path(checkpoint):
@@ -129,7 +132,7 @@ def test_scheduler_equals_single_request_path(checkpoint):
             for i, p in enumerate(PROMPTS)]
     long_prompt = [int(t) for t in np.random.default_rng(2).integers(3, 1000, 700)]  # two prefill chunks
     jobs += [(tok.encode("x" * 300)[:200], 30, {}), (long_prompt, 20, {})]
-    results = run_scheduler(load(checkpoint, max_context=1024), jobs, max_batch=3)
+    results, _ = run_scheduler(load(checkpoint, max_context=1024), jobs, max_batch=3)
     for (ids, n, sampling), (tokens, finish) in zip(jobs, results):
         assert tokens == reference_ids(reference, ids, n, **sampling)
         assert finish == ["length"]
@@ -142,7 +145,8 @@ def test_scheduler_on_other_architectures(tmp_path, arch, extra, kv_cache):
     """Gemma 2 (layer 0 a sliding window of 16 that most sequences run past: a ring cache per
     sequence; GELU-tanh, soft-caps, sandwich norms) and Qwen3 (q / k norms), with float32 and
     float16 KV caches: the scheduler's tokens equal Model.generate_ids' alone, in the compiled
-    batched step."""
+    batched step; the greedy jobs again with n-gram speculation beside them (their verifications
+    in the batch, rejected rows rolled back, ring slots included)."""
     path = synthetic.make_checkpoint(tmp_path / arch, arch=arch, shape="tiny", seed=3, norm_noise=0.1, **extra)
     reference, model = load(path, kv_cache=kv_cache), load(path, kv_cache=kv_cache)
     assert model.cache.k[0].dtype == np.dtype(kv_cache)
@@ -153,11 +157,14 @@ def test_scheduler_on_other_architectures(tmp_path, arch, extra, kv_cache):
     jobs = [(tok.encode(p), n, {} if i % 3 else {"temperature": 0.9, "top_p": 0.9, "seed": i})
             for i, (p, n) in enumerate(zip(PROMPTS, [40, 3, 25, 60, 9, 33]))]  # prompt + 3 < 16: no ring
     jobs.append(([int(t) for t in np.random.default_rng(4).integers(3, 1000, 50)], 20, {}))  # prefill wraps the ring
-    results = run_scheduler(model, jobs, max_batch=4)
-    for (ids, n, sampling), (tokens, finish) in zip(jobs, results):
+    ngram = Speculation("ngram", max_draft=4, adaptive=False)  # a draft wherever the text repeats
+    jobs += [(ids, n, sampling, ngram) for ids, n, sampling in jobs if not sampling]
+    results, scheduler = run_scheduler(model, jobs, max_batch=4)
+    for (ids, n, sampling, *_), (tokens, finish) in zip(jobs, results):
         assert tokens == reference_ids(reference, ids, n, **sampling)
         assert finish == (["length"] if len(tokens) == n else ["stop"])
     assert sum(len(t) for t, _ in results) > 120
+    assert scheduler.speculative.accepted_tokens > 0
 
 
 def test_flash_models_are_refused(checkpoint, tmp_path):
@@ -351,6 +358,9 @@ BAD_REQUESTS = [
     ("/v1/completions", {"model": NAME, "prompt": [5, 100000]}, 400, "prompt"),
     ("/v1/completions", {"model": NAME, "prompt": "word " * 400}, 400, "prompt"),
     ("/v1/completions", {"model": NAME, "prompt": "hi", "max_tokens": CONTEXT}, 400, "prompt"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "speculative": "lookahead"}, 400, "speculative"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "speculative": True}, 400, "speculative"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "speculative": "draft"}, 400, "speculative"),  # no draft model
     ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "model"),
     ("/v1/completions", {"prompt": "hi"}, 400, "model"),
     ("/v1/nothing", {}, 404, None),
@@ -387,6 +397,77 @@ def test_context_limit_is_prompt_plus_max_tokens(server):
     body["max_tokens"] += 1
     r = httpx.post(url + "/v1/completions", json=body, timeout=WAIT)
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+# -- speculative decoding ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def draft_server(checkpoint):
+    """Requests decode speculatively by default, drafted by the same checkpoint at int8 (many
+    drafts kept: an unrelated random draft would see few)."""
+    draft = llm.load(checkpoint, bits=8, max_context=CONTEXT, progress=False)
+    with running_server(load(checkpoint), max_batch=4, speculation=Speculation("draft", draft, max_draft=4)) as server:
+        yield server
+
+
+def complete(url, prompt, **fields):
+    """A /v1/completions request's text (raw HTTP: "speculative": null goes as it is)."""
+    r = httpx.post(url + "/v1/completions", json={"model": NAME, "prompt": prompt, **fields}, timeout=WAIT)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def test_speculative_requests_equal_plain_ones(draft_server, reference):
+    """Greedy requests drafted by the draft model (the server's default, or asked for), by n-gram
+    lookup, and not at all, running together (a streaming one among them): each gives the plain
+    single-request text; /health counts the drafts and what they saved."""
+    url, _ = draft_server
+    before = httpx.get(url + "/health", timeout=WAIT).json()["speculative"]
+    jobs = [(REPEATING, {}), (REPEATING, {"speculative": "ngram"}), (PROMPTS[1], {"speculative": "draft"}),
+            (PROMPTS[0], {"speculative": None}), (REPEATING, {"speculative": "none"}), (PROMPTS[2], {"stream": True})]
+
+    def ask(job):
+        prompt, fields = job
+        if fields.get("stream"):
+            chunks = client(url).completions.create(model=NAME, prompt=prompt, max_tokens=24, temperature=0, stream=True)
+            return "".join(ch.choices[0].text for ch in chunks)
+        return complete(url, prompt, max_tokens=24, temperature=0, **fields)
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        texts = list(pool.map(ask, jobs))
+    for (prompt, fields), text in zip(jobs, texts):
+        ids = reference.tokenizer.encode(prompt)
+        assert text == reference.tokenizer.decode(reference_ids(reference, ids, 24)), fields
+    figures = httpx.get(url + "/health", timeout=WAIT).json()["speculative"]
+    assert figures["draft_tokens"] >= figures["accepted_tokens"] > before["accepted_tokens"]
+    assert 0 < figures["acceptance_rate"] <= 1 and figures["tokens_per_step"] > 1
+    assert figures["verifications"] > before["verifications"]
+
+
+def test_speculative_sampling_with_a_seed_is_reproducible(draft_server):
+    """A seeded sampled request gives one text, alone or beside another request (the draft
+    lengths, and so the random draws, follow the acceptance, not the batch's timings)."""
+    url, _ = draft_server
+    for speculative in ("draft", "ngram"):
+        fields = dict(max_tokens=20, temperature=0.8, top_p=0.9, seed=7, speculative=speculative)
+        alone = complete(url, REPEATING, **fields)
+        with ThreadPoolExecutor(2) as pool:
+            other = pool.submit(complete, url, PROMPTS[3], max_tokens=30, temperature=0)
+            together = complete(url, REPEATING, **fields)
+            other.result()
+        assert together == alone and alone
+
+
+def test_speculative_field(server, reference):
+    """On a server started without speculation: "ngram" per request (the plain text), and the
+    refusals: an unknown value, "draft" without a draft model."""
+    url, _ = server
+    ids = reference.tokenizer.encode(REPEATING)
+    assert complete(url, REPEATING, max_tokens=16, temperature=0, speculative="ngram") == \
+        reference.tokenizer.decode(reference_ids(reference, ids, 16))
+    for value, message in (("lookahead", "'speculative' must be"), ("draft", "--draft-model")):
+        r = httpx.post(url + "/v1/completions", json={"model": NAME, "prompt": "hi", "speculative": value},
+                       timeout=WAIT)
+        assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
 
 
 # -- cancellation, auth, the bounded queue ----------------------------------------------------------
@@ -451,11 +532,16 @@ def test_command_line(checkpoint, monkeypatch):
     seen = {}
     monkeypatch.setattr(serve, "serve", lambda model, name, **kw: seen.update(model=model, name=name, **kw))
     cli.main(["serve", str(checkpoint), "--port", "8123", "--max-batch", "3", "--max-queue", "5",
-              "--api-key", "k", "--max-context", "128", "--kv-cache", "float16"])
+              "--api-key", "k", "--max-context", "128", "--kv-cache", "float16", "--speculative", "ngram",
+              "--max-draft", "4"])
     assert seen["name"] == checkpoint.name and seen["model"].max_context == 128
     assert seen["model"].cache.k.dtype == np.float16
     assert {k: seen[k] for k in ("host", "port", "max_batch", "max_queue", "api_key")} == {
         "host": "127.0.0.1", "port": 8123, "max_batch": 3, "max_queue": 5, "api_key": "k"}
+    assert (seen["speculation"].method, seen["speculation"].max_draft) == ("ngram", 4)
+    cli.main(["serve", str(checkpoint), "--max-context", "128", "--speculative", "draft", "--draft-model",
+              str(checkpoint), "--bits", "8"])
+    assert seen["speculation"].draft_model.max_context == 128 and seen["speculation"].draft_model is not seen["model"]
 
 
 # -- text: incremental decoding and stop strings ----------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .common import add_load_args, load_model
+from .common import add_load_args, add_speculative_args, load_model, speculation
 
 
 def add_parser(sub) -> None:
@@ -18,6 +18,7 @@ def add_parser(sub) -> None:
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those (then 429)")
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     s.add_argument("--model-name", default=None, help="the model's id in the API (default: MODEL's name)")
+    add_speculative_args(s)  # every request's default (a request's "speculative" field overrides it)
     s.set_defaults(run=run)
 
 
@@ -27,7 +28,9 @@ def run(args) -> None:
     except ImportError as e:
         raise SystemExit(f"qlinear-llm serve needs the serve extra (pip install 'qlinear[serve]'): {e}") from None
     model = load_model(args)
+    spec = speculation(args, model).get("speculative")
     name = args.model_name or Path(args.model.rstrip("/")).name
-    print(f"serving {name} on http://{args.host}:{args.port}/v1 (max batch {args.max_batch})", file=sys.stderr)
+    mode = "" if spec is None else f", speculative {spec.method}"
+    print(f"serving {name} on http://{args.host}:{args.port}/v1 (max batch {args.max_batch}{mode})", file=sys.stderr)
     serve(model, name, host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
-          api_key=args.api_key)
+          api_key=args.api_key, speculation=spec)

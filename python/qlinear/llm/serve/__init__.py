@@ -1,6 +1,6 @@
 """qlinear-llm serve: an OpenAI-compatible HTTP server with continuous batching.
 
-    qlinear-llm serve MODEL --port 8000 --max-batch 8 --api-key KEY
+    qlinear-llm serve MODEL --port 8000 --max-batch 8 --api-key KEY [--speculative ngram]
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``
 (streaming as server-sent events, or one JSON body) and ``GET /health``. Concurrent requests
@@ -22,10 +22,12 @@ __all__ = ["create_app", "serve", "Scheduler", "Sequence", "QueueFull", "Schedul
 
 def serve(model, model_name: str, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 8,
           max_queue: int = 64, api_key: Optional[str] = None, sock: Optional[socket.socket] = None,
-          log_level: str = "info") -> None:
-    """Serve ``model`` under ``model_name`` until interrupted (on ``sock`` if given)."""
+          log_level: str = "info", speculation=None) -> None:
+    """Serve ``model`` under ``model_name`` until interrupted (on ``sock`` if given);
+    ``speculation``: the requests' default speculative decoding (``create_app``)."""
     import uvicorn
 
-    app = create_app(model, model_name, max_batch=max_batch, max_queue=max_queue, api_key=api_key)
+    app = create_app(model, model_name, max_batch=max_batch, max_queue=max_queue, api_key=api_key,
+                     speculation=speculation)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=None if sock is None else [sock])

@@ -22,8 +22,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from ..runtime.drafters import check_compatible
 from ..runtime.generation import Sampling
 from ..runtime.model import Model
+from ..runtime.speculative import Speculation
 from ..runtime.tokenizer import StreamDecoder, Tokenizer
 from . import protocol
 from .protocol import ApiError
@@ -99,9 +101,13 @@ def _sse(obj) -> str:
 
 
 def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int = 64,
-               api_key: Optional[str] = None) -> Starlette:
-    """The server's ASGI app; its lifespan starts and stops the scheduler thread."""
+               api_key: Optional[str] = None, speculation: Optional[Speculation] = None) -> Starlette:
+    """The server's ASGI app; its lifespan starts and stops the scheduler thread. ``speculation``:
+    every request's speculative decoding unless the request says otherwise (its ``speculative``
+    field); its draft model, if any, serves the requests that ask for "draft"."""
     scheduler = Scheduler(model, max_batch=max_batch, max_queue=max_queue)
+    if speculation is not None and speculation.draft_model is not None:
+        check_compatible(model, speculation.draft_model)
     tokenizer, max_context = model.tokenizer, model.max_context
     created = int(time.time())
     mailbox: Optional[Mailbox] = None  # of the event loop serving the requests
@@ -125,9 +131,20 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
                                 f"({model.config.vocab_size})", param="prompt")
         return req.prompt
 
+    def speculation_of(req: protocol.GenerationRequest) -> Optional[Speculation]:
+        if req.speculative is None or (speculation is not None and req.speculative == speculation.method):
+            return speculation
+        if req.speculative == "none":
+            return None
+        if req.speculative == "draft":  # the server's default is n-gram lookup or none: no draft model
+            raise ApiError(400, "'speculative': \"draft\" needs a server started with a draft model "
+                                "(qlinear-llm serve --speculative draft --draft-model PATH)", param="speculative")
+        return Speculation(req.speculative, **({} if speculation is None else {"max_draft": speculation.max_draft}))
+
     async def generate(request: Request, chat: bool):
         check_auth(request)
         req = protocol.parse_request(protocol.parse_json(await request.body()), chat, model_name)
+        spec = speculation_of(req)
         ids = prompt_ids(req)
         wanted = req.max_tokens or 1
         if len(ids) + wanted > max_context:
@@ -141,7 +158,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         seq = Sequence(ids, req.max_tokens or max_context - len(ids),
                        Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed),
                        emit=lambda kind, value: box.post(events, (kind, value)),
-                       ignore_eos=req.ignore_eos)
+                       ignore_eos=req.ignore_eos, speculation=spec)
         try:
             scheduler.submit(seq)
         except QueueFull as e:
@@ -228,10 +245,15 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         return JSONResponse(protocol.models_list(model_name, created))
 
     async def health(request: Request):
+        spec = scheduler.speculative  # speculative sequences' figures
         return JSONResponse({"status": "ok", "model": model_name, "running": scheduler.running,
                              "waiting": scheduler.waiting, "decode_steps": scheduler.decode_steps,
                              "decoded_tokens": scheduler.decoded_tokens,
-                             "decode_seconds": round(scheduler.decode_seconds, 6)})
+                             "decode_seconds": round(scheduler.decode_seconds, 6),
+                             "speculative": {"draft_tokens": spec.draft_tokens, "accepted_tokens": spec.accepted_tokens,
+                                             "acceptance_rate": round(spec.acceptance_rate, 4),
+                                             "verifications": spec.decode_steps,
+                                             "tokens_per_step": round(spec.tokens_per_step, 4)}})
 
     async def api_error(request: Request, exc: ApiError):
         return JSONResponse(exc.body(), status_code=exc.status)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 MAX_STOP_STRINGS = 4
+SPECULATIVE = ("ngram", "draft", "none")
 
 
 class ApiError(Exception):
@@ -38,6 +39,7 @@ class GenerationRequest:
     seed: Optional[int] = None
     stop: list = field(default_factory=list)
     ignore_eos: bool = False          # vLLM's extension: generate max_tokens whatever comes (benchmarks)
+    speculative: Optional[str] = None  # "ngram", "draft", "none" (off); None: the server's default
 
 
 def parse_json(raw: bytes) -> dict:
@@ -109,6 +111,17 @@ def _prompt(body: dict):
     raise ApiError(400, "'prompt' must be a non-empty string or list of token ids (one prompt)", param="prompt")
 
 
+def _speculative(body: dict) -> Optional[str]:
+    """'speculative': absent, the server's default (None); null or "none", off; "ngram" or "draft"."""
+    if "speculative" not in body:
+        return None
+    value = "none" if body["speculative"] is None else body["speculative"]
+    if not isinstance(value, str) or value not in SPECULATIVE:
+        raise ApiError(400, "'speculative' must be \"ngram\", \"draft\", \"none\" or null, got "
+                            f"{json.dumps(value)[:80]}", param="speculative")
+    return value
+
+
 def parse_request(body: dict, chat: bool, model_name: str) -> GenerationRequest:
     """Check a /v1/chat/completions (chat=True) or /v1/completions body."""
     model = body.get("model")
@@ -147,7 +160,8 @@ def parse_request(body: dict, chat: bool, model_name: str) -> GenerationRequest:
         include_usage=_typed(options, "include_usage", (bool,), "a boolean", False),
         max_tokens=max_tokens, temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
         top_p=_number(body, "top_p", 0.0, 1.0, 1.0, lo_open=True), seed=_typed(body, "seed", (int,), "an integer"),
-        stop=stop, ignore_eos=_typed(body, "ignore_eos", (bool,), "a boolean", False))
+        stop=stop, ignore_eos=_typed(body, "ignore_eos", (bool,), "a boolean", False),
+        speculative=_speculative(body))
 
 
 # -- responses ----------------------------------------------------------------------------------

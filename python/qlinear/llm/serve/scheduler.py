@@ -9,6 +9,13 @@ own: sliding-window layers hold rings) at its own position. Every row's logits a
 to the single-sequence decode step's (the kernels compute each row of a GEMM as the one-row GEMV;
 norms, attention and sampling are per row), so a sequence's tokens do not depend on what else is
 in the batch, and greedy output equals Model.stream_ids'.
+
+A sequence may decode speculatively (``runtime.speculative``): its drafter (n-gram lookup, or a
+draft model's fork with a KV cache of the sequence's own) proposes tokens, and its rows in the
+step are the token last decided and the drafts, at consecutive positions over its caches (the
+step runs them in order: each row computes what the one-token step would). Its kept drafts and
+the model's own token are emitted one by one, the rejected rows rolled back. The first token
+comes from the prefill's logits, as for the others.
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ import numpy as np
 from ..runtime.generation import Sampler, Sampling
 from ..runtime.kv_cache import KVCache
 from ..runtime.layers import decode_step
-from ..runtime.model import PREFILL_CHUNK, Model
+from ..runtime.model import PREFILL_CHUNK, Model, Stats
+from ..runtime.speculative import Speculation, Speculator
 
 
 class QueueFull(Exception):
@@ -37,10 +45,10 @@ class SchedulerClosed(Exception):
 class Sequence:
     """One request's generation. ``emit(kind, value)`` is called from the scheduler thread:
     ("token", id) per generated token, then ("done", "stop" | "length" | "cancelled") or
-    ("error", message)."""
+    ("error", message). ``speculation``: decode it speculatively (None: one token per step)."""
 
     def __init__(self, ids: Seq[int], max_tokens: int, sampling: Sampling, emit: Callable[[str, object], None],
-                 ignore_eos: bool = False):
+                 ignore_eos: bool = False, speculation: Optional[Speculation] = None):
         if not len(ids):
             raise ValueError("the prompt is empty")
         if max_tokens < 1:
@@ -52,7 +60,10 @@ class Sequence:
         self.ignore_eos = ignore_eos  # the model's stop tokens do not end it
         self.emit = emit
         self.cancelled = False
+        self.speculation = speculation
+        self.speculator: Optional[Speculator] = None  # the scheduler's, while it runs
         self.cache: Optional[KVCache] = None
+        self.tokens = list(self.ids)  # the prompt and the tokens generated (what drafts follow)
         self.generated = 0
         self.next_token: Optional[int] = None
 
@@ -85,6 +96,9 @@ class Scheduler:
         self.decode_steps = 0     # figures for /health and benchmarks
         self.decoded_tokens = 0
         self.decode_seconds = 0.0  # in the decode steps themselves (not the HTTP side, not prefills)
+        # speculative sequences: their verifications (decode_steps), the tokens those decided
+        # (step_tokens), the tokens drafted and those kept
+        self.speculative = Stats()
 
     # -- control (any thread) ----------------------------------------------------------------------
     def start(self) -> None:
@@ -167,7 +181,7 @@ class Scheduler:
     def _finish(self, seq: Sequence, kind: str, value) -> None:
         if seq in self._running:
             self._running.remove(seq)
-        seq.cache = None  # the cache's memory is unmapped with it
+        seq.cache = seq.speculator = None  # the caches' memory (a draft model's too) is unmapped with them
         self._emit(seq, kind, value)
 
     def _start(self, seq: Sequence) -> None:
@@ -176,7 +190,14 @@ class Scheduler:
             return self._finish(seq, "done", "cancelled")
         self._running.append(seq)  # holds its place from now on
         try:
+            # room for the prompt and max_tokens: max_tokens ends the sequence before its cache is full
             seq.cache = self.model.new_cache(len(seq.ids) + seq.max_tokens)
+            # speculation needs the compiled step: the Python blocks would run a verification's
+            # rows one at a time, a forward for every row, drafts rejected included (never faster)
+            spec = seq.speculation if self._step is not None else None
+            if spec is not None:
+                draft = None if spec.draft_model is None else spec.draft_model.fork(len(seq.ids) + seq.max_tokens)
+                seq.speculator = Speculator(spec, self.model, seq.sampler, draft)
             logits = None
             for s in range(0, len(seq.ids), PREFILL_CHUNK):
                 logits = self.model._forward(seq.ids[s:s + PREFILL_CHUNK], s, cache=seq.cache)
@@ -185,42 +206,93 @@ class Scheduler:
         self._accept(seq, logits[0])
 
     def _decode(self) -> None:
-        """One token for every running sequence (one B-row matmul per weight)."""
-        rows = list(self._running)
-        tokens = [s.next_token for s in rows]
-        positions = [s.cache.length for s in rows]
+        """One step for every running sequence (one B-row matmul per weight): a token of each plain
+        sequence, a verification of each speculative one (its rows: the token last decided and its
+        drafts)."""
+        seqs = list(self._running)
         try:
+            proposals = [self._propose(s) for s in seqs]
+            blocks = [[s.next_token] + drafts for s, (drafts, _) in zip(seqs, proposals)]
+            starts = [s.cache.length for s in seqs]
+            for s, block, start in zip(seqs, blocks, starts):
+                if s.speculator is not None:
+                    s.cache.guard(start, len(block))
+            rows = [(s, t, start + j) for s, block, start in zip(seqs, blocks, starts) for j, t in enumerate(block)]
             if self._step is not None:
-                h = np.ascontiguousarray(self.model.embedding(tokens), np.float32)
+                h = np.ascontiguousarray(self.model.embedding([t for _, t, _ in rows]), np.float32)
                 t0 = time.perf_counter()
-                logits = self._step.step_batch(h, positions, [s.cache.k for s in rows], [s.cache.v for s in rows],
-                                               [s.cache.capacity for s in rows])
+                logits = self._step.step_batch(h, [p for _, _, p in rows], [s.cache.k for s, _, _ in rows],
+                                               [s.cache.v for s, _, _ in rows], [s.cache.capacity for s, _, _ in rows])
             else:  # weights kept in float: one sequence at a time through the blocks
                 t0 = time.perf_counter()
-                logits = np.concatenate([self.model._forward([t], p, cache=s.cache)
-                                         for s, t, p in zip(rows, tokens, positions)])
+                logits = np.concatenate([self.model._forward([t], p, cache=s.cache) for s, t, p in rows])
         except Exception as e:  # noqa: BLE001
-            for seq in rows:
+            for seq in seqs:
                 self._finish(seq, "error", f"{type(e).__name__}: {e}")
             return
+        seconds = time.perf_counter() - t0
         self.decode_steps += 1
-        self.decoded_tokens += len(rows)
-        self.decode_seconds += time.perf_counter() - t0
-        for seq, row, t, p in zip(rows, logits, tokens, positions):
-            seq.cache.length = p + 1
-            self._accept(seq, row)
+        self.decode_seconds += seconds
+        first = 0
+        for seq, block, start, (drafts, dists) in zip(seqs, blocks, starts, proposals):
+            out, first = logits[first:first + len(block)], first + len(block)
+            seq.cache.length = start + len(block)
+            if seq.speculator is None:
+                self.decoded_tokens += 1
+                self._accept(seq, out[0])
+            else:
+                self._verify(seq, out, start, drafts, dists, seconds)
+
+    def _propose(self, seq: Sequence) -> tuple[list, list]:
+        """A speculative sequence's drafts and their distributions (none for a plain one): at most
+        one fewer than the tokens it may still generate (a verification decides one more)."""
+        if seq.speculator is None:
+            return [], []
+        return seq.speculator.draft(seq.tokens, [], seq.max_tokens - seq.generated - 1)
+
+    def _verify(self, seq: Sequence, logits: np.ndarray, start: int, drafts: list, dists: list,
+                seconds: float) -> None:
+        """Judge a verification's rows (as speculative.decode does): the kept drafts and the model's
+        own token are decided one by one; then the cache keeps the accepted rows."""
+        accepted, going = 0, True
+        try:
+            for kept, row in seq.speculator.verdicts(logits, drafts, dists, []):
+                accepted += kept
+                going = self._decided(seq, row)
+                if not going:
+                    break
+        except Exception as e:  # noqa: BLE001  (e.g. NaN logits: this sequence fails, not the batch)
+            going = False
+            self._finish(seq, "error", f"{type(e).__name__}: {e}")
+        st = self.speculative
+        st.decode_steps += 1
+        st.step_tokens += 1 + accepted
+        st.draft_tokens += len(drafts)
+        st.accepted_tokens += accepted
+        self.decoded_tokens += 1 + accepted
+        if going:
+            seq.speculator.verified(seq.cache, start, len(drafts), accepted, seq.tokens, seconds)
 
     def _accept(self, seq: Sequence, logits: np.ndarray) -> None:
-        """Sample the next token (as Model.stream_ids does): a stop token ends the sequence;
-        otherwise it is emitted, and the sequence ends at max_tokens or a full cache."""
+        """Sample the next token (as Model.stream_ids does) and decide it."""
         try:
-            token = self._to_token(seq.sampler(logits, ()))
+            row = seq.sampler(logits, ())
         except Exception as e:  # noqa: BLE001  (e.g. NaN logits: this sequence fails, not the batch)
             return self._finish(seq, "error", f"{type(e).__name__}: {e}")
+        self._decided(seq, row)
+
+    def _decided(self, seq: Sequence, row: int) -> bool:
+        """A token decided (its lm head row): a stop token ends the sequence; otherwise it is
+        emitted, and the sequence ends at max_tokens. False when the sequence ended."""
+        token = self._to_token(row)
         if token in seq.stop_ids:
-            return self._finish(seq, "done", "stop")
+            self._finish(seq, "done", "stop")
+            return False
         seq.generated += 1
+        seq.tokens.append(token)
         self._emit(seq, "token", token)
-        if seq.generated == seq.max_tokens or seq.cache.length + 1 > seq.cache.capacity:
-            return self._finish(seq, "done", "length")
+        if seq.generated == seq.max_tokens:
+            self._finish(seq, "done", "length")
+            return False
         seq.next_token = token
+        return True
