@@ -45,7 +45,7 @@ def test_greedy_ngram_equals_plain_decoding(checkpoints, arch, threads, isa):
     qlinear.set_num_threads(threads)
     model = llm.load(checkpoints[arch], bits=4, group_size=32, max_context=96, progress=False)
     ids = model.tokenizer.encode(PROMPT)
-    for max_draft in (1, 3, 8):
+    for max_draft in (1, 3, 8, 16):  # 8 and 16: blocks longer than the window of 8
         plain, fast, st = plain_and_speculative(model, ids, 40, speculative=Speculation("ngram", max_draft=max_draft,
                                                                                          adaptive=False))
         assert fast == plain
@@ -132,6 +132,16 @@ def test_sampling_with_a_seed_is_reproducible(checkpoints):
         assert runs[0] == runs[1] and len(runs[0]) > 0
 
 
+def test_guarded_runs_fit_the_smallest_ring(checkpoints):
+    """A run longer than a ring would write a slot twice: rollback could not restore it."""
+    model = llm.load(checkpoints["mistral"], bits=4, max_context=64, progress=False)
+    assert model.cache.max_run == 8
+    model.cache.guard(0, 8)
+    with pytest.raises(ValueError, match="exceeds the smallest sliding window"):
+        model.cache.guard(0, 9)
+    assert llm.load(checkpoints["qwen2"], bits=4, max_context=64, progress=False).cache.max_run == 64
+
+
 def test_ngram_drafter_finds_the_longest_earlier_match():
     d = NgramDrafter(max_ngram=3, min_ngram=1)
     text = [5, 6, 7, 8, 1, 6, 7, 9, 2, 6, 7]
@@ -139,6 +149,9 @@ def test_ngram_drafter_finds_the_longest_earlier_match():
     assert draft == [9, 2, 6] and dists == [None] * 3  # "6 7" last continued by 9 (the latest)
     assert d.propose(text + [8], None, 2)[0] == [1, 6]  # "6 7 8" occurred once
     assert d.propose([1, 2, 3], None, 4) == ([], [])     # nothing repeats
+    # a match near the end: its continuation runs into the draft itself (period 3)
+    assert d.propose([4, 1, 2, 3, 1, 2, 3, 1, 2], None, 5)[0] == [3, 1, 2, 3, 1]
+    assert d.propose([7, 7, 7], None, 4)[0] == [7, 7, 7, 7]
 
 
 def test_draft_length_stops_drafting_when_it_does_not_pay():

@@ -2,8 +2,9 @@
 
 - ``NgramDrafter`` (prompt lookup, llama.cpp's ngram-simple / ngram-map-k): the longest suffix of
   the text so far (prompt included) of ``min_ngram`` to ``max_ngram`` tokens that occurred before,
-  and the tokens that followed its latest earlier occurrence. An index of every n-gram's latest
-  end keeps a lookup O(max_ngram) per token.
+  and the tokens that followed its latest earlier occurrence (continued periodically where they
+  reach the end of the text). An index of every n-gram's latest end keeps a lookup O(max_ngram)
+  per token.
 - ``ModelDrafter``: a smaller model with the same tokenizer decodes ahead on its own KV cache
   (run by the same runtime); after a verification its cache is cut back to what was accepted.
 
@@ -49,7 +50,12 @@ class NgramDrafter:
         for n in range(min(self.max_ngram, n_ctx), self.min_ngram - 1, -1):
             start = self.index[n].get(tuple(self.tokens[n_ctx - n:]))
             if start is not None and start < n_ctx:  # an earlier occurrence, not the suffix itself
+                # past the end of the text, the continuation is the draft itself: a run that
+                # repeats with period n_ctx - start goes on repeating (degenerate loops, rows of
+                # a table), so a late match still gives a draft of k tokens
                 draft = self.tokens[start:start + k]
+                while len(draft) < k:
+                    draft.append(draft[len(draft) - (n_ctx - start)])
                 return draft, [None] * len(draft)
         return [], []
 
@@ -68,7 +74,7 @@ class ModelDrafter:
 
     def propose(self, context: Sequence[int], rows: Sequence[int], k: int, sampler: Sampler):
         m = self.model
-        k = min(k, m.cache.capacity - len(context))
+        k = min(k, m.cache.capacity - len(context), m.cache.max_run + 1)  # k - 1 positions run ahead
         if k <= 0:
             return [], []
         logits = m.prefill(list(context))  # the cached prefix reused: what was accepted since is run

@@ -50,10 +50,18 @@ class KVCache:
         return sum(a.nbytes for a in (*self.k, *self.v)) if isinstance(self.k, list) else self.k.nbytes + self.v.nbytes
 
 
+    @property
+    def max_run(self) -> int:
+        """The most positions one guarded run may hold: the smallest ring's size (a longer run
+        writes a slot twice, and a rollback between the two writes could not restore the first)."""
+        return min([w for w in self.windows if w] or [self.capacity])
+
     def guard(self, start: int, count: int) -> None:
         """Before running ``count`` positions from ``start`` that may be rolled back (speculative
         drafts and verifications): keep what they overwrite in the sliding-window rings (the
         positions ``window`` before them, still in the window of the positions kept)."""
+        if count > self.max_run:
+            raise ValueError(f"a guarded run of {count} positions exceeds the smallest sliding window ({self.max_run})")
         self._saved = []
         for i, w in enumerate(self.windows):
             for pos in range(max(start, w), start + count) if w else ():

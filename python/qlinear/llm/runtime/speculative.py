@@ -229,7 +229,7 @@ def decode(model, logits: np.ndarray, ids: list, rows: list, max_new_tokens: int
     while going:
         clock = time.perf_counter()
         start = cache.length
-        room = cache.capacity - start - 1  # after the decided token
+        room = min(cache.capacity - start, cache.max_run) - 1  # after the decided token
         if room < 0:
             break
         if not drafts:

@@ -245,10 +245,12 @@ class Scheduler:
 
     def _propose(self, seq: Sequence) -> tuple[list, list]:
         """A speculative sequence's drafts and their distributions (none for a plain one): at most
-        one fewer than the tokens it may still generate (a verification decides one more)."""
+        one fewer than the tokens it may still generate (a verification decides one more), and a
+        block no longer than its cache's smallest ring."""
         if seq.speculator is None:
             return [], []
-        return seq.speculator.draft(seq.tokens, [], seq.max_tokens - seq.generated - 1)
+        room = min(seq.max_tokens - seq.generated, seq.cache.max_run) - 1
+        return seq.speculator.draft(seq.tokens, [], room)
 
     def _verify(self, seq: Sequence, logits: np.ndarray, start: int, drafts: list, dists: list,
                 seconds: float) -> None:
