@@ -60,9 +60,11 @@ def test_greedy_draft_model_equals_plain_decoding(checkpoints, arch, isa):
     target = llm.load(checkpoints[arch], bits=4, group_size=32, max_context=96, progress=False)
     draft = llm.load(checkpoints[arch], bits=8, max_context=96, progress=False)
     ids = target.tokenizer.encode("import os\nimport sys\n")
-    plain, fast, st = plain_and_speculative(target, ids, 40, speculative="draft", draft_model=draft)
+    # every draft length (not adaptive: a draft model as large as the target never pays)
+    plain, fast, st = plain_and_speculative(target, ids, 40, speculative=Speculation("draft", draft, adaptive=False))
     assert fast == plain
     assert st.accepted_tokens > 0.25 * st.draft_tokens > 0
+    assert plain_and_speculative(target, ids, 40, speculative="draft", draft_model=draft)[1] == plain
 
 
 def test_cache_after_speculation_equals_plain(checkpoints):
@@ -163,6 +165,22 @@ def test_draft_length_stops_drafting_when_it_does_not_pay():
     for _ in range(40):  # drafts kept, extra rows cheap: the longest draft
         length.update(8, 8, 9, 1.2e-3, 0.0)
     assert length.choose(8) == 8
+
+
+def test_draft_length_measures_a_plain_step_first_and_weighs_drafting():
+    length = DraftLength(max_draft=8, adaptive=True, probe_every=1000)
+    for seconds in (5e-3, 2e-3, 1e-3):  # the cost every length is weighed against; cold steps first
+        assert length.choose(8) == 0
+        length.update(0, 0, 1, seconds, 0.0)
+    assert length.verify_s[1] == 1e-3
+    assert length.choose(8) > 0   # the prior acceptance, extra rows guessed cheap
+    for _ in range(30):  # half the drafts kept, but drafting a token costs as much as a step
+        length.update(4, 2, 5, 1.2e-3, 4e-3)
+    assert abs(length.alpha - 2 / 3) < 0.01  # two kept of three tried (the fourth never was)
+    assert length.choose(8) == 0
+    length.probe_every = length.probe_interval = 4
+    probes = [i for i in range(200) if length.choose(8)]  # probes, rarer while they do not pay
+    assert len(probes) >= 3 and probes[2] - probes[1] > probes[1] - probes[0]
 
 
 def test_bad_options(checkpoints, tmp_path):

@@ -15,6 +15,7 @@ drafts are); ``context`` holds the token ids so far, ``rows`` their lm head indi
 
 from __future__ import annotations
 
+import weakref
 from typing import Optional, Sequence
 
 import numpy as np
@@ -69,6 +70,7 @@ class ModelDrafter:
     def __init__(self, target, draft):
         check_compatible(target, draft)
         self.model = draft
+        self.synced = 0  # leading context positions the draft's cache is known to hold
         lm_rows = draft.lm_rows
         self.to_id = (lambda r: r) if lm_rows is None else (lambda r: int(lm_rows[r]))
 
@@ -78,6 +80,7 @@ class ModelDrafter:
         if k <= 0:
             return [], []
         logits = m.prefill(list(context))  # the cached prefix reused: what was accepted since is run
+        self.synced = len(context)
         m.cache.guard(m.cache.length, k - 1)
         tokens, dists, ctx = [], [], list(rows)
         for j in range(k):
@@ -91,9 +94,11 @@ class ModelDrafter:
         return tokens, dists
 
     def accepted(self, context: Sequence[int]) -> None:
-        """Cut the draft's cache back to the verified context (its rejected tokens dropped)."""
-        cache, keep = self.model.cache, 0
-        for a, b in zip(cache.ids[:cache.length], context):
+        """Cut the draft's cache back to the verified context (its rejected tokens dropped): it
+        held the context up to where its last draft began, so only the draft is compared."""
+        cache = self.model.cache
+        keep = min(self.synced, cache.length)
+        for a, b in zip(cache.ids[keep:cache.length], context[keep:]):
             if a != b:
                 break
             keep += 1
@@ -104,6 +109,9 @@ def check_compatible(target, draft) -> None:
     """A draft model must speak the target's tokens: the same vocabulary and tokenizer."""
     if draft is target:
         raise ValueError("the draft model must be another model than the one it drafts for")
+    checked = getattr(draft, "_checked_for", None)
+    if checked is not None and checked() is target:
+        return  # a pair checked before (each generation builds its drafter anew)
     tv, dv = target.config.vocab_size, draft.config.vocab_size
     if tv != dv:
         raise ValueError(f"the draft model's vocabulary ({dv} tokens) is not the target's ({tv})")
@@ -114,3 +122,4 @@ def check_compatible(target, draft) -> None:
     if target.tokenizer.encode(probe) != draft.tokenizer.encode(probe) or \
             target.tokenizer.vocab_size != draft.tokenizer.vocab_size:
         raise ValueError("the draft model's tokenizer is not the target's (its tokens would mean other text)")
+    draft._checked_for = weakref.ref(target)

@@ -23,6 +23,7 @@ guessed, not measured): its random draws, and so its text under a seed, do not d
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -95,51 +96,74 @@ def judge(p: Optional[np.ndarray], q: Optional[np.ndarray], x: Optional[int], lo
 class DraftLength:
     """Chooses each draft's length from the running acceptance rate and measured costs."""
 
+    RATE = 0.15   # weight of the newest figure in the running means
+    WINDOW = 8    # verifications of each length whose least time is its cost
+    WARM_UP = 3   # plain steps measured before any draft
+
     def __init__(self, max_draft: int, adaptive: bool, probe_every: int = 16, timed: bool = True):
         self.max_draft, self.adaptive, self.probe_every = max_draft, adaptive, probe_every
         self.timed = timed             # False: costs guessed, lengths a function of the acceptance alone
-        self.alpha = 0.6               # acceptance per drafted token, running mean
-        self.verify_s: dict = {}       # rows -> seconds of a verification, running mean
+        # acceptance of a draft token whose predecessors were kept: kept / tried, running sums
+        # (a prior of 0.6 of one try); tokens after a rejection were never tried
+        self.kept, self.tried = 0.6, 1.0
+        self.verify_s: dict = {}       # rows -> seconds of a verification: the least of the last few
+        self.recent: dict = {}         # rows -> those seconds
         self.draft_s = 0.0             # seconds to draft one token (draft models)
-        self.plain_run = 0
+        self.plain_run = self.draft_run = 0
+        self.probe_interval = probe_every  # doubles after each probe that did not pay
+
+    @property
+    def alpha(self) -> float:
+        return self.kept / self.tried
 
     def expected(self, k: int) -> float:
         """Tokens a verification of k drafts yields: the accepted ones and one of the model's."""
         a = min(self.alpha, 0.999)
         return (1 - a ** (k + 1)) / (1 - a)
 
-    def cost(self, k: int) -> float:
+    def best(self, k_max: int) -> int:
+        """The draft length of the most tokens per second: a verification's expected tokens over
+        its cost (a length not measured yet: the 1-row cost and the steepest measured slope)."""
         one = self.verify_s.get(1)
-        if one is None:
-            return 1.0 + 0.1 * k
-        known = self.verify_s.get(k + 1)
-        if known is None:  # not measured yet: the cheapest guess, a fixed part and rows more
-            larger = [(r, t) for r, t in self.verify_s.items() if r > 1]
-            slope = max(((t - one) / (r - 1) for r, t in larger), default=0.02 * one)
-            known = one + slope * k
-        return known + k * self.draft_s
+        if one is None:  # not timed: lengths by the acceptance alone
+            costs = [1.0 + 0.1 * k for k in range(k_max + 1)]
+        else:
+            slope = max(((t - one) / (r - 1) for r, t in self.verify_s.items() if r > 1), default=0.02 * one)
+            costs = [self.verify_s.get(k + 1, one + slope * k) + k * self.draft_s for k in range(k_max + 1)]
+        return max(range(k_max + 1), key=lambda k: self.expected(k) / costs[k])
 
     def choose(self, available: int) -> int:
         k_max = min(self.max_draft, available)
         if k_max <= 0 or not self.adaptive:
             return max(k_max, 0)
-        best = max(range(k_max + 1), key=lambda k: self.expected(k) / self.cost(k))
-        if best == 0:
-            self.plain_run += 1
-            if self.plain_run % self.probe_every == 0:  # a probe keeps alpha current
-                return min(2, k_max)
-        return best
+        if self.timed and len(self.recent.get(1, ())) < self.WARM_UP:
+            return 0  # plain steps first: the cost every draft length is weighed against
+        best = self.best(k_max)
+        if best:
+            self.plain_run, self.probe_interval = 0, self.probe_every
+            self.draft_run += 1
+            # now and then a plain step, so that the cost drafts are weighed against stays
+            # measured (the first steps after a prefill run slower while caches warm)
+            return 0 if self.draft_run % self.probe_every == 0 else best
+        self.plain_run += 1
+        if self.plain_run < self.probe_interval:
+            return 0
+        # a probe keeps the acceptance current; while probes do not pay, they grow rarer
+        self.plain_run, self.probe_interval = 0, min(2 * self.probe_interval, 16 * self.probe_every)
+        return min(2, k_max)
 
     def update(self, drafted: int, accepted: int, rows: int, seconds: float, draft_seconds: float) -> None:
-        rate = 0.15
+        rate = self.RATE
         if drafted:
-            self.alpha += rate * (accepted / drafted - self.alpha)
-        if not self.timed:
-            return
-        if drafted:
+            tried = accepted + (accepted < drafted)
+            self.kept += rate * (accepted - self.kept)
+            self.tried += rate * (tried - self.tried)
             self.draft_s += rate * (draft_seconds / drafted - self.draft_s)
-        old = self.verify_s.get(rows)
-        self.verify_s[rows] = seconds if old is None else old + rate * (seconds - old)
+        # the least of the last few: a step's cost is its time when nothing else intervened
+        # (a shared machine's preemptions, the first steps' cold caches and buffers only add)
+        recent = self.recent.setdefault(rows, deque(maxlen=self.WINDOW))
+        recent.append(seconds)
+        self.verify_s[rows] = min(recent)
 
 
 class Speculator:
