@@ -201,3 +201,20 @@ def test_bad_options(checkpoints, tmp_path):
     other = make_checkpoint(tmp_path / "other", shape="tiny", seed=1, vocab_size=512, tokenizer_vocab=512)
     with pytest.raises(ValueError, match="vocabulary"):
         model.generate_ids(ids, 4, speculative="draft", draft_model=llm.load(other, progress=False))
+
+
+def test_widened_trained_model_computes_the_trained_function(tmp_path, monkeypatch):
+    """bench/speculative.py's memory-wall target: the trained model grown (hidden, heads,
+    intermediate, layers) with zero residual dimensions and silent layers predicts as it does."""
+    from qlinear.llm import synthetic
+    monkeypatch.setitem(synthetic.SHAPES, "wider", dict(hidden_size=384, intermediate_size=1000, num_hidden_layers=8,
+                                                       num_attention_heads=6, num_key_value_heads=2, vocab_size=4096))
+    wide = synthetic.widen_checkpoint(TRAINED, tmp_path / "wide", "wider")
+    a = llm.load(TRAINED, bits=None, act="float", progress=False)
+    b = llm.load(wide, bits=None, act="float", progress=False)
+    assert b.config.hidden_size == 384 and b.config.num_layers == 8
+    ids = a.tokenizer.encode(PROMPT * 3)
+    la, lb = a.logits(ids), b.logits(ids)
+    assert np.abs(la - lb).max() <= 1e-5 * np.abs(la).max()
+    with pytest.raises(ValueError, match="keeps the key-value heads"):
+        synthetic.widen_checkpoint(TRAINED, tmp_path / "bad", "qwen2.5-1.5b")

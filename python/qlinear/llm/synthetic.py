@@ -177,3 +177,88 @@ def make_checkpoint(out_dir, arch: str = "qwen2", shape: str = "tiny", seed: int
     model.save_pretrained(out, safe_serialization=True)
     (out / "generation_config.json").unlink(missing_ok=True)
     return out
+
+
+def widen_checkpoint(src, out_dir, shape: str = "qwen2.5-0.5b", seed: int = 0, force: bool = False) -> Path:
+    """A Qwen2 / Llama checkpoint grown to a larger ``shape`` (hidden size, query heads,
+    intermediate size, layers; the vocabulary, head size and key-value heads kept) that computes
+    the same function: the model's cost at that shape with a trained model's predictions (for
+    speculative decoding's benchmarks: acceptance is the trained model's, verification pays for
+    the larger weights).
+
+    The residual stream gets zero dimensions: the embedding's new columns and every new output row
+    of o / down are zero, the RMSNorm weights are scaled by sqrt(hidden / new hidden) and its
+    epsilon by hidden / new hidden (the mean square now counts the zeros); new query heads (placed after
+    the old ones of their key-value group) and new intermediate units read random weights and
+    write through zero columns of o / down; new layers are random but for o and down, which are
+    zero, so they add nothing to the residual. Weights are written in the source's dtype, the
+    norms' in float32."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src, out = Path(src), Path(out_dir)
+    check_out_dir(out, force)
+    cfg = json.loads((src / "config.json").read_text())
+    new = {**cfg, **{k: v for k, v in SHAPES[shape].items() if k != "vocab_size"}}
+    d = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    h0, h1, i0, i1 = cfg["hidden_size"], new["hidden_size"], cfg["intermediate_size"], new["intermediate_size"]
+    kv, g0 = cfg["num_key_value_heads"], cfg["num_attention_heads"] // cfg["num_key_value_heads"]
+    if new["num_key_value_heads"] != kv or new["hidden_size"] // new["num_attention_heads"] != d:
+        raise ValueError(f"{shape}: widening keeps the key-value heads ({kv}) and the head size ({d})")
+    g1 = new["num_attention_heads"] // kv
+    if h1 < h0 or i1 < i0 or g1 < g0 or new["num_hidden_layers"] < cfg["num_hidden_layers"]:
+        raise ValueError(f"{shape} is not larger than {src} in every dimension")
+    new["head_dim"] = d
+    new["rms_norm_eps"] = cfg["rms_norm_eps"] * h0 / h1  # mean square + epsilon, scaled alike: exact
+    old = load_file(src / "model.safetensors")
+    dtype = next(iter(old.values())).dtype
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape_):
+        return torch.randn(*shape_, generator=gen) * 0.02
+
+    heads = torch.tensor([g * g1 + j for g in range(kv) for j in range(g0)])  # old query heads' new places
+    q_rows = (heads[:, None] * d + torch.arange(d)).reshape(-1)
+    w = {}
+    for name, t in old.items():
+        t = t.float()
+        if name.endswith("norm.weight") and t.shape == (h0,):
+            w[name] = torch.cat([t, torch.ones(h1 - h0)]) * (h0 / h1) ** 0.5
+        elif name == "model.embed_tokens.weight" or name == "lm_head.weight":
+            w[name] = torch.cat([t, torch.zeros(t.shape[0], h1 - h0)], 1)
+        elif ".q_proj." in name:
+            if t.ndim == 2:
+                w[name] = rand(new["num_attention_heads"] * d, h1)
+                w[name][q_rows[:, None], torch.arange(h0)] = t
+            else:  # the bias
+                w[name] = rand(new["num_attention_heads"] * d)
+                w[name][q_rows] = t
+        elif ".k_proj.weight" in name or ".v_proj.weight" in name:
+            w[name] = torch.cat([t, rand(t.shape[0], h1 - h0)], 1)
+        elif ".o_proj.weight" in name:  # zero rows out (the new residual dims), new heads' columns zero
+            w[name] = torch.zeros(h1, new["num_attention_heads"] * d)
+            w[name][torch.arange(h0)[:, None], q_rows] = t
+        elif ".gate_proj.weight" in name or ".up_proj.weight" in name:
+            w[name] = rand(i1, h1)
+            w[name][:i0, :h0] = t
+        elif ".down_proj.weight" in name:
+            w[name] = torch.zeros(h1, i1)
+            w[name][:h0, :i0] = t
+        else:  # k / v biases
+            w[name] = t
+    template = {n.split(".", 3)[3]: t for n, t in w.items() if n.startswith("model.layers.0.")}
+    for layer in range(cfg["num_hidden_layers"], new["num_hidden_layers"]):
+        for rest, t in template.items():
+            silent = "o_proj" in rest or "down_proj" in rest
+            w[f"model.layers.{layer}.{rest}"] = torch.zeros_like(t) if silent else (
+                t.clone() if "norm" in rest else rand(*t.shape))
+    out.mkdir(parents=True, exist_ok=True)
+    # the scaled norm weights stay float32 (bfloat16 would round them); the rest the source's dtype
+    save_file({n: (t if "norm" in n else t.to(dtype)).contiguous() for n, t in w.items()}, out / "model.safetensors",
+              metadata={"format": "pt"})
+    new.pop("layer_types", None)
+    (out / "config.json").write_text(json.dumps(new, indent=2))
+    for f in src.iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "generation_config.json"):
+            (out / f.name).write_bytes(f.read_bytes())
+    return out
