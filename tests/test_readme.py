@@ -458,7 +458,13 @@ _STATE: dict = {}   # page -> {"dir": Path, "done": int, "skipped": str, "failed
 
 @pytest.fixture(scope="session")
 def page_dirs(tmp_path_factory):
-    return lambda page: tmp_path_factory.mktemp(page.stem.lower())
+    """A page's directory; ``models`` in it is the repository's trained models, so that examples
+    name ``models/stdlib-qwen2`` as a reader in the repository's root would."""
+    def make(page: Path) -> Path:
+        d = tmp_path_factory.mktemp(page.stem.lower())
+        (d / "models").symlink_to(ROOT / "models", target_is_directory=True)
+        return d
+    return make
 
 
 def _run_through(page: Path, index: int, page_dirs) -> None:

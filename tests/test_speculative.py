@@ -169,7 +169,7 @@ def test_draft_length_stops_drafting_when_it_does_not_pay():
 
 def test_draft_length_measures_a_plain_step_first_and_weighs_drafting():
     length = DraftLength(max_draft=8, adaptive=True, probe_every=1000)
-    for seconds in (5e-3, 2e-3, 1e-3):  # the cost every length is weighed against; cold steps first
+    for seconds in (5e-3, 2e-3, 1e-3, 1e-3):  # the cost every length is weighed against; cold steps first
         assert length.choose(8) == 0
         length.update(0, 0, 1, seconds, 0.0)
     assert length.verify_s[1] == 1e-3

@@ -108,7 +108,8 @@ class DraftLength:
         self.kept, self.tried = 0.6, 1.0
         self.verify_s: dict = {}       # rows -> seconds of a verification: the least of the last few
         self.recent: dict = {}         # rows -> those seconds
-        self.draft_s = 0.0             # seconds to draft one token (draft models)
+        self.draft_s = 0.0             # seconds to draft one token: the least of the last few drafts
+        self.recent_drafts: deque = deque(maxlen=self.WINDOW)
         self.plain_run = self.draft_run = 0
         self.probe_interval = probe_every  # doubles after each probe that did not pay
 
@@ -116,29 +117,41 @@ class DraftLength:
     def alpha(self) -> float:
         return self.kept / self.tried
 
-    def expected(self, k: int) -> float:
-        """Tokens a verification of k drafts yields: the accepted ones and one of the model's."""
-        a = min(self.alpha, 0.999)
-        return (1 - a ** (k + 1)) / (1 - a)
+    def warming(self) -> bool:
+        """Plain steps still being measured: fewer than WARM_UP, or (up to WINDOW) the last was
+        faster than all before it by 10% (the first steps after a prefill run slower while the
+        caches warm: a draft weighed against them would look cheap)."""
+        plain = self.recent.get(1, ())
+        if len(plain) < self.WARM_UP:
+            return True
+        return len(plain) < self.WINDOW and plain[-1] < 0.9 * min(list(plain)[:-1])
 
     def best(self, k_max: int) -> int:
-        """The draft length of the most tokens per second: a verification's expected tokens over
-        its cost (a length not measured yet: the 1-row cost and the steepest measured slope)."""
+        """The draft length of the most tokens per second: a verification's expected tokens,
+        1 + a + ... + a^k, over its cost (a length not measured yet: the 1-row cost and the
+        steepest measured slope). Runs once a token: plain arithmetic, no allocation."""
         one = self.verify_s.get(1)
-        if one is None:  # not timed: lengths by the acceptance alone
-            costs = [1.0 + 0.1 * k for k in range(k_max + 1)]
-        else:
-            slope = max(((t - one) / (r - 1) for r, t in self.verify_s.items() if r > 1), default=0.02 * one)
-            costs = [self.verify_s.get(k + 1, one + slope * k) + k * self.draft_s for k in range(k_max + 1)]
-        return max(range(k_max + 1), key=lambda k: self.expected(k) / costs[k])
+        timed = one is not None
+        slope = max(((t - one) / (r - 1) for r, t in self.verify_s.items() if r > 1), default=0.02 * one) if timed else 0.1
+        a, term, tokens = min(self.alpha, 0.999), 1.0, 1.0
+        best, best_rate = 0, 1.0 / (one if timed else 1.0)
+        for k in range(1, k_max + 1):
+            term *= a
+            tokens += term
+            cost = (self.verify_s.get(k + 1, one + slope * k) + k * self.draft_s) if timed else 1.0 + 0.1 * k
+            if tokens / cost > best_rate:
+                best, best_rate = k, tokens / cost
+        return best
 
     def choose(self, available: int) -> int:
         k_max = min(self.max_draft, available)
         if k_max <= 0 or not self.adaptive:
             return max(k_max, 0)
-        if self.timed and len(self.recent.get(1, ())) < self.WARM_UP:
+        if self.timed and self.warming():
             return 0  # plain steps first: the cost every draft length is weighed against
         best = self.best(k_max)
+        if best and not self.recent_drafts:
+            best = min(best, 2)  # the first draft measures drafting's cost: a short one
         if best:
             self.plain_run, self.probe_interval = 0, self.probe_every
             self.draft_run += 1
@@ -158,7 +171,8 @@ class DraftLength:
             tried = accepted + (accepted < drafted)
             self.kept += rate * (accepted - self.kept)
             self.tried += rate * (tried - self.tried)
-            self.draft_s += rate * (draft_seconds / drafted - self.draft_s)
+            self.recent_drafts.append(draft_seconds / drafted)
+            self.draft_s = min(self.recent_drafts)
         # the least of the last few: a step's cost is its time when nothing else intervened
         # (a shared machine's preemptions, the first steps' cold caches and buffers only add)
         recent = self.recent.setdefault(rows, deque(maxlen=self.WINDOW))
