@@ -168,12 +168,12 @@ def test_draft_length_stops_drafting_when_it_does_not_pay():
 
 
 def test_draft_length_measures_a_plain_step_first_and_weighs_drafting():
-    length = DraftLength(max_draft=8, adaptive=True, probe_every=1000)
+    length = DraftLength(max_draft=8, adaptive=True, probe_every=1000, costly_drafts=True)
     for seconds in (5e-3, 2e-3, 1e-3, 1e-3):  # the cost every length is weighed against; cold steps first
         assert length.choose(8) == 0
         length.update(0, 0, 1, seconds, 0.0)
     assert length.verify_s[1] == 1e-3
-    assert length.choose(8) > 0   # the prior acceptance, extra rows guessed cheap
+    assert length.choose(8) == 2  # the prior acceptance, extra rows guessed cheap: a short first draft
     for _ in range(30):  # half the drafts kept, but drafting a token costs as much as a step
         length.update(4, 2, 5, 1.2e-3, 4e-3)
     assert abs(length.alpha - 2 / 3) < 0.01  # two kept of three tried (the fourth never was)

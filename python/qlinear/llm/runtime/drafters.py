@@ -71,6 +71,7 @@ class ModelDrafter:
         check_compatible(target, draft)
         self.model = draft
         self.synced = 0  # leading context positions the draft's cache is known to hold
+        self._logits = None  # the draft's logits after the context, from sync()
         lm_rows = draft.lm_rows
         self.to_id = (lambda r: r) if lm_rows is None else (lambda r: int(lm_rows[r]))
 
@@ -79,8 +80,9 @@ class ModelDrafter:
         k = min(k, m.cache.capacity - len(context), m.cache.max_run + 1)  # k - 1 positions run ahead
         if k <= 0:
             return [], []
-        logits = m.prefill(list(context))  # the cached prefix reused: what was accepted since is run
-        self.synced = len(context)
+        if self._logits is None or self.synced != len(context):
+            self.sync(context)
+        logits, self._logits = self._logits, None
         m.cache.guard(m.cache.length, k - 1)
         tokens, dists, ctx = [], [], list(rows)
         for j in range(k):
@@ -92,6 +94,14 @@ class ModelDrafter:
             if j + 1 < k:
                 logits = m._forward([tokens[-1]], m.cache.length)[0]
         return tokens, dists
+
+    def sync(self, context: Sequence[int]) -> None:
+        """Bring the draft's cache up to the context (the cached prefix reused: what was
+        accepted since its last draft is run); apart from drafting's timing, since while drafts
+        go on it is a token or two, and after plain steps a catching up that drafting again
+        pays once."""
+        self._logits = self.model.prefill(list(context))
+        self.synced = len(context)
 
     def accepted(self, context: Sequence[int]) -> None:
         """Cut the draft's cache back to the verified context (its rejected tokens dropped): it

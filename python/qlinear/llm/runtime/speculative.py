@@ -100,9 +100,14 @@ class DraftLength:
     WINDOW = 8    # verifications of each length whose least time is its cost
     WARM_UP = 3   # plain steps measured before any draft
 
-    def __init__(self, max_draft: int, adaptive: bool, probe_every: int = 16, timed: bool = True):
+    def __init__(self, max_draft: int, adaptive: bool, probe_every: int = 16, timed: bool = True,
+                 costly_drafts: bool = False):
         self.max_draft, self.adaptive, self.probe_every = max_draft, adaptive, probe_every
         self.timed = timed             # False: costs guessed, lengths a function of the acceptance alone
+        # drafting costs as much as a step or more (a draft model on a small target): plain steps
+        # until their time settles and a short first draft, or drafts would look cheap at first;
+        # an n-gram draft is free and starts at once
+        self.costly_drafts = costly_drafts
         # acceptance of a draft token whose predecessors were kept: kept / tried, running sums
         # (a prior of 0.6 of one try); tokens after a rejection were never tried
         self.kept, self.tried = 0.6, 1.0
@@ -124,7 +129,7 @@ class DraftLength:
         plain = self.recent.get(1, ())
         if len(plain) < self.WARM_UP:
             return True
-        return len(plain) < self.WINDOW and plain[-1] < 0.9 * min(list(plain)[:-1])
+        return self.costly_drafts and len(plain) < self.WINDOW and plain[-1] < 0.9 * min(list(plain)[:-1])
 
     def best(self, k_max: int) -> int:
         """The draft length of the most tokens per second: a verification's expected tokens,
@@ -150,7 +155,7 @@ class DraftLength:
         if self.timed and self.warming():
             return 0  # plain steps first: the cost every draft length is weighed against
         best = self.best(k_max)
-        if best and not self.recent_drafts:
+        if best and self.costly_drafts and not self.recent_drafts:
             best = min(best, 2)  # the first draft measures drafting's cost: a short one
         if best:
             self.plain_run, self.probe_interval = 0, self.probe_every
@@ -188,7 +193,8 @@ class Speculator:
     def __init__(self, spec: Speculation, target, sampler, draft_model=None):
         self.drafter = (NgramDrafter(spec.max_ngram, spec.min_ngram) if spec.method == "ngram"
                         else ModelDrafter(target, draft_model or spec.draft_model))
-        self.length = DraftLength(spec.max_draft, spec.adaptive, timed=sampler.p.temperature == 0)
+        self.length = DraftLength(spec.max_draft, spec.adaptive, timed=sampler.p.temperature == 0,
+                                  costly_drafts=spec.method == "draft")
         self.sampler = sampler
         self.to_row = (lambda t: t) if target.lm_rows is None else {int(t): i for i, t in enumerate(target.lm_rows)}.get
         self.draft_seconds = 0.0  # of the last draft
@@ -197,6 +203,8 @@ class Speculator:
         """Up to ``room`` token ids to follow ``tokens`` (``rows``: their lm head indices), as many
         as the draft length chooses, and the distributions they were drawn from."""
         k = self.length.choose(room)
+        if k and hasattr(self.drafter, "sync"):
+            self.drafter.sync(tokens)
         t = time.perf_counter()
         drafts, dists = self.drafter.propose(tokens, rows, k, self.sampler) if k else ([], [])
         self.draft_seconds = time.perf_counter() - t
