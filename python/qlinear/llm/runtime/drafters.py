@@ -97,9 +97,8 @@ class ModelDrafter:
 
     def sync(self, context: Sequence[int]) -> None:
         """Bring the draft's cache up to the context (the cached prefix reused: what was
-        accepted since its last draft is run); apart from drafting's timing, since while drafts
-        go on it is a token or two, and after plain steps a catching up that drafting again
-        pays once."""
+        accepted since its last draft is run: the model's own token while drafts go on, a
+        catching up after plain steps)."""
         self._logits = self.model.prefill(list(context))
         self.synced = len(context)
 
