@@ -338,6 +338,7 @@ def test_concurrent_requests_equal_single_requests(server, reference):
 
 
 # -- errors -----------------------------------------------------------------------------------------
+CHAT_HI = {"model": NAME, "messages": [{"role": "user", "content": "hi"}]}
 BAD_REQUESTS = [
     ("/v1/chat/completions", b'{"model": "tiny", "messages": [', 400, None),
     ("/v1/chat/completions", b'[1, 2]', 400, None),
@@ -361,6 +362,17 @@ BAD_REQUESTS = [
     ("/v1/completions", {"model": NAME, "prompt": "hi", "speculative": "lookahead"}, 400, "speculative"),
     ("/v1/completions", {"model": NAME, "prompt": "hi", "speculative": True}, 400, "speculative"),
     ("/v1/completions", {"model": NAME, "prompt": "hi", "speculative": "draft"}, 400, "speculative"),  # no draft model
+    ("/v1/chat/completions", {**CHAT_HI, "top_logprobs": 2}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT_HI, "logprobs": False, "top_logprobs": 2}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT_HI, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT_HI, "logprobs": True, "top_logprobs": -1}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT_HI, "logprobs": True, "top_logprobs": 2.5}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT_HI, "logprobs": "yes"}, 400, "logprobs"),
+    ("/v1/chat/completions", {**CHAT_HI, "logprobs": 1}, 400, "logprobs"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "logprobs": 6}, 400, "logprobs"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "logprobs": -1}, 400, "logprobs"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "logprobs": True}, 400, "logprobs"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "logprobs": "3"}, 400, "logprobs"),
     ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "model"),
     ("/v1/completions", {"prompt": "hi"}, 400, "model"),
     ("/v1/nothing", {}, 404, None),
@@ -471,6 +483,123 @@ def test_speculative_field(server, reference):
 
 
 # -- cancellation, auth, the bounded queue ----------------------------------------------------------
+# -- logprobs ----------------------------------------------------------------------------------------
+def post(url, path, **fields):
+    r = httpx.post(url + path, json={"model": NAME, "temperature": 0, **fields}, timeout=WAIT)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def sse_choices(url, path, **fields):
+    """A streamed request's chunks' choices (the usage chunk's none left out)."""
+    with httpx.stream("POST", url + path, timeout=WAIT,
+                      json={"model": NAME, "temperature": 0, "stream": True, **fields}) as r:
+        assert r.status_code == 200
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    return [c for e in events for c in e["choices"]]
+
+
+def expected_logprobs(model, ids, n):
+    """The greedy tokens after ``ids`` and log_softmax of Model.logits at each of their positions."""
+    generated = reference_ids(model, ids, n)
+    return generated, expected_logprobs_of(model, ids + generated, len(ids))
+
+
+def expected_logprobs_of(model, ids, start):
+    """log_softmax (float64) of Model.logits(ids) at the positions deciding ids[start:]."""
+    logits = model.logits(ids)[start - 1:-1].astype(np.float64)
+    top = logits.max(axis=1, keepdims=True)
+    return logits - top - np.log(np.exp(logits - top).sum(axis=1, keepdims=True))
+
+
+def check_chat_logprobs(content, tokenizer, generated, lp, top):
+    assert len(content) == len(generated)
+    for entry, token, row in zip(content, generated, lp):
+        text = tokenizer.hf.decode([token], skip_special_tokens=False)
+        assert entry["token"] == text and entry["bytes"] == list(text.encode())
+        assert abs(entry["logprob"] - row[token]) < 1e-4
+        alternatives = [a["logprob"] for a in entry["top_logprobs"]]
+        assert len(alternatives) == top and alternatives == sorted(alternatives, reverse=True)
+        np.testing.assert_allclose(alternatives, np.sort(row)[::-1][:top], atol=1e-4)
+        assert entry["top_logprobs"][0]["token"] == text  # greedy: the most likely one
+
+
+def test_chat_logprobs_are_the_models_log_softmax(server, reference):
+    """logprobs / top_logprobs: log_softmax of Model.logits at each generated position, the
+    alternatives most likely first; streamed, the chunks' entries make the same list; a
+    speculative (n-gram) request gives the same values."""
+    url, _ = server
+    messages = [{"role": "user", "content": REPEATING}]
+    generated, lp = expected_logprobs(reference, reference.tokenizer.prompt_ids(messages), 12)
+    fields = dict(messages=messages, max_tokens=12, logprobs=True, top_logprobs=3)
+    choice = post(url, "/v1/chat/completions", **fields)
+    assert choice["message"]["content"] == reference.tokenizer.decode(generated)
+    assert choice["logprobs"]["refusal"] is None
+    content = choice["logprobs"]["content"]
+    check_chat_logprobs(content, reference.tokenizer, generated, lp, 3)
+    assert post(url, "/v1/chat/completions", speculative="ngram", **fields)["logprobs"]["content"] == content
+    streamed = [e for c in sse_choices(url, "/v1/chat/completions", **fields) if c["logprobs"]
+                for e in c["logprobs"]["content"]]
+    assert streamed == content
+    # logprobs without top_logprobs: no alternatives; without logprobs: none at all
+    plain = post(url, "/v1/chat/completions", messages=messages, max_tokens=4, logprobs=True)["logprobs"]["content"]
+    assert [e["top_logprobs"] for e in plain] == [[]] * 4 and [e["logprob"] for e in plain] == \
+        [e["logprob"] for e in content[:4]]
+    assert post(url, "/v1/chat/completions", messages=messages, max_tokens=4)["logprobs"] is None
+    # through the client too
+    out = client(url).chat.completions.create(model=NAME, temperature=0, **fields)
+    assert [t.logprob for t in out.choices[0].logprobs.content] == [e["logprob"] for e in content]
+
+
+def test_completion_logprobs_are_the_models_log_softmax(server, reference):
+    """Completions' 'logprobs': n: tokens, token_logprobs, top_logprobs (the n most likely and the
+    chosen token) and text_offset; streamed, the chunks' parts make the same lists; the same
+    with n-gram speculation."""
+    url, _ = server
+    generated, lp = expected_logprobs(reference, reference.tokenizer.encode(REPEATING), 12)
+    fields = dict(prompt=REPEATING, max_tokens=12, logprobs=2)
+    choice = post(url, "/v1/completions", **fields)
+    out = choice["logprobs"]
+    tokens = [reference.tokenizer.hf.decode([t], skip_special_tokens=False) for t in generated]
+    assert out["tokens"] == tokens and "".join(tokens) == choice["text"]
+    assert out["text_offset"] == [len("".join(tokens[:i])) for i in range(len(tokens))]
+    np.testing.assert_allclose(out["token_logprobs"], [row[t] for t, row in zip(generated, lp)], atol=1e-4)
+    for alternatives, token, row in zip(out["top_logprobs"], tokens, lp):
+        values = list(alternatives.values())
+        assert values == sorted(values, reverse=True) and token in alternatives
+        np.testing.assert_allclose(values, np.sort(row)[::-1][:len(values)], atol=1e-4)
+    assert post(url, "/v1/completions", speculative="ngram", **fields)["logprobs"] == out
+    parts = [c["logprobs"] for c in sse_choices(url, "/v1/completions", **fields) if c["logprobs"]]
+    assert {k: [x for p in parts for x in p[k]] for k in out} == out
+    assert post(url, "/v1/completions", prompt=REPEATING, max_tokens=3)["logprobs"] is None
+    zero = post(url, "/v1/completions", prompt=REPEATING, max_tokens=3, logprobs=0)["logprobs"]
+    assert zero["top_logprobs"] == [{t: v} for t, v in zip(out["tokens"][:3], out["token_logprobs"][:3])]
+
+
+def test_logprobs_of_a_slimmed_lm_head(checkpoint):
+    """A slimmed lm head: logprobs over the rows it computes, its rows mapped to token ids."""
+    keep = list(range(0, 200, 3))
+    model = load(checkpoint, slim_vocab=keep)
+    ids = model.tokenizer.encode(PROMPTS[0])
+    done = threading.Event()
+    seq = Sequence(ids, 6, Sampling(temperature=0), lambda kind, value: done.set() if kind != "token" else None,
+                   ignore_eos=True, logprobs=4)
+    scheduler = Scheduler(model, max_batch=2)
+    scheduler.submit(seq)
+    scheduler.start()
+    try:
+        assert done.wait(WAIT)
+    finally:
+        scheduler.stop(WAIT)
+    entries = seq.entries
+    generated = [token for token, _, _ in entries]
+    assert len(entries) == 6 and all(t in keep for t in generated)
+    lp = expected_logprobs_of(model, ids + generated, len(ids))
+    for (token, logprob, top), row in zip(entries, lp):
+        assert abs(logprob - row[token]) < 1e-4
+        assert [t for t, _ in top] == list(np.argsort(-row, kind="stable")[:4]) and all(t in keep for t, _ in top)
+
+
 def test_disconnect_cancels_and_frees_the_slot(checkpoint):
     model = load(checkpoint, max_context=4096)
     model.tokenizer.stop_ids = set()  # only the client's going away ends these

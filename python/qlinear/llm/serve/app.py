@@ -28,6 +28,7 @@ from ..runtime.model import Model
 from ..runtime.speculative import Speculation
 from ..runtime.tokenizer import StreamDecoder, Tokenizer
 from . import protocol
+from .logprobs import LogprobFormat
 from .protocol import ApiError
 from .scheduler import QueueFull, Scheduler, SchedulerClosed, Sequence
 
@@ -158,7 +159,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         seq = Sequence(ids, req.max_tokens or max_context - len(ids),
                        Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed),
                        emit=lambda kind, value: box.post(events, (kind, value)),
-                       ignore_eos=req.ignore_eos, speculation=spec)
+                       ignore_eos=req.ignore_eos, speculation=spec, logprobs=req.logprobs)
         try:
             scheduler.submit(seq)
         except QueueFull as e:
@@ -168,8 +169,10 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
             raise ApiError(503, str(e), kind="server_error") from None
         answer = protocol.Answer(chat, model_name)
         text = TextStream(tokenizer, req.stop)
+        logprobs = None if req.logprobs is None else LogprobFormat(tokenizer, chat)
         if req.stream:
-            return StreamingResponse(stream(seq, events, text, answer, req, len(ids)), media_type="text/event-stream",
+            return StreamingResponse(stream(seq, events, text, answer, req, len(ids), logprobs),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         watcher = asyncio.ensure_future(cancel_on_disconnect(request, seq))
         try:
@@ -185,7 +188,8 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         finally:
             watcher.cancel()
             seq.cancel()
-        return JSONResponse(answer.complete("".join(pieces), finish, protocol.usage(len(ids), count)))
+        return JSONResponse(answer.complete("".join(pieces), finish, protocol.usage(len(ids), count),
+                                            logprobs and logprobs(seq.entries[:count])))
 
     async def events_of(seq: Sequence, events: asyncio.Queue, text: TextStream) -> AsyncIterator[tuple]:
         """("token", its text) per token, ("piece", text held back till the end) if any, then
@@ -209,8 +213,14 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
             yield kind, value
             return
 
-    async def stream(seq, events, text, answer, req, prompt_tokens) -> AsyncIterator[str]:
-        count = 0
+    async def stream(seq, events, text, answer, req, prompt_tokens, logprobs) -> AsyncIterator[str]:
+        count = sent = 0  # the tokens seen, and those whose logprobs went out (a chunk carries those before it)
+
+        def part():
+            nonlocal sent
+            entries, sent = seq.entries[sent:count], count
+            return logprobs(entries) if logprobs and entries else None
+
         try:
             if req.chat:
                 yield _sse(answer.chunk("", first=True))
@@ -218,11 +228,11 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
                 if kind in ("token", "piece"):
                     count += kind == "token"
                     if value:
-                        yield _sse(answer.chunk(value))
+                        yield _sse(answer.chunk(value, logprobs=part()))
                 elif kind == "error":
                     yield _sse(ApiError(500, f"generation failed: {value}", kind="server_error").body())
                 else:
-                    yield _sse(answer.chunk(None, finish_reason=value))
+                    yield _sse(answer.chunk(None, finish_reason=value, logprobs=part()))
                     if req.include_usage:
                         yield _sse(answer.usage_chunk(protocol.usage(prompt_tokens, count)))
             yield "data: [DONE]\n\n"

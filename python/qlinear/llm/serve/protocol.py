@@ -40,6 +40,7 @@ class GenerationRequest:
     stop: list = field(default_factory=list)
     ignore_eos: bool = False          # vLLM's extension: generate max_tokens whatever comes (benchmarks)
     speculative: Optional[str] = None  # "ngram", "draft", "none" (off); None: the server's default
+    logprobs: Optional[int] = None    # each token's logprob with this many alternatives; None: no logprobs
 
 
 def parse_json(raw: bytes) -> dict:
@@ -122,6 +123,24 @@ def _speculative(body: dict) -> Optional[str]:
     return value
 
 
+def _count(body: dict, name: str, hi: int) -> Optional[int]:
+    value = _typed(body, name, (int,), f"an integer in [0, {hi}]")
+    if value is not None and not 0 <= value <= hi:
+        raise ApiError(400, f"'{name}' must be in [0, {hi}], got {value}", param=name)
+    return value
+
+
+def _logprobs(body: dict, chat: bool) -> Optional[int]:
+    """How many alternatives each token's logprob lists (None: no logprobs): chat's 'logprobs'
+    (a boolean) and 'top_logprobs' (0..20, with 'logprobs': true only); completions' 'logprobs' (0..5)."""
+    if not chat:
+        return _count(body, "logprobs", 5)
+    on, top = _typed(body, "logprobs", (bool,), "a boolean", False), _count(body, "top_logprobs", 20)
+    if top is not None and not on:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return (top or 0) if on else None
+
+
 def parse_request(body: dict, chat: bool, model_name: str) -> GenerationRequest:
     """Check a /v1/chat/completions (chat=True) or /v1/completions body."""
     model = body.get("model")
@@ -137,9 +156,8 @@ def parse_request(body: dict, chat: bool, model_name: str) -> GenerationRequest:
     for name in ("presence_penalty", "frequency_penalty"):
         if _number(body, name, -2.0, 2.0, 0.0) != 0.0:
             raise ApiError(400, f"'{name}' is not supported (only 0)", param=name)
-    for name in ("logprobs", "echo"):
-        if _typed(body, name, (bool, int), "a boolean", False):
-            raise ApiError(400, f"'{name}' is not supported", param=name)
+    if _typed(body, "echo", (bool, int), "a boolean", False):
+        raise ApiError(400, "'echo' is not supported", param="echo")
     if _typed(body, "suffix", (str,), "a string"):
         raise ApiError(400, "'suffix' is not supported", param="suffix")
     names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
@@ -161,7 +179,7 @@ def parse_request(body: dict, chat: bool, model_name: str) -> GenerationRequest:
         max_tokens=max_tokens, temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
         top_p=_number(body, "top_p", 0.0, 1.0, 1.0, lo_open=True), seed=_typed(body, "seed", (int,), "an integer"),
         stop=stop, ignore_eos=_typed(body, "ignore_eos", (bool,), "a boolean", False),
-        speculative=_speculative(body))
+        speculative=_speculative(body), logprobs=_logprobs(body, chat))
 
 
 # -- responses ----------------------------------------------------------------------------------
@@ -176,22 +194,23 @@ class Answer:
     def _envelope(self, obj: str, choices: list) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def complete(self, text: str, finish_reason: str, usage: dict) -> dict:
+    def complete(self, text: str, finish_reason: str, usage: dict, logprobs: Optional[dict] = None) -> dict:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                       "finish_reason": finish_reason}
             return {**self._envelope("chat.completion", [choice]), "usage": usage}
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         return {**self._envelope("text_completion", [choice]), "usage": usage}
 
-    def chunk(self, text: Optional[str], finish_reason: Optional[str] = None, first: bool = False) -> dict:
+    def chunk(self, text: Optional[str], finish_reason: Optional[str] = None, first: bool = False,
+              logprobs: Optional[dict] = None) -> dict:
         if self.chat:
             delta = {} if text is None else {"content": text}
             if first:
                 delta = {"role": "assistant", **delta}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             return self._envelope("chat.completion.chunk", [choice])
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         return self._envelope("text_completion", [choice])
 
     def usage_chunk(self, usage: dict) -> dict:

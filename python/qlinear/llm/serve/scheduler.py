@@ -32,6 +32,7 @@ from ..runtime.kv_cache import KVCache
 from ..runtime.layers import decode_step
 from ..runtime.model import PREFILL_CHUNK, Model, Stats
 from ..runtime.speculative import Speculation, Speculator
+from .logprobs import record
 
 
 class QueueFull(Exception):
@@ -48,7 +49,7 @@ class Sequence:
     ("error", message). ``speculation``: decode it speculatively (None: one token per step)."""
 
     def __init__(self, ids: Seq[int], max_tokens: int, sampling: Sampling, emit: Callable[[str, object], None],
-                 ignore_eos: bool = False, speculation: Optional[Speculation] = None):
+                 ignore_eos: bool = False, speculation: Optional[Speculation] = None, logprobs: Optional[int] = None):
         if not len(ids):
             raise ValueError("the prompt is empty")
         if max_tokens < 1:
@@ -58,8 +59,8 @@ class Sequence:
         self.sampler = Sampler(sampling)
         self.stop_ids = set(sampling.stop_ids)
         self.ignore_eos = ignore_eos  # the model's stop tokens do not end it
-        self.emit = emit
-        self.cancelled = False
+        self.emit, self.cancelled = emit, False
+        self.logprobs, self.entries = logprobs, []  # logprobs (top alternatives; None: none): record's entries
         self.speculation = speculation
         self.speculator: Optional[Speculator] = None  # the scheduler's, while it runs
         self.cache: Optional[KVCache] = None
@@ -231,8 +232,7 @@ class Scheduler:
                 self._finish(seq, "error", f"{type(e).__name__}: {e}")
             return
         seconds = time.perf_counter() - t0
-        self.decode_steps += 1
-        self.decode_seconds += seconds
+        self.decode_steps, self.decode_seconds = self.decode_steps + 1, self.decode_seconds + seconds
         first = 0
         for seq, block, start, (drafts, dists) in zip(seqs, blocks, starts, proposals):
             out, first = logits[first:first + len(block)], first + len(block)
@@ -258,9 +258,9 @@ class Scheduler:
         own token are decided one by one; then the cache keeps the accepted rows."""
         accepted, going = 0, True
         try:
-            for kept, row in seq.speculator.verdicts(logits, drafts, dists, []):
+            for j, (kept, row) in enumerate(seq.speculator.verdicts(logits, drafts, dists, [])):
                 accepted += kept
-                going = self._decided(seq, row)
+                going = self._decided(seq, row, logits[j])  # the j-th row decided the j-th token
                 if not going:
                     break
         except Exception as e:  # noqa: BLE001  (e.g. NaN logits: this sequence fails, not the batch)
@@ -269,8 +269,7 @@ class Scheduler:
         st = self.speculative
         st.decode_steps += 1
         st.step_tokens += 1 + accepted
-        st.draft_tokens += len(drafts)
-        st.accepted_tokens += accepted
+        st.draft_tokens, st.accepted_tokens = st.draft_tokens + len(drafts), st.accepted_tokens + accepted
         self.decoded_tokens += 1 + accepted
         if going:
             seq.speculator.verified(seq.cache, start, len(drafts), accepted, seq.tokens, seconds)
@@ -281,17 +280,18 @@ class Scheduler:
             row = seq.sampler(logits, ())
         except Exception as e:  # noqa: BLE001  (e.g. NaN logits: this sequence fails, not the batch)
             return self._finish(seq, "error", f"{type(e).__name__}: {e}")
-        self._decided(seq, row)
+        self._decided(seq, row, logits)
 
-    def _decided(self, seq: Sequence, row: int) -> bool:
-        """A token decided (its lm head row): a stop token ends the sequence; otherwise it is
-        emitted, and the sequence ends at max_tokens. False when the sequence ended."""
+    def _decided(self, seq: Sequence, row: int, logits: np.ndarray) -> bool:
+        """A token decided (its lm head row, from ``logits``): a stop token ends the sequence;
+        otherwise it is emitted, and the sequence ends at max_tokens. False when the sequence ended."""
         token = self._to_token(row)
         if token in seq.stop_ids:
             self._finish(seq, "done", "stop")
             return False
         seq.generated += 1
         seq.tokens.append(token)
+        record(seq, logits, row, self.model.lm_rows)  # its logprobs, if it asked
         self._emit(seq, "token", token)
         if seq.generated == seq.max_tokens:
             self._finish(seq, "done", "length")
