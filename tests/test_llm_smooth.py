@@ -83,7 +83,7 @@ def test_convert_with_smooth_records_it(ckpt, text, tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(smooth=0.5), "need calibration"),
+    (dict(smooth=0.5), "smooth= needs calibration"),
     (dict(smooth=1.5, calibration=[1, 2, 3]), r"must be in \[0, 1\]"),
     (dict(smooth=-0.1, calibration=[1, 2, 3]), r"must be in \[0, 1\]"),
 ])

@@ -17,7 +17,8 @@ import qlinear  # noqa: E402
 from qlinear import llm  # noqa: E402
 from qlinear.llm.runtime.drafters import NgramDrafter  # noqa: E402
 from qlinear.llm.runtime.generation import Sampler, Sampling  # noqa: E402
-from qlinear.llm.runtime.speculative import DraftLength, Speculation, judge  # noqa: E402
+from qlinear.llm.runtime.draft_length import DraftLength  # noqa: E402
+from qlinear.llm.runtime.speculative import Speculation, judge  # noqa: E402
 from qlinear.llm.synthetic import make_checkpoint  # noqa: E402
 
 # A prompt that repeats itself: an n-gram drafter finds continuations in it.

@@ -67,7 +67,8 @@ def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 6
         raise ValueError(f"method must be one of {', '.join(gptq.METHODS)}, got {method!r}")
     needs_calibration = method == "gptq" or smooth is not None
     if (calibration is None) == needs_calibration:
-        raise ValueError("method='gptq' and smooth= need calibration= (a text file or token ids)" if needs_calibration
+        what = "method='gptq'" if method == "gptq" else "smooth="
+        raise ValueError(f"{what} needs calibration= (a text file or token ids)" if needs_calibration
                          else "calibration applies to method='gptq' or smooth= only")
     check_out_dir(out, force)
     if converted_source.is_converted(src):
