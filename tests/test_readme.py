@@ -224,7 +224,7 @@ def needs(block: Block) -> list:
     if "qlinear import llm" in code or "qlinear.llm" in code or "qlinear-llm" in code:
         mods += LLM_MODULES
     if "qlinear-llm serve" in code:
-        mods += ["starlette", "uvicorn"]
+        mods += ["starlette", "uvicorn", "prometheus_client"]
     if "openai" in code:
         mods += ["openai", "httpx"]
     if "export_with_llmexport" in code or "--vs mnn" in code:

@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("tokenizers")
 pytest.importorskip("starlette")
+prometheus = pytest.importorskip("prometheus_client.parser")
 uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
@@ -234,6 +235,58 @@ def test_models_and_health(server):
     # the decode steps' count, tokens and time (what a benchmark divides the HTTP side from)
     assert after["decode_steps"] > health["decode_steps"] and after["decoded_tokens"] > health["decoded_tokens"]
     assert after["decode_seconds"] > health["decode_seconds"] >= 0
+
+
+def scrape(url, **kw) -> dict:
+    """/metrics' samples: {(name, labels as a sorted tuple): value}."""
+    r = httpx.get(url + "/metrics", timeout=WAIT, **kw)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in prometheus.text_string_to_metric_families(r.text) for s in family.samples}
+
+
+def test_metrics(server):
+    url, _ = server
+    before = scrape(url)
+    for name in ("qlinear_waiting_sequences", "qlinear_running_sequences", "qlinear_decode_steps_total",
+                 "qlinear_decode_seconds_total", "qlinear_speculative_draft_tokens_total",
+                 "qlinear_speculative_accepted_tokens_total", "qlinear_generated_tokens_total",
+                 "qlinear_time_to_first_token_seconds_count"):
+        assert (name, ()) in before, name
+    answer = client(url).completions.create(model=NAME, prompt="Hello", max_tokens=4, temperature=0,
+                                            extra_body={"ignore_eos": True})
+    httpx.post(url + "/v1/completions", json={"model": NAME, "prompt": ""}, timeout=WAIT)  # a 400
+    after = scrape(url)
+
+    def grew(name, labels=()):
+        return after[name, labels] - before.get((name, labels), 0)
+
+    assert grew("qlinear_generated_tokens_total") == answer.usage.completion_tokens == 4
+    assert grew("qlinear_time_to_first_token_seconds_count") == 1
+    assert grew("qlinear_time_to_first_token_seconds_sum") > 0
+    assert grew("qlinear_decode_steps_total") >= 3 and grew("qlinear_decode_seconds_total") > 0
+    for status in ("200", "400"):
+        assert grew("qlinear_requests_total", (("endpoint", "/v1/completions"), ("status", status))) == 1
+    assert after["qlinear_requests_total", (("endpoint", "/metrics"), ("status", "200"))] >= 1
+    httpx.get(url + "/no/such/path", timeout=WAIT)
+    assert scrape(url)["qlinear_requests_total", (("endpoint", "other"), ("status", "404"))] >= 1
+
+
+def test_openapi_lists_every_route(server):
+    url, app = server
+    r = httpx.get(url + "/openapi.json", timeout=WAIT)
+    assert r.status_code == 200
+    doc = json.loads(r.text)
+    assert doc["openapi"].startswith("3.")
+    served = {(route.path, m.lower()) for route in app.routes for m in route.methods - {"HEAD"}}
+    assert {(path, m) for path, ops in doc["paths"].items() for m in ops} == served
+    chat = doc["paths"]["/v1/chat/completions"]["post"]
+    ref = chat["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    schema = doc["components"]["schemas"][ref.rpartition("/")[2]]
+    assert "messages" in schema["required"] and schema["properties"]["messages"]["type"] == "array"
+    assert {"400", "401", "429", "503"} <= set(chat["responses"])
+    fields = {"max_tokens", "temperature", "top_p", "seed", "stop", "stream", "ignore_eos", "speculative", "logprobs"}
+    assert fields <= set(schema["properties"])
 
 
 def test_chat_completion(server, reference):
@@ -633,6 +686,9 @@ def test_api_key(checkpoint):
             client(url, api_key="wrong").models.list()
         assert client(url, api_key="sesame").completions.create(model=NAME, prompt="hi", max_tokens=2).usage
         assert httpx.get(url + "/health", timeout=WAIT).status_code == 200
+        for path in ("/metrics", "/openapi.json"):  # as /v1/models
+            assert httpx.get(url + path, timeout=WAIT).status_code == 401
+            assert httpx.get(url + path, headers={"Authorization": "Bearer sesame"}, timeout=WAIT).status_code == 200
 
 
 def test_queue_overflow_gets_429(checkpoint):

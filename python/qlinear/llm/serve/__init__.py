@@ -3,10 +3,11 @@
     qlinear-llm serve MODEL --port 8000 --max-batch 8 --api-key KEY [--speculative ngram]
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``
-(streaming as server-sent events, or one JSON body) and ``GET /health``. Concurrent requests
+(streaming as server-sent events, or one JSON body), ``GET /health``, ``GET /metrics``
+(Prometheus, ``metrics``) and ``GET /openapi.json`` (``openapi``). Concurrent requests
 decode together, one B-row matmul per weight per step (``scheduler``); ``protocol`` checks
 requests and shapes answers; ``app`` is the Starlette app. Needs the ``serve`` extra
-(starlette, uvicorn).
+(starlette, uvicorn, prometheus-client).
 """
 
 from __future__ import annotations

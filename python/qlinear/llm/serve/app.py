@@ -27,7 +27,7 @@ from ..runtime.generation import Sampling
 from ..runtime.model import Model
 from ..runtime.speculative import Speculation
 from ..runtime.tokenizer import StreamDecoder, Tokenizer
-from . import protocol
+from . import metrics as prometheus, openapi, protocol
 from .logprobs import LogprobFormat
 from .protocol import ApiError
 from .scheduler import QueueFull, Scheduler, SchedulerClosed, Sequence
@@ -107,6 +107,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
     every request's speculative decoding unless the request says otherwise (its ``speculative``
     field); its draft model, if any, serves the requests that ask for "draft"."""
     scheduler = Scheduler(model, max_batch=max_batch, max_queue=max_queue)
+    metrics = prometheus.Metrics(scheduler)
     if speculation is not None and speculation.draft_model is not None:
         check_compatible(model, speculation.draft_model)
     tokenizer, max_context = model.tokenizer, model.max_context
@@ -158,7 +159,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         events, box = asyncio.Queue(), mailbox
         seq = Sequence(ids, req.max_tokens or max_context - len(ids),
                        Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed),
-                       emit=lambda kind, value: box.post(events, (kind, value)),
+                       emit=metrics.emitter(request, lambda kind, value: box.post(events, (kind, value))),
                        ignore_eos=req.ignore_eos, speculation=spec, logprobs=req.logprobs)
         try:
             scheduler.submit(seq)
@@ -254,6 +255,10 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         check_auth(request)
         return JSONResponse(protocol.models_list(model_name, created))
 
+    async def documents(request: Request):  # /metrics and /openapi.json: the key as for /v1/models
+        check_auth(request)
+        return metrics.response() if request.url.path == "/metrics" else JSONResponse(openapi.document(model_name))
+
     async def health(request: Request):
         spec = scheduler.speculative  # speculative sequences' figures
         return JSONResponse({"status": "ok", "model": model_name, "running": scheduler.running,
@@ -288,7 +293,8 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        *[Route(path, documents, methods=["GET"]) for path in ("/metrics", "/openapi.json")],
     ], exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error},
-        lifespan=lifespan)
+        lifespan=lifespan, middleware=[metrics.middleware()])
     app.state.scheduler = scheduler
     return app

@@ -1,0 +1,108 @@
+"""The server's OpenAPI 3.1 description (GET /openapi.json), written by hand after protocol.py:
+the endpoints, the request bodies' fields with their types, the answers and the error bodies."""
+
+from __future__ import annotations
+
+from .protocol import MAX_STOP_STRINGS, SPECULATIVE
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(description: str, schema: dict) -> dict:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+ERRORS = {
+    "400": "a malformed body, a field of the wrong type or out of range, or a prompt beyond the context",
+    "401": "a missing or wrong API key (when the server has one: Authorization: Bearer KEY)",
+    "404": "a model the server does not serve",
+    "429": "the queue is full; retry later",
+    "503": "the server is shutting down",
+}
+
+_NULLABLE_INT = {"type": ["integer", "null"], "minimum": 1}
+_COMMON = {  # the fields both generation endpoints take (protocol.parse_request)
+    "model": {"type": "string", "description": "the served model's name (GET /v1/models)"},
+    "stream": {"type": "boolean", "default": False, "description": "answer as server-sent events"},
+    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+    "max_tokens": {**_NULLABLE_INT, "description": "default: up to the end of the context"},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 2, "default": 1, "description": "0: greedy"},
+    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1},
+    "seed": {"type": ["integer", "null"]},
+    "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string", "minLength": 1},
+                                            "maxItems": MAX_STOP_STRINGS}, {"type": "null"}]},
+    "n": {"type": "integer", "enum": [1]},
+    "presence_penalty": {"type": "number", "enum": [0]},
+    "frequency_penalty": {"type": "number", "enum": [0]},
+    "ignore_eos": {"type": "boolean", "default": False, "description": "generate max_tokens whatever comes"},
+    "speculative": {"type": ["string", "null"], "enum": [*SPECULATIVE, None],
+                    "description": "speculative decoding for this request (null: off; absent: the server's default)"},
+}
+_CHAT = {
+    "messages": {"type": "array", "minItems": 1, "items": {
+        "type": "object", "required": ["role"], "properties": {
+            "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
+            "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {
+                "type": "object", "required": ["type", "text"],
+                "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}}]}}}},
+    "max_completion_tokens": _NULLABLE_INT,
+    "logprobs": {"type": "boolean", "default": False},
+    "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
+}
+_COMPLETION = {
+    "prompt": {"oneOf": [{"type": "string", "minLength": 1},
+                         {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}],
+               "description": "one prompt: text or token ids"},
+    "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 5},
+    "echo": {"type": "boolean", "enum": [False]},
+    "suffix": {"type": ["string", "null"]},
+}
+SCHEMAS = {
+    "ChatCompletionRequest": {"type": "object", "required": ["model", "messages"], "properties": {**_COMMON, **_CHAT}},
+    "CompletionRequest": {"type": "object", "required": ["model", "prompt"], "properties": {**_COMMON, **_COMPLETION}},
+    "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["message", "type"], "properties": {
+            "message": {"type": "string"}, "type": {"type": "string"},
+            "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}},
+}
+
+
+def _generation(summary: str, request: str, answer: str, statuses: tuple) -> dict:
+    return {"post": {
+        "summary": summary,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+        "responses": {"200": {"description": f"{answer}; with stream: true, server-sent events of its chunks "
+                                             "ending with `data: [DONE]`",
+                              "content": {"application/json": {"schema": {"type": "object"}},
+                                          "text/event-stream": {"schema": {"type": "string"}}}},
+                      **{s: _json(ERRORS[s], _ref("Error")) for s in statuses}}}}
+
+
+def _get(summary: str, answer: dict, auth: bool = True) -> dict:
+    responses = {"200": answer, **({"401": _json(ERRORS["401"], _ref("Error"))} if auth else {})}
+    return {"get": {"summary": summary, "responses": responses}}
+
+
+def document(model_name: str) -> dict:
+    """The OpenAPI document of a server of ``model_name``."""
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "qlinear-llm serve", "version": "1", "description": f"An OpenAI-compatible API serving "
+                                                                               f"'{model_name}'."},
+        "paths": {
+            "/v1/chat/completions": _generation("A chat completion (the model's chat template)",
+                                                "ChatCompletionRequest", "a chat.completion",
+                                                ("400", "401", "404", "429", "503")),
+            "/v1/completions": _generation("A text completion", "CompletionRequest", "a text_completion",
+                                           ("400", "401", "404", "429", "503")),
+            "/v1/models": _get("The served model", _json("a list of one model", {"type": "object"})),
+            "/health": _get("The server's state: running and waiting requests, decode figures",
+                            _json("status ok and the scheduler's figures", {"type": "object"}), auth=False),
+            "/metrics": _get("Prometheus metrics", {"description": "the Prometheus text format", "content": {
+                "text/plain": {"schema": {"type": "string"}}}}),
+            "/openapi.json": _get("This document", _json("an OpenAPI 3.1 document", {"type": "object"})),
+        },
+        "components": {"schemas": SCHEMAS},
+    }
