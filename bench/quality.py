@@ -18,12 +18,12 @@ them only qlinear's rows are computed).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -111,9 +111,8 @@ def qlinear_rows(text: str, base_file: Path, threads: int, tmp: Path) -> list:
     calib = tmp / "calibration.txt"
     calib.write_text(calibration_text())
     base = llm.load(MODEL, bits=None, act="float", max_context=WINDOW, progress=False)
-    t0 = time.perf_counter()
     ref = llm.perplexity(base, text, WINDOW, scheme="chunks", save_base=base_file)
-    rows = [("float (bf16 checkpoint, float32 arithmetic)", ref, 32.0, time.perf_counter() - t0)]
+    rows = [("float (bf16 checkpoint, float32 arithmetic)", ref, 32.0)]
 
     def converted(name, **kw):
         out = tmp / name
@@ -150,9 +149,8 @@ def qlinear_rows(text: str, base_file: Path, threads: int, tmp: Path) -> list:
             print(f"{name}: skipped ({e})", file=sys.stderr)
             continue
         model = llm.load(path, max_context=WINDOW, progress=False, **kw)
-        t0 = time.perf_counter()
         res = llm.perplexity(model, text, WINDOW, scheme="chunks", base=base_file)
-        rows.append((name, res, model_bits(model), time.perf_counter() - t0))
+        rows.append((name, res, model_bits(model)))
         print(f"{name}: {res}", file=sys.stderr, flush=True)
     return rows
 
@@ -178,7 +176,7 @@ def main() -> None:
           f"CPU {cpu}, qlinear level {qlinear.cpu_info()['active_isa']}, {a.threads} threads\n")
     print("| configuration | bits / weight | perplexity | KLD mean | KLD median | KLD 99% | same top token |")
     print("|---|---|---|---|---|---|---|")
-    for name, res, bits, _ in rows:
+    for name, res, bits in rows:
         d = res.divergence
         kld = ("—", "—", "—", "—") if d is None else (f"{d.mean:.3g}", f"{d.median:.3g}", f"{d.p99:.3g}",
                                                        f"{100 * d.top1_agreement:.2f}%")
@@ -191,13 +189,8 @@ def main() -> None:
             print(f"| llama.cpp {q} (llama-perplexity) | {bits:.3f} | {r.get('ppl', float('nan')):.3f} | "
                   f"{r.get('kld', float('nan')):.3g} | {r.get('kld_median', float('nan')):.3g} | "
                   f"{r.get('kld_p99', float('nan')):.3g} | {100 * r.get('same_top', float('nan')):.2f}% |")
-    unigram = np.exp(tm_unigram())
+    unigram = np.exp(json.loads((MODEL / "training_log.json").read_text())["unigram_held_out_loss"])
     print(f"\nunigram baseline (training-token frequencies, add-one): perplexity {unigram:.1f}")
-
-
-def tm_unigram() -> float:
-    import json
-    return json.loads((MODEL / "training_log.json").read_text())["unigram_held_out_loss"]
 
 
 if __name__ == "__main__":
