@@ -781,7 +781,7 @@ class PieceTokenizer:
 
 
 def test_text_stream_stop_strings():
-    from qlinear.llm.serve.app import TextStream
+    from qlinear.llm.serve.streams import TextStream
 
     ids = list(range(len(PieceTokenizer.PIECES)))
     for stop, pieces, stopped in (
@@ -805,7 +805,7 @@ def test_mailbox_delivers_in_order_with_one_wake_up_per_burst():
     loop runs (a decode step's tokens) is one wake-up of the loop, not one per event."""
     import asyncio
 
-    from qlinear.llm.serve.app import Mailbox
+    from qlinear.llm.serve.streams import Mailbox
 
     async def main():
         loop = asyncio.get_running_loop()

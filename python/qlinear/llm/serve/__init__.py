@@ -16,7 +16,8 @@ import socket
 from typing import Optional
 
 from .app import create_app
-from .scheduler import QueueFull, Scheduler, SchedulerClosed, Sequence
+from .scheduler import QueueFull, Scheduler, SchedulerClosed
+from .sequence import Sequence
 
 __all__ = ["create_app", "serve", "Scheduler", "Sequence", "QueueFull", "SchedulerClosed"]
 

@@ -23,16 +23,15 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Callable, Optional, Sequence as Seq
+from typing import Optional
 
 import numpy as np
 
-from ..runtime.generation import Sampler, Sampling
-from ..runtime.kv_cache import KVCache
 from ..runtime.layers import decode_step
 from ..runtime.model import PREFILL_CHUNK, Model, Stats
-from ..runtime.speculative import Speculation, Speculator
+from ..runtime.speculative import Speculator
 from .logprobs import record
+from .sequence import Sequence
 
 
 class QueueFull(Exception):
@@ -41,36 +40,6 @@ class QueueFull(Exception):
 
 class SchedulerClosed(Exception):
     """The scheduler is stopping or has stopped."""
-
-
-class Sequence:
-    """One request's generation. ``emit(kind, value)`` is called from the scheduler thread:
-    ("token", id) per generated token, then ("done", "stop" | "length" | "cancelled") or
-    ("error", message). ``speculation``: decode it speculatively (None: one token per step)."""
-
-    def __init__(self, ids: Seq[int], max_tokens: int, sampling: Sampling, emit: Callable[[str, object], None],
-                 ignore_eos: bool = False, speculation: Optional[Speculation] = None, logprobs: Optional[int] = None):
-        if not len(ids):
-            raise ValueError("the prompt is empty")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        self.ids = [int(i) for i in ids]
-        self.max_tokens = max_tokens
-        self.sampler = Sampler(sampling)
-        self.stop_ids = set(sampling.stop_ids)
-        self.ignore_eos = ignore_eos  # the model's stop tokens do not end it
-        self.emit, self.cancelled = emit, False
-        self.logprobs, self.entries = logprobs, []  # logprobs (top alternatives; None: none): record's entries
-        self.speculation = speculation
-        self.speculator: Optional[Speculator] = None  # the scheduler's, while it runs
-        self.cache: Optional[KVCache] = None
-        self.tokens = list(self.ids)  # the prompt and the tokens generated (what drafts follow)
-        self.generated = 0
-        self.next_token: Optional[int] = None
-
-    def cancel(self) -> None:
-        """Stop generating (from any thread): the scheduler frees the sequence at its next step."""
-        self.cancelled = True
 
 
 class Scheduler:
