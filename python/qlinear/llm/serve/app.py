@@ -26,7 +26,7 @@ from ..runtime.drafters import check_compatible
 from ..runtime.generation import Sampling
 from ..runtime.model import Model
 from ..runtime.speculative import Speculation
-from . import metrics as prometheus, openapi, protocol
+from . import metrics as prometheus, openapi, protocol, structured
 from .logprobs import LogprobFormat
 from .protocol import ApiError
 from .scheduler import QueueFull, Scheduler, SchedulerClosed
@@ -60,6 +60,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
     if speculation is not None and speculation.draft_model is not None:
         check_compatible(model, speculation.draft_model)
     tokenizer, max_context = model.tokenizer, model.max_context
+    grammars = structured.Grammars(tokenizer, model.lm_rows)  # response_format's constraints
     created = int(time.time())
     mailbox: Optional[Mailbox] = None  # of the event loop serving the requests
 
@@ -94,7 +95,9 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
 
     async def generate(request: Request, chat: bool):
         check_auth(request)
-        req = protocol.parse_request(protocol.parse_json(await request.body()), chat, model_name)
+        body = protocol.parse_json(await request.body())
+        req = protocol.parse_request(body, chat, model_name)
+        grammar = structured.response_format(body)
         spec = speculation_of(req)
         ids = prompt_ids(req)
         wanted = req.max_tokens or 1
@@ -109,7 +112,8 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         seq = Sequence(ids, req.max_tokens or max_context - len(ids),
                        Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed),
                        emit=metrics.emitter(request, lambda kind, value: box.post(events, (kind, value))),
-                       ignore_eos=req.ignore_eos, speculation=spec, logprobs=req.logprobs)
+                       ignore_eos=req.ignore_eos, speculation=spec, logprobs=req.logprobs,
+                       constraint=None if grammar is None else grammars.constraint(grammar))
         try:
             scheduler.submit(seq)
         except QueueFull as e:

@@ -5,8 +5,10 @@ here in the chat or the completions shape.
 The values are vLLM's default raw logprobs: log-softmax, in float64, of the float32 logits row
 the sampler saw at that position (before temperature and top-p), over the rows the lm head
 computes (all the vocabulary, or the rows a slimmed lm head keeps: the others have probability
-0). A speculative sequence's token takes the verification row that decided it (bit-identical to
-the plain step's). A token's text is the tokenizer's decoding of it alone (special tokens
+0). With structured output the sampler sees the grammar's masked logits, and so do the
+logprobs: the distribution the token was drawn from (a forced token's logprob is 0; only
+allowed tokens are alternatives). A speculative sequence's token takes the verification row
+that decided it (bit-identical to the plain step's). A token's text is the tokenizer's decoding of it alone (special tokens
 included); its ``bytes`` are that text's UTF-8 bytes."""
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def record(seq, logits: np.ndarray, row: int, lm_rows: Optional[np.ndarray]) -> 
     best = []
     if top:
         some = np.argpartition(-lp, top - 1)[:top] if top < len(lp) else np.arange(len(lp))
-        best = sorted((int(r) for r in some), key=lambda r: (-lp[r], r))
+        # rows a grammar forbids (-inf) are not alternatives (nor JSON numbers)
+        best = sorted((int(r) for r in some if lp[r] > -np.inf), key=lambda r: (-lp[r], r))
     seq.entries.append((to_id(row), float(lp[row]), [(to_id(r), float(lp[r])) for r in best]))
 
 

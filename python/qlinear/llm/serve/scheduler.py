@@ -246,6 +246,8 @@ class Scheduler:
     def _accept(self, seq: Sequence, logits: np.ndarray) -> None:
         """Sample the next token (as Model.stream_ids does) and decide it."""
         try:
+            if seq.constraint is not None:  # structured output: the rows the grammar allows, only
+                logits = seq.constraint.mask(logits)
             row = seq.sampler(logits, ())
         except Exception as e:  # noqa: BLE001  (e.g. NaN logits: this sequence fails, not the batch)
             return self._finish(seq, "error", f"{type(e).__name__}: {e}")
@@ -258,10 +260,16 @@ class Scheduler:
         if token in seq.stop_ids:
             self._finish(seq, "done", "stop")
             return False
+        if seq.constraint is not None and not seq.constraint.advance(token):
+            self._finish(seq, "error", f"structured output: token {token} is off the grammar")
+            return False
         seq.generated += 1
         seq.tokens.append(token)
         record(seq, logits, row, self.model.lm_rows)  # its logprobs, if it asked
         self._emit(seq, "token", token)
+        if seq.constraint is not None and seq.constraint.done:  # the grammar is complete
+            self._finish(seq, "done", "stop")
+            return False
         if seq.generated == seq.max_tokens:
             self._finish(seq, "done", "length")
             return False

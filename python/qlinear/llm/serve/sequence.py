@@ -13,10 +13,12 @@ from ..runtime.speculative import Speculation, Speculator
 class Sequence:
     """One request's generation. ``emit(kind, value)`` is called from the scheduler thread:
     ("token", id) per generated token, then ("done", "stop" | "length" | "cancelled") or
-    ("error", message). ``speculation``: decode it speculatively (None: one token per step)."""
+    ("error", message). ``speculation``: decode it speculatively (None: one token per step);
+    ``constraint``: the grammar its tokens follow (``structured.Constraint``; None: free)."""
 
     def __init__(self, ids: Seq[int], max_tokens: int, sampling: Sampling, emit: Callable[[str, object], None],
-                 ignore_eos: bool = False, speculation: Optional[Speculation] = None, logprobs: Optional[int] = None):
+                 ignore_eos: bool = False, speculation: Optional[Speculation] = None, logprobs: Optional[int] = None,
+                 constraint=None):
         if not len(ids):
             raise ValueError("the prompt is empty")
         if max_tokens < 1:
@@ -28,7 +30,10 @@ class Sequence:
         self.ignore_eos = ignore_eos  # the model's stop tokens do not end it
         self.emit, self.cancelled = emit, False
         self.logprobs, self.entries = logprobs, []  # logprobs (top alternatives; None: none): record's entries
-        self.speculation = speculation
+        # structured output (serve.structured.Constraint): its logits masked before sampling. It
+        # decodes one token per step: drafts would need a mask per verification row
+        self.constraint = constraint
+        self.speculation = None if constraint is not None else speculation
         self.speculator: Optional[Speculator] = None  # the scheduler's, while it runs
         self.cache: Optional[KVCache] = None
         self.tokens = list(self.ids)  # the prompt and the tokens generated (what drafts follow)
