@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 from _llm_reference import cosines, transformers_logits  # noqa: E402
 from qlinear import llm  # noqa: E402
-from qlinear.llm.runtime import model as model_module  # noqa: E402
+from qlinear.llm.runtime import prefix_cache  # noqa: E402
 from qlinear.llm import synthetic  # noqa: E402
 from qlinear.llm.config import ModelConfig  # noqa: E402
 from qlinear.llm.runtime.layers import Rope, decode_step  # noqa: E402
@@ -103,7 +103,8 @@ def test_decode_with_cache_equals_full_forward(checkpoints, arch):
 @pytest.mark.parametrize("arch", ["mistral", "gemma3"])
 def test_sliding_layers_keep_the_window(checkpoints, hf_logits, arch, monkeypatch):
     """A sliding layer's cache holds the window only; a prompt fed in chunks (each wrapping the
-    ring) gives the logits of one pass."""
+    ring) gives the logits of one pass (float weights: numpy's GEMM sums depend on the rows;
+    test_prefix_cache.py has the quantized models' bit-for-bit version)."""
     ids = hf_logits[0]
     model = llm.load(checkpoints[arch], bits=None, act="float", max_context=256, progress=False)
     cfg = model.config
@@ -111,7 +112,7 @@ def test_sliding_layers_keep_the_window(checkpoints, hf_logits, arch, monkeypatc
         assert model.cache.k[i].shape[1] == (WINDOW if cfg.window(i) else 256)
     assert cfg.window(0) == WINDOW
     one = model.logits(ids)
-    monkeypatch.setattr(model_module, "PREFILL_CHUNK", 7)
+    monkeypatch.setattr(prefix_cache, "PREFILL_CHUNK", 7)
     chunked = model.logits(ids)
     np.testing.assert_allclose(chunked, one, rtol=0, atol=1e-5 * np.abs(one).max())
     np.testing.assert_allclose(one, hf_logits[1][arch], rtol=0, atol=1e-4 * np.abs(one).max())

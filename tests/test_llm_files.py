@@ -157,7 +157,7 @@ def test_loading_a_converted_model_costs_about_its_size(tmp_path):
     size = os.path.getsize(out / "model.qlinear")
     script = textwrap.dedent(f"""
         from qlinear import llm
-        from qlinear.llm.runtime.model import peak_rss_mb
+        from qlinear.llm.runtime.stats import peak_rss_mb
         def rss():
             with open("/proc/self/status") as f:
                 return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS:"))

@@ -272,6 +272,40 @@ def test_metrics(server):
     assert scrape(url)["qlinear_requests_total", (("endpoint", "other"), ("status", "404"))] >= 1
 
 
+def test_prefix_cache_across_turns(checkpoint, reference):
+    """A conversation's turns reuse the KV rows of the prompt before (OpenAI's
+    usage.prompt_tokens_details.cached_tokens; /health; /metrics) and answer what prefilling the
+    whole prompt answers; with cache_mb=0 nothing is reused."""
+    tok = reference.tokenizer
+    system = {"role": "system", "content": "Answer from this text. " + " ".join(PROMPTS) * 3}
+    for cache_mb in (16, 0):
+        with running_server(load(checkpoint), max_batch=2, cache_mb=cache_mb) as (url, _):
+            before = scrape(url)
+            messages, cached, expected = [system], [], []
+            for turn in range(3):
+                messages.append({"role": "user", "content": f"Question {turn}: {PROMPTS[turn]}"})
+                out = client(url).chat.completions.create(model=NAME, messages=messages, max_tokens=8, temperature=0)
+                ids = tok.prompt_ids(messages)
+                assert out.choices[0].message.content == tok.decode(reference_ids(reference, ids, 8))
+                cached.append(out.usage.prompt_tokens_details.cached_tokens)
+                if turn:  # the previous prompt was kept whole: reused up to where the prompts part
+                    common = next((i for i, (a, b) in enumerate(zip(previous, ids)) if a != b), len(previous))
+                    expected.append(min(common, len(ids) - 2))
+                previous = ids
+                messages.append({"role": "assistant", "content": out.choices[0].message.content})
+            figures = httpx.get(url + "/health", timeout=WAIT).json()["prefix_cache"]
+            after = scrape(url)
+        if not cache_mb:
+            assert cached == [0, 0, 0] and figures["bytes"] == 0
+            continue
+        assert cached[0] == 0 and cached[1:] == expected and min(expected) > 40
+        assert figures["hits"] == 2 and figures["cached_tokens"] == sum(cached)
+        assert 0 < figures["bytes"] <= figures["budget_bytes"] == 16 * 2**20
+        assert after["qlinear_prefix_cache_cached_tokens_total", ()] - before[
+            "qlinear_prefix_cache_cached_tokens_total", ()] == sum(cached)
+        assert after["qlinear_prefix_cache_bytes", ()] == figures["bytes"]
+
+
 def test_openapi_lists_every_route(server):
     url, app = server
     r = httpx.get(url + "/openapi.json", timeout=WAIT)

@@ -145,6 +145,8 @@ void register_decoder(py::module_& m) {
   m.def("attend_prefill", &py_attend_prefill, py::arg("qkv"), py::arg("cos"), py::arg("sin"), py::arg("start"),
         py::arg("k_cache"), py::arg("v_cache"), py::arg("heads"), py::arg("scale"), py::arg("window") = 0,
         py::arg("softcap") = 0.0);
+  // keys per block of attend_prefill's online softmax, blocks aligned to absolute positions
+  m.attr("PREFILL_KEY_BLOCK") = decoder::kKeyBlock;
 }
 
 }  // namespace qlinear::bindings

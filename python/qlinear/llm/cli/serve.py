@@ -16,6 +16,8 @@ def add_parser(sub) -> None:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those (then 429)")
+    s.add_argument("--cache-mb", type=float, default=512,
+                   help="prefix cache: MB of prompts' KV rows kept for requests that start alike (0: off)")
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     s.add_argument("--model-name", default=None, help="the model's id in the API (default: MODEL's name)")
     add_speculative_args(s)  # every request's default (a request's "speculative" field overrides it)
@@ -33,4 +35,4 @@ def run(args) -> None:
     mode = "" if spec is None else f", speculative {spec.method}"
     print(f"serving {name} on http://{args.host}:{args.port}/v1 (max batch {args.max_batch}{mode})", file=sys.stderr)
     serve(model, name, host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
-          api_key=args.api_key, speculation=spec)
+          api_key=args.api_key, speculation=spec, cache_mb=args.cache_mb)

@@ -138,7 +138,7 @@ from qlinear.llm.peers.mnn_llm import MnnLlm
 args = json.loads(sys.argv[1])
 eng = MnnLlm(args["export_dir"], threads=args["threads"])
 res = eng.bench(args["prompt_ids"], args["n_decode"])
-from qlinear.llm.runtime.model import peak_rss_mb
+from qlinear.llm.runtime.stats import peak_rss_mb
 res["peak_rss_mb"] = peak_rss_mb()
 sys.stdout.write("\n@@RESULT@@" + json.dumps(res) + "\n")
 """

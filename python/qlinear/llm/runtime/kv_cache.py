@@ -43,12 +43,12 @@ class KVCache:
         self.capacity = capacity
         self.length = 0          # positions filled (the same for every layer after a forward)
         self.ids: list[int] = []  # the tokens those positions hold (for prefix reuse)
+        self.prefilled = 0       # leading positions a prefill computed (runtime.prefix_cache: reusable)
         self._saved: list = []   # ring slots a guarded run overwrites: (layer, position, k, v)
 
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (*self.k, *self.v)) if isinstance(self.k, list) else self.k.nbytes + self.v.nbytes
-
 
     @property
     def max_run(self) -> int:
@@ -78,4 +78,8 @@ class KVCache:
                 slot = pos % self.windows[i]
                 self.k[i][:, slot], self.v[i][:, slot] = k, v
         self._saved = []
-        self.length, self.ids = length, self.ids[:length]
+        self.length, self.ids, self.prefilled = length, self.ids[:length], min(self.prefilled, length)
+
+    def forget_saved(self) -> None:
+        """Drop what the last ``guard`` kept (the positions it covered are being rewritten)."""
+        self._saved = []

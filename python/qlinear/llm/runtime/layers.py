@@ -190,12 +190,17 @@ def _ring_prefill(qkv, rope: Rope, start: int, k: np.ndarray, v: np.ndarray, hea
     """Prefill of a sliding-window layer whose ring (``window`` positions) the prompt wraps:
     attention over a scratch cache of the window before ``start`` (unrolled from the ring) and
     the new positions, then the ring refilled with the last ``window`` of them."""
-    n, past = qkv.shape[0], min(start, window - 1)
+    n, first = qkv.shape[0], max(0, start - window + 1)  # the first position the new rows see
+    # the scratch starts at a multiple of the key block (zeros before the window, weighing
+    # nothing) so that its key blocks fall where a full cache's would: a row's sums then do not
+    # depend on where the prompt was cut into chunks (cached prefixes are reused exactly)
+    base = first // _core.PREFILL_KEY_BLOCK * _core.PREFILL_KEY_BLOCK
+    past = start - base
     shape = (k.shape[0], past + n, k.shape[2])
     tk, tv = np.zeros(shape, k.dtype), np.zeros(shape, v.dtype)
-    slots = np.arange(start - past, start) % window
-    tk[:, :past], tv[:, :past] = k[:, slots], v[:, slots]
-    out = _core.attend_prefill(qkv, rope.cos[start - past:], rope.sin[start - past:], past, tk, tv, heads, scale,
+    slots = np.arange(first, start) % window
+    tk[:, first - base:past], tv[:, first - base:past] = k[:, slots], v[:, slots]
+    out = _core.attend_prefill(qkv, rope.cos[base:], rope.sin[base:], past, tk, tv, heads, scale,
                                window=window, softcap=softcap)
     keep = min(window, past + n)
     slots = np.arange(start + n - keep, start + n) % window

@@ -3,7 +3,6 @@ generation (stream / generate / chat) and timing figures."""
 
 from __future__ import annotations
 
-import resource
 import time
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Optional, Sequence, Union
@@ -13,72 +12,13 @@ import numpy as np
 from ..config import ModelConfig
 from .drafters import check_compatible
 from .generation import Sampler, Sampling
+from .stats import Stats
 from .kv_cache import KVCache
+from .prefix_cache import PrefixCache, prefill_chunks
 from .speculative import Speculation, decode as speculative_decode
 from .layers import Block, Linear, decode_step, rms_norm
 from ..options import KV_DTYPES
 from .tokenizer import Messages, StreamDecoder, Tokenizer
-
-PREFILL_CHUNK = 512
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident set, MB: VmHWM (its own since exec; ru_maxrss would carry
-    over the parent's peak into a child process on Linux), else ru_maxrss."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # prompt tokens per forward: bounds the attention scores' memory
-
-
-@dataclass
-class Stats:
-    """Figures of the last generation (and of loading), as mnn-llm's demo prints them."""
-
-    load_s: float = 0.0
-    prompt_tokens: int = 0
-    reused_tokens: int = 0   # prompt tokens whose keys / values the cache already held
-    prefill_s: float = 0.0
-    decode_tokens: int = 0   # tokens generated (the first comes from the prefill's logits)
-    decode_steps: int = 0    # forwards that decoding ran (one token each, or a verification)
-    step_tokens: int = 0     # tokens decided from those forwards' logits
-    decode_s: float = 0.0    # time of those forwards and of sampling (and drafting)
-    draft_tokens: int = 0    # speculative decoding: tokens drafted, and those the model kept
-    accepted_tokens: int = 0
-    finish_reason: str = ""
-
-    @property
-    def prefill_tok_s(self) -> float:
-        return (self.prompt_tokens - self.reused_tokens) / self.prefill_s if self.prefill_s else 0.0
-
-    @property
-    def decode_tok_s(self) -> float:
-        return self.step_tokens / self.decode_s if self.decode_s and self.step_tokens else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Speculative decoding: the fraction of drafted tokens the model kept."""
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
-
-    @property
-    def tokens_per_step(self) -> float:
-        return self.step_tokens / self.decode_steps if self.decode_steps else 0.0
-
-    @property
-    def peak_rss_mb(self) -> float:
-        return peak_rss_mb()
-
-    def __str__(self) -> str:
-        spec = (f" (speculative: {self.accepted_tokens} of {self.draft_tokens} drafted tokens kept, "
-                f"{self.tokens_per_step:.2f} tokens per step)") if self.draft_tokens else ""
-        return (f"prefill {self.prompt_tokens - self.reused_tokens} tokens in {self.prefill_s:.3f} s ({self.prefill_tok_s:.1f} tok/s), "
-                f"decode {self.decode_tokens} tokens in {self.decode_s:.3f} s ({self.decode_tok_s:.1f} tok/s){spec}, "
-                f"load {self.load_s:.2f} s, peak RSS {self.peak_rss_mb:.0f} MB")
-
 
 @dataclass
 class Model:
@@ -94,6 +34,8 @@ class Model:
     stats: Stats = field(default_factory=Stats)
     resources: list = field(default_factory=list, repr=False)  # closed by close(): reader threads, files
     kv_cache: str = "float32"          # the KV cache's element type ("float16": half the memory)
+    # prompt prefixes kept across calls (budget 0: only what the model's own cache holds is reused)
+    prefix_cache: PrefixCache = field(default_factory=PrefixCache, repr=False)
 
     # Decode steps run as one compiled call over all blocks (False: block by block in Python,
     # the same operations and results).
@@ -112,7 +54,8 @@ class Model:
         """This model's weights with a KV cache, compiled step, history and stats of its own (and
         no resources: closing the fork closes nothing of this model's)."""
         twin = replace(self, max_context=min(max_context or self.max_context, self.max_context),
-                       stats=Stats(load_s=self.stats.load_s), info=dict(self.info), resources=[])
+                       stats=Stats(load_s=self.stats.load_s), info=dict(self.info), resources=[],
+                       prefix_cache=PrefixCache())
         twin.compiled_decode = self.compiled_decode  # off on the instance for flash models
         return twin
 
@@ -133,7 +76,7 @@ class Model:
     # -- forward ------------------------------------------------------------------------------
     def reset(self) -> None:
         """Forget the KV cache and the chat history."""
-        self.cache.length, self.cache.ids = 0, []
+        self.cache.rollback(0)
         self.history = []
 
     def _forward(self, ids: Sequence[int], start: int, all_positions: bool = False,
@@ -196,29 +139,32 @@ class Model:
         """Teacher-forced logits [len(ids), vocab] from an empty cache (for tests and
         evaluation; ids slimmed away get -inf)."""
         ids = [int(i) for i in ids]
-        self.cache.length, self.cache.ids = 0, []
-        parts = [self._forward(ids[s:s + PREFILL_CHUNK], s, all_positions=True)
-                 for s in range(0, len(ids), PREFILL_CHUNK)]
+        self.cache.rollback(0)
+        parts = [self._forward(ids[a:b], a, all_positions=True) for a, b in prefill_chunks(0, len(ids))]
+        self.cache.prefilled = len(ids)
         return self._full_vocab(np.concatenate(parts))
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
-        """Feed a prompt, reusing the cached prefix it shares with what the cache holds; returns
-        the last position's logits (lm_head's vocabulary)."""
+        """Feed a prompt, reusing the longest prefix the cache or ``prefix_cache`` holds (exactly:
+        the logits and KV rows of prefilling all of it); returns the last position's logits
+        (lm_head's vocabulary)."""
         if not len(ids):
             raise ValueError("the prompt is empty")
-        cached = self.cache.ids[:self.cache.length]
-        common = 0
-        for a, b in zip(cached, ids[:-1]):  # keep >= 1 token to compute logits from
-            if a != b:
-                break
-            common += 1
-        if any(self.cache.windows) and self.cache.length > common + 1:
-            common = 0  # the positions after the prefix overwrote ring slots the prefix's window needs
-        self.stats.reused_tokens = common
-        logits = None
-        for s in range(common, len(ids), PREFILL_CHUNK):
-            logits = self._forward(ids[s:s + PREFILL_CHUNK], s)
-        return logits[0]
+        start = self.stats.reused_tokens = self.prefix_cache.restore(self.cache, ids)
+        return self.prefill_into(self.cache, ids, start, self.prefix_cache)[0]
+
+    def prefill_into(self, cache: KVCache, ids: Sequence[int], start: int,
+                     keep: Optional[PrefixCache] = None) -> np.ndarray:
+        """Prefill ``ids[start:]`` into ``cache`` (holding ``ids[:start]`` from a prefill), the
+        rows kept in ``keep`` chunk by chunk (a ring still holds a chunk's rows after it); the
+        last position's logits [1, lm head]."""
+        ids = [int(i) for i in ids]
+        for a, b in prefill_chunks(start, len(ids)):
+            logits = self._forward(ids[a:b], a, cache=cache)
+            cache.prefilled = b
+            if keep is not None:
+                keep.store(cache)
+        return logits
 
     # -- generation ---------------------------------------------------------------------------
     def stream_ids(self, ids: Sequence[int], max_new_tokens: int = 128, speculative=None, draft_model=None,

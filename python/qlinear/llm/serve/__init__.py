@@ -5,7 +5,8 @@
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``
 (streaming as server-sent events, or one JSON body), ``GET /health``, ``GET /metrics``
 (Prometheus, ``metrics``) and ``GET /openapi.json`` (``openapi``). Concurrent requests
-decode together, one B-row matmul per weight per step (``scheduler``); ``protocol`` checks
+decode together, one B-row matmul per weight per step (``scheduler``); prompts that start
+alike reuse the KV rows of their common prefix (``runtime.prefix_cache``); ``protocol`` checks
 requests and shapes answers; ``app`` is the Starlette app. Needs the ``serve`` extra
 (starlette, uvicorn, prometheus-client).
 """
@@ -24,12 +25,13 @@ __all__ = ["create_app", "serve", "Scheduler", "Sequence", "QueueFull", "Schedul
 
 def serve(model, model_name: str, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 8,
           max_queue: int = 64, api_key: Optional[str] = None, sock: Optional[socket.socket] = None,
-          log_level: str = "info", speculation=None) -> None:
+          log_level: str = "info", speculation=None, cache_mb: float = 512) -> None:
     """Serve ``model`` under ``model_name`` until interrupted (on ``sock`` if given);
-    ``speculation``: the requests' default speculative decoding (``create_app``)."""
+    ``speculation``: the requests' default speculative decoding, ``cache_mb``: the prefix
+    cache's budget (``create_app``)."""
     import uvicorn
 
     app = create_app(model, model_name, max_batch=max_batch, max_queue=max_queue, api_key=api_key,
-                     speculation=speculation)
+                     speculation=speculation, cache_mb=cache_mb)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=None if sock is None else [sock])

@@ -51,11 +51,13 @@ def _sse(obj) -> str:
 
 
 def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int = 64,
-               api_key: Optional[str] = None, speculation: Optional[Speculation] = None) -> Starlette:
+               api_key: Optional[str] = None, speculation: Optional[Speculation] = None,
+               cache_mb: float = 512) -> Starlette:
     """The server's ASGI app; its lifespan starts and stops the scheduler thread. ``speculation``:
     every request's speculative decoding unless the request says otherwise (its ``speculative``
-    field); its draft model, if any, serves the requests that ask for "draft"."""
-    scheduler = Scheduler(model, max_batch=max_batch, max_queue=max_queue)
+    field); its draft model, if any, serves the requests that ask for "draft". ``cache_mb``: the
+    prefix cache's budget (prompts' KV rows kept for the requests that start alike; 0: none)."""
+    scheduler = Scheduler(model, max_batch=max_batch, max_queue=max_queue, cache_mb=cache_mb)
     metrics = prometheus.Metrics(scheduler)
     if speculation is not None and speculation.draft_model is not None:
         check_compatible(model, speculation.draft_model)
@@ -142,7 +144,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         finally:
             watcher.cancel()
             seq.cancel()
-        return JSONResponse(answer.complete("".join(pieces), finish, protocol.usage(len(ids), count),
+        return JSONResponse(answer.complete("".join(pieces), finish, protocol.usage(len(ids), count, seq.cached_tokens),
                                             logprobs and logprobs(seq.entries[:count])))
 
     async def events_of(seq: Sequence, events: asyncio.Queue, text: TextStream) -> AsyncIterator[tuple]:
@@ -188,7 +190,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
                 else:
                     yield _sse(answer.chunk(None, finish_reason=value, logprobs=part()))
                     if req.include_usage:
-                        yield _sse(answer.usage_chunk(protocol.usage(prompt_tokens, count)))
+                        yield _sse(answer.usage_chunk(protocol.usage(prompt_tokens, count, seq.cached_tokens)))
             yield "data: [DONE]\n\n"
         finally:  # finished, failed or the client went away
             seq.cancel()
@@ -218,6 +220,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
                              "waiting": scheduler.waiting, "decode_steps": scheduler.decode_steps,
                              "decoded_tokens": scheduler.decoded_tokens,
                              "decode_seconds": round(scheduler.decode_seconds, 6),
+                             "prefix_cache": scheduler.prefix.figures(),
                              "speculative": {"draft_tokens": spec.draft_tokens, "accepted_tokens": spec.accepted_tokens,
                                              "acceptance_rate": round(spec.acceptance_rate, 4),
                                              "verifications": spec.decode_steps,

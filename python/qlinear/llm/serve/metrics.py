@@ -1,6 +1,7 @@
 """The server's Prometheus metrics (GET /metrics), in a registry of the app's own (several apps
 may share a process): the scheduler's figures read when scraped (queue depth, running sequences,
-decode steps and their seconds, speculative drafted and accepted tokens), and what the HTTP side
+decode steps and their seconds, speculative drafted and accepted tokens, the prefix cache's
+lookups, hits, cached tokens and bytes), and what the HTTP side
 counts as it goes (tokens generated, time to first token, requests by endpoint and status)."""
 
 from __future__ import annotations
@@ -33,8 +34,17 @@ class SchedulerFigures:
                 ("qlinear_decode_steps", "Decode steps run.", s.decode_steps),
                 ("qlinear_decode_seconds", "Seconds spent in the decode steps themselves.", s.decode_seconds),
                 ("qlinear_speculative_draft_tokens", "Tokens drafted by speculative decoding.", spec.draft_tokens),
-                ("qlinear_speculative_accepted_tokens", "Drafted tokens the model kept.", spec.accepted_tokens)):
+                ("qlinear_speculative_accepted_tokens", "Drafted tokens the model kept.", spec.accepted_tokens),
+                ("qlinear_prefix_cache_lookups", "Prompts looked up in the prefix cache.", s.prefix.lookups),
+                ("qlinear_prefix_cache_hits", "Prompts that reused a cached prefix.", s.prefix.hits),
+                ("qlinear_prompt_tokens", "Prompt tokens of the requests started.", s.prefix.prompt_tokens),
+                ("qlinear_prefix_cache_cached_tokens", "Prompt tokens whose KV rows came from the prefix cache.",
+                 s.prefix.cached_tokens),
+                ("qlinear_prefix_cache_evicted_blocks", "Prefix cache blocks evicted (least recently used).",
+                 s.prefix.evicted_blocks)):
             yield CounterMetricFamily(name, doc, value=value)
+        yield GaugeMetricFamily("qlinear_prefix_cache_bytes", "Bytes of KV rows the prefix cache holds.",
+                                value=s.prefix.nbytes)
 
 
 class Metrics:

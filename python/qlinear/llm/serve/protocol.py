@@ -217,9 +217,11 @@ class Answer:
         return {**self._envelope("chat.completion.chunk" if self.chat else "text_completion", []), "usage": usage}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """As OpenAI reports it; cached_tokens: the prompt's tokens whose KV rows were reused."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def models_list(model_name: str, created: int) -> dict:

@@ -28,7 +28,9 @@ from typing import Optional
 import numpy as np
 
 from ..runtime.layers import decode_step
-from ..runtime.model import PREFILL_CHUNK, Model, Stats
+from ..runtime.model import Model
+from ..runtime.prefix_cache import PREFILL_CHUNK, PrefixCache
+from ..runtime.stats import Stats
 from ..runtime.speculative import Speculator
 from .logprobs import record
 from .sequence import Sequence
@@ -44,15 +46,17 @@ class SchedulerClosed(Exception):
 
 class Scheduler:
     """Runs sequences on ``model`` in a thread of its own; at most ``max_batch`` decode together,
-    at most ``max_queue`` more wait for a place (submit raises QueueFull beyond that)."""
+    at most ``max_queue`` more wait for a place (submit raises QueueFull beyond that). Prompts'
+    prefixes are kept in a ``runtime.prefix_cache.PrefixCache`` of ``cache_mb`` MB (0: none)."""
 
-    def __init__(self, model: Model, max_batch: int = 8, max_queue: int = 64):
+    def __init__(self, model: Model, max_batch: int = 8, max_queue: int = 64, cache_mb: float = 512):
         for name, value, least in (("max_batch", max_batch, 1), ("max_queue", max_queue, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
         if model.info.get("memory") == "flash":  # its FFNs stream from disk once per token, not per sequence
             raise ValueError("serving a memory='flash' model is not supported: load it with memory='low' (the default)")
         self.model, self.max_batch, self.max_queue = model, max_batch, max_queue
+        self.prefix = PrefixCache(cache_mb)  # used by the scheduler's thread only
         # the model's own step, in a DecodeStep of the scheduler's (its buffers): None when it
         # does not compile (float weights), then sequences run one by one through the blocks
         self._step = decode_step(model.blocks, model.norm, model.lm_head, model.cache) if model.compiled_decode else None
@@ -155,7 +159,8 @@ class Scheduler:
         self._emit(seq, kind, value)
 
     def _start(self, seq: Sequence) -> None:
-        """Prefill the prompt into a new cache of the sequence's own; its first token."""
+        """Prefill the prompt into a new cache of the sequence's own (after the prefix the prefix
+        cache holds, copied into it); its first token."""
         if seq.cancelled:
             return self._finish(seq, "done", "cancelled")
         self._running.append(seq)  # holds its place from now on
@@ -168,9 +173,8 @@ class Scheduler:
             if spec is not None:
                 draft = None if spec.draft_model is None else spec.draft_model.fork(len(seq.ids) + seq.max_tokens)
                 seq.speculator = Speculator(spec, self.model, seq.sampler, draft)
-            logits = None
-            for s in range(0, len(seq.ids), PREFILL_CHUNK):
-                logits = self.model._forward(seq.ids[s:s + PREFILL_CHUNK], s, cache=seq.cache)
+            start = seq.cached_tokens = self.prefix.restore(seq.cache, seq.ids)
+            logits = self.model.prefill_into(seq.cache, seq.ids, start, self.prefix)
         except Exception as e:  # noqa: BLE001  (answered to the request; the server goes on)
             return self._finish(seq, "error", f"{type(e).__name__}: {e}")
         self._accept(seq, logits[0])

@@ -36,6 +36,7 @@ class Sequence:
         self.speculation = None if constraint is not None else speculation
         self.speculator: Optional[Speculator] = None  # the scheduler's, while it runs
         self.cache: Optional[KVCache] = None
+        self.cached_tokens = 0  # the prompt's leading tokens whose KV rows the prefix cache held
         self.tokens = list(self.ids)  # the prompt and the tokens generated (what drafts follow)
         self.generated = 0
         self.next_token: Optional[int] = None

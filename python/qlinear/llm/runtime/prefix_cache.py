@@ -1,0 +1,224 @@
+"""Prompt prefixes computed once: the KV rows of a prompt's leading positions, kept across
+requests and turns of a conversation, so that a prompt that starts as an earlier one did prefills
+only what follows.
+
+Exactness. A position's keys and values depend on the tokens up to it and on the path that
+computed them: the prefill path (GEMM rows equal to the one-row GEMV, attention whose key blocks
+sit at absolute positions, so a row's sums do not depend on where the prompt was cut into chunks)
+or the decode path (another attention kernel: other sums). Only rows a prefill computed are reused
+(``KVCache.prefilled``), and a prefill never runs a one-row chunk (that row would take the decode
+attention): a prompt whose prefix is reused gets the logits, tokens and KV rows bit for bit that
+prefilling all of it gives. A generated reply's rows come from decode steps: the next turn's prompt
+prefills them again (then they are kept).
+
+The store (``PrefixCache``) holds fixed-size blocks of rows keyed by a hash chain of the tokens
+(a block's key: the previous block's key and its own tokens), one copy of each block however many
+prompts share it, least recently used blocks evicted first beyond a budget of bytes. A sequence's
+own cache is contiguous (the attention kernels read it so): reused blocks are copied into it, a
+memory copy per block against a prefill's work per token. Sliding-window layers keep a ring of
+their window: a block keeps such a layer's rows only while they were still in the ring, and a
+prefix is reused only up to where every ring can be refilled with the window it needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .kv_cache import KVCache
+
+PREFILL_CHUNK = 512  # prompt tokens per forward: bounds the attention scores' memory
+
+
+def prefill_chunks(start: int, end: int) -> list:
+    """The [first, last) chunks a prefill of positions start..end runs: cut at multiples of
+    PREFILL_CHUNK (where a prefill from 0 cuts), a one-row last chunk joined to the chunk before
+    it (one row would take the decode path's attention, whose sums differ)."""
+    cuts = [start] + list(range((start // PREFILL_CHUNK + 1) * PREFILL_CHUNK, end, PREFILL_CHUNK)) + [end]
+    if len(cuts) > 2 and cuts[-1] - cuts[-2] == 1:
+        del cuts[-2]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def own_prefix(cache: KVCache, ids: Sequence[int]) -> int:
+    """How many leading positions of ``ids`` the cache itself holds as a prefill computed them, and
+    can resume after: at most len(ids) - 2 (the rest is a prefill of >= 2 rows), 0 when its rings
+    hold positions past that prefix (they overwrote slots the prefix's window needs)."""
+    limit = min(len(ids) - 2, cache.prefilled)
+    common = 0
+    for a, b in zip(cache.ids[:max(limit, 0)], ids):
+        if a != b:
+            break
+        common += 1
+    if any(cache.windows) and cache.length > common + 1:
+        return 0
+    return common
+
+
+@dataclass
+class _Block:
+    """Rows of ``len(tokens)`` positions (fewer than the store's block: a prompt's tail, a leaf
+    of the chain). A ring layer keeps the rows its ring still held: from offset ``lo[i]`` on."""
+    tokens: tuple
+    k: list  # per layer: [kv_heads, len(tokens) - lo[i], head_dim] (None: no row left)
+    v: list
+    lo: list
+    nbytes: int
+
+
+class PrefixCache:
+    """Blocks of ``block`` positions' KV rows, at most ``budget_mb`` MB of them (0: none kept;
+    then only a cache's own prefix is reused). Used by one thread (the scheduler's, or the
+    model's caller)."""
+
+    def __init__(self, budget_mb: float = 0, block: int = 32):
+        if isinstance(budget_mb, bool) or not isinstance(budget_mb, (int, float)) or not budget_mb >= 0:
+            raise ValueError(f"the prefix cache's budget must be a number of MB >= 0, got {budget_mb!r}")
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise ValueError(f"block must be an int >= 1, got {block!r}")
+        self.budget, self.block = int(budget_mb * 2**20), block
+        self._blocks: OrderedDict = OrderedDict()  # key -> _Block, least recently used first
+        self.nbytes = 0
+        self._shape = None  # of the caches it serves (set by the first)
+        self.lookups = self.hits = self.prompt_tokens = self.cached_tokens = self.evicted_blocks = 0
+
+    @property
+    def blocks(self) -> int:
+        return len(self._blocks)
+
+    @property
+    def hit_rate(self) -> float:
+        """The share of prompt tokens whose rows came from the cache."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def figures(self) -> dict:
+        return {"budget_bytes": self.budget, "bytes": self.nbytes, "blocks": self.blocks, "lookups": self.lookups,
+                "hits": self.hits, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                "hit_rate": round(self.hit_rate, 4), "evicted_blocks": self.evicted_blocks}
+
+    @staticmethod
+    def _key(parent: bytes, tokens: Sequence[int]) -> bytes:
+        return hashlib.blake2b(parent + np.asarray(tokens, np.int64).tobytes(), digest_size=16).digest()
+
+    def _spans(self, count: int) -> list:
+        """[first, last) of the blocks of ``count`` positions: whole blocks, then the tail."""
+        return [(a, min(a + self.block, count)) for a in range(0, count, self.block)]
+
+    def _check(self, cache: KVCache) -> None:
+        """One store serves the caches of one model: the same layers, heads, width and type."""
+        shape = tuple((w, cache.k[i].shape[0], cache.k[i].shape[2], cache.k[i].dtype.str)
+                      for i, w in enumerate(cache.windows))
+        if self._shape is None:
+            self._shape = shape
+        elif shape != self._shape:
+            raise ValueError("this prefix cache holds another model's rows (layers, heads, head size, "
+                             "sliding windows or element type differ)")
+
+    # -- reuse ------------------------------------------------------------------------------------
+    def restore(self, cache: KVCache, ids: Sequence[int]) -> int:
+        """Make ``cache`` hold the longest prefix of ``ids`` that it, or this store, has (leaving
+        >= 2 positions to prefill); returns that prefix's length, where the prefill resumes."""
+        ids = [int(i) for i in ids]
+        own = own_prefix(cache, ids)
+        found = self._longest(cache, ids, own)
+        start = own
+        if found:
+            start = found[-1][2]
+            self._copy_in(cache, found, own)
+        cache.length, cache.ids, cache.prefilled = start, ids[:start], start
+        cache.forget_saved()
+        self.lookups += 1
+        self.hits += start > 0
+        self.prompt_tokens += len(ids)
+        self.cached_tokens += start
+        return start
+
+    def _longest(self, cache: KVCache, ids: list, beyond: int) -> list:
+        """The stored blocks [(block, first, last)] of the longest prefix of ``ids`` longer than
+        ``beyond`` and at most len(ids) - 2 long whose rows can fill ``cache`` (every ring's window
+        before its end present); [] if none."""
+        self._check(cache)
+        limit = len(ids) - 2
+        if not self._blocks or limit <= beyond:
+            return []
+        chain, parent = [], b""
+        for a in range(0, limit - self.block + 1, self.block):  # whole blocks
+            key = self._key(parent, ids[a:a + self.block])
+            b = self._blocks.get(key)
+            if b is None or b.tokens != tuple(ids[a:a + self.block]):
+                break
+            chain.append((key, b, a, a + self.block))
+            parent = key
+        a = len(chain) * self.block
+        for m in range(min(self.block - 1, limit - a), 0, -1):  # a tail after them
+            tail_key = self._key(parent, ids[a:a + m])
+            b = self._blocks.get(tail_key)
+            if b is not None and b.tokens == tuple(ids[a:a + m]):
+                chain.append((tail_key, b, a, a + m))
+                break
+        while chain and chain[-1][3] > beyond:
+            end = chain[-1][3]
+            if all(b.lo[i] <= max(0, end - w + 1 - first)
+                   for i, w in enumerate(cache.windows) if w
+                   for _, b, first, last in chain if last > end - w + 1):
+                for key, *_ in reversed(chain):  # the chain's head most recent: leaves are evicted first
+                    self._blocks.move_to_end(key)
+                return [(b, first, last) for _, b, first, last in chain]
+            chain.pop()
+        return []
+
+    def _copy_in(self, cache: KVCache, found: list, own: int) -> None:
+        end = found[-1][2]
+        for i, w in enumerate(cache.windows):
+            need = max(0, end - w + 1) if w else own  # a ring: its window; else what the cache lacks
+            for b, first, last in found:
+                lo = max(need, first)
+                if lo >= last:
+                    continue
+                pos = np.arange(lo, last)
+                slots = pos % w if w else pos
+                rows = slice(lo - first - b.lo[i], last - first - b.lo[i])
+                cache.k[i][:, slots], cache.v[i][:, slots] = b.k[i][:, rows], b.v[i][:, rows]
+
+    # -- keeping ------------------------------------------------------------------------------------
+    def store(self, cache: KVCache) -> None:
+        """Keep the rows ``cache`` holds as a prefill computed them: its whole blocks and its tail."""
+        if not self.budget:
+            return
+        self._check(cache)
+        count = min(cache.prefilled, cache.length)
+        keys, key = [], b""
+        for first, last in self._spans(count):
+            key = self._key(key, cache.ids[first:last])
+            keys.append(key)
+            have = self._blocks.get(key)
+            if have is not None and not any(have.lo):
+                continue
+            k, v, lo = [], [], []
+            for i, w in enumerate(cache.windows):
+                held = min(max(0, cache.length - w - first), last - first) if w else 0  # rows a ring lost
+                if have is not None and have.lo[i] <= held:
+                    k.append(have.k[i]), v.append(have.v[i]), lo.append(have.lo[i])
+                    continue
+                pos = np.arange(first + held, last)
+                slots = pos % w if w else pos
+                k.append(np.ascontiguousarray(cache.k[i][:, slots]) if len(pos) else None)
+                v.append(np.ascontiguousarray(cache.v[i][:, slots]) if len(pos) else None)
+                lo.append(held)
+            nbytes = sum(a.nbytes for a in k + v if a is not None)
+            self.nbytes += nbytes - (have.nbytes if have is not None else 0)
+            self._blocks[key] = _Block(tuple(cache.ids[first:last]), k, v, lo, nbytes)
+        for key in reversed(keys):
+            self._blocks.move_to_end(key)
+        while self.nbytes > self.budget:  # the least recently used first: this chain's last
+            _, b = self._blocks.popitem(last=False)
+            self.nbytes -= b.nbytes
+            self.evicted_blocks += 1
+
+    def clear(self) -> None:
+        self._blocks.clear()
+        self.nbytes = 0
