@@ -141,3 +141,26 @@ def test_bad_budgets_and_other_models_rows_are_refused(checkpoints):
     a.prefill(prompt(0, 40, a.config.vocab_size))
     with pytest.raises(ValueError, match="another model"):
         b.prefill(prompt(0, 40, b.config.vocab_size))
+
+
+def test_rings_and_full_caches_share_a_store(checkpoints, monkeypatch):
+    """The server sizes each sequence's cache by its prompt and max_tokens: a sliding layer is a
+    ring in some caches and holds every position in others. A store's blocks serve both, each
+    only with the rows it needs (a full cache every row, a ring its window)."""
+    monkeypatch.setattr(prefix_cache, "PREFILL_CHUNK", 16)  # a chunk's rows all in the ring after it
+    model = load(checkpoints["mistral"])  # window 24
+    store, vocab = PrefixCache(64, block=8), model.config.vocab_size
+    long, short = prompt(1, 100, vocab), prompt(1, 18, vocab) + [7, 8]
+    ring, full = model.new_cache(200), model.new_cache(24)
+    assert ring.windows[0] == 24 and full.windows[0] == 0
+    model.prefill_into(ring, long, store.restore(ring, long), store)  # chunk by chunk: every row kept
+    assert store.restore(full, short) == 16  # whole blocks (the long prompt's tail is elsewhere)
+    want = fresh(checkpoints["mistral"], short, "float32")[0]
+    np.testing.assert_array_equal(model.prefill_into(full, short, 16)[0], want)
+
+    store = PrefixCache(64, block=8)
+    model.prefill_into(ring, long, store.restore(ring, long))  # kept after the prefill: the ring's window only
+    store.store(ring)
+    assert store.restore(model.new_cache(24), short) == 0  # a full cache needs rows the ring had lost
+    assert store.restore(model.new_cache(200), long[:90] + [7, 8]) == 0  # 65..75 were lost
+    assert store.restore(model.new_cache(200), long + [7, 8]) == 100  # a ring needs its window only

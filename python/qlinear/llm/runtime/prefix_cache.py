@@ -110,13 +110,13 @@ class PrefixCache:
 
     def _check(self, cache: KVCache) -> None:
         """One store serves the caches of one model: the same layers, heads, width and type."""
-        shape = tuple((w, cache.k[i].shape[0], cache.k[i].shape[2], cache.k[i].dtype.str)
-                      for i, w in enumerate(cache.windows))
+        shape = tuple((cache.k[i].shape[0], cache.k[i].shape[2], cache.k[i].dtype.str)
+                      for i in range(len(cache.windows)))
         if self._shape is None:
             self._shape = shape
         elif shape != self._shape:
-            raise ValueError("this prefix cache holds another model's rows (layers, heads, head size, "
-                             "sliding windows or element type differ)")
+            raise ValueError("this prefix cache holds another model's rows (layers, heads, head size "
+                             "or element type differ)")
 
     # -- reuse ------------------------------------------------------------------------------------
     def restore(self, cache: KVCache, ids: Sequence[int]) -> int:
@@ -162,19 +162,25 @@ class PrefixCache:
                 break
         while chain and chain[-1][3] > beyond:
             end = chain[-1][3]
-            if all(b.lo[i] <= max(0, end - w + 1 - first)
-                   for i, w in enumerate(cache.windows) if w
-                   for _, b, first, last in chain if last > end - w + 1):
+            if all(b.lo[i] <= max(0, need - first)
+                   for i, need in enumerate(self._needed(cache, beyond, end))
+                   for _, b, first, last in chain if last > need):
                 for key, *_ in reversed(chain):  # the chain's head most recent: leaves are evicted first
                     self._blocks.move_to_end(key)
                 return [(b, first, last) for _, b, first, last in chain]
             chain.pop()
         return []
 
+    @staticmethod
+    def _needed(cache: KVCache, own: int, end: int) -> list:
+        """Per layer, the first position whose rows the cache needs to resume at ``end``: a ring,
+        its window's; else the first it lacks (it holds ``own``)."""
+        return [max(0, end - w + 1) if w else own for w in cache.windows]
+
     def _copy_in(self, cache: KVCache, found: list, own: int) -> None:
         end = found[-1][2]
-        for i, w in enumerate(cache.windows):
-            need = max(0, end - w + 1) if w else own  # a ring: its window; else what the cache lacks
+        for i, need in enumerate(self._needed(cache, own, end)):
+            w = cache.windows[i]
             for b, first, last in found:
                 lo = max(need, first)
                 if lo >= last:
