@@ -11,10 +11,11 @@ serve   N requests with random JSON schemas (nested objects, enums, arrays, requ
         response_format.
 
     python bench/structured.py masks [--model models/stdlib-qwen2] [--docs 40]
-    python bench/structured.py serve [--model models/stdlib-qwen2] [--requests 500] [--clients 8]
+    python bench/structured.py serve [--model models/stdlib-qwen2] [--requests 500] [--clients 8] [--rounds 3]
 
-Schemas bound their strings (maxLength) and arrays (maxItems): a weak model may otherwise write
-one string for ever, and the answer would end at max_tokens, cut (finish_reason "length").
+Schemas bound their strings (maxLength), arrays (maxItems) and numbers' digits (multipleOf): a
+weak model may otherwise write one string or number for ever, and the answer would end at
+max_tokens, cut (finish_reason "length").
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _leaf(rng: random.Random) -> dict:
         lo = rng.randint(-50, 50)
         return {"type": "integer", "minimum": lo, "maximum": lo + rng.randint(1, 1000)}
     if kind == "number":
-        return {"type": "number", "minimum": 0, "maximum": 100}
+        return {"type": "number", "minimum": 0, "maximum": 100, "multipleOf": 0.25}  # else digits without end
     return {"type": "boolean"}
 
 
@@ -84,7 +85,7 @@ def random_instance(schema: dict, rng: random.Random):
     if t == "integer":
         return rng.randint(schema["minimum"], schema["maximum"])
     if t == "number":
-        return round(rng.uniform(0, 100), rng.randint(0, 3))
+        return rng.randint(0, 400) / 4
     return rng.random() < 0.5
 
 
@@ -93,11 +94,16 @@ def dumps(doc) -> str:
 
 
 # -- masks ------------------------------------------------------------------------------------
+COMPILE = {"llguidance": [], "xgrammar": []}  # seconds to compile a schema's grammar, per library
+
+
 def _walk_llguidance(grammars, schema, ids, rows):
     from qlinear.llm.serve import structured
 
     logits = np.zeros(rows, np.float32)
+    t0 = time.perf_counter()
     c = grammars.constraint(structured.json_grammar(schema))
+    COMPILE["llguidance"].append(time.perf_counter() - t0)
     times = []
     for t in ids:
         t0 = time.perf_counter()
@@ -111,8 +117,10 @@ def _walk_llguidance(grammars, schema, ids, rows):
 def _walk_xgrammar(xgr, compiler, info, schema, ids, rows):
     import torch
 
+    t0 = time.perf_counter()
     grammar = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False, separators=(", ", ": "))
     matcher = xgr.GrammarMatcher(grammar)
+    COMPILE["xgrammar"].append(time.perf_counter() - t0)
     bitmask = xgr.allocate_token_bitmask(1, info.vocab_size)
     logits = torch.zeros(1, rows)
     times = []
@@ -178,6 +186,10 @@ def masks(model_dir: Path, docs: int, seed: int = 0) -> dict:
                   "(torch, transformers)", flush=True)
     except ImportError as e:
         print(f"xgrammar not measured: {e}")
+    for lib, t in COMPILE.items():
+        if t:
+            out[f"{lib}_compile_ms"] = 1000 * float(np.mean(t))
+            print(f"{lib}: {out[f'{lib}_compile_ms']:.2f} ms to compile a schema (mean of {len(t)})")
     ms = step_ms(model_dir)
     share = 8 * out[f"llguidance_us_{tok.vocab_size}"] / 1000 / ms
     out.update(step_ms_batch8=ms, mask_share_batch8=share)
@@ -196,27 +208,32 @@ def _requests(n: int, seed: int) -> list:
     return [random_schema(rng) for _ in range(n)]
 
 
-def run_clients(base_url: str, model_name: str, schemas: list, clients: int, constrained: bool,
+def run_clients(base_url: str, model_name: str, schemas: list, clients: int, lengths=None,
                 max_tokens: int = 256, seed: int = 0) -> dict:
-    """Every schema's request through ``clients`` concurrent openai clients; answers checked."""
+    """Every schema's request through ``clients`` concurrent openai clients, with response_format
+    (answers validated), or when ``lengths`` is given without it, each generating exactly its
+    structured twin's number of tokens (ignore_eos): the same prompts, prefills and tokens."""
     import jsonschema
     import openai
 
     local = threading.local()
     lock = threading.Lock()
-    tally = {"parsed": 0, "valid": 0, "finish": {}, "tokens": 0, "failures": []}
+    tally = {"valid": 0, "finish": {}, "tokens": 0, "lengths": [0] * len(schemas), "failures": []}
 
     def one(i):
         if not hasattr(local, "client"):
             local.client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600)
         schema = schemas[i]
-        extra = {"response_format": {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema,
-                                                                              "strict": True}}} if constrained else {}
+        if lengths is None:
+            extra = {"max_tokens": max_tokens, "response_format": {
+                "type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}}}
+        else:
+            extra = {"max_tokens": lengths[i], "extra_body": {"ignore_eos": True}}
         r = local.client.chat.completions.create(
-            model=model_name, temperature=0.7, seed=seed + i, max_tokens=max_tokens,
-            messages=[{"role": "user", "content": prompt(schema)}], **extra)
+            model=model_name, temperature=0.7, seed=seed + i, messages=[{"role": "user", "content": prompt(schema)}],
+            **extra)
         text, finish = r.choices[0].message.content, r.choices[0].finish_reason
-        ok = False
+        ok, error = False, None
         try:
             jsonschema.validate(json.loads(text), schema)
             ok = True
@@ -224,9 +241,10 @@ def run_clients(base_url: str, model_name: str, schemas: list, clients: int, con
             error = f"{type(e).__name__}: {str(e)[:120]}"
         with lock:
             tally["tokens"] += r.usage.completion_tokens
+            tally["lengths"][i] = r.usage.completion_tokens
             tally["finish"][finish] = tally["finish"].get(finish, 0) + 1
             tally["valid"] += ok
-            if not ok and constrained and len(tally["failures"]) < 5:
+            if not ok and lengths is None and len(tally["failures"]) < 5:
                 tally["failures"].append({"text": text[:300], "finish": finish, "error": error})
 
     t0 = time.perf_counter()
@@ -237,41 +255,34 @@ def run_clients(base_url: str, model_name: str, schemas: list, clients: int, con
     return tally
 
 
-def serve(model_dir: Path, requests: int, clients: int) -> dict:
-    import socket
-
-    import uvicorn
+def serve(model_dir: Path, requests: int, clients: int, threads: int, rounds: int = 3) -> dict:
+    """Rounds of the structured requests and their unconstrained twins, alternated; a server
+    process of its own (serve_load.Server), the clients in this one."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from serve_load import NAME, Server
 
     from qlinear import llm
-    from qlinear.llm.serve import create_app
 
-    model = llm.load(model_dir, progress=False)
-    app = create_app(model, "bench", max_batch=clients, max_queue=requests)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    context = llm.load(model_dir, progress=False).max_context
     schemas = _requests(requests, seed=1)
-    try:
-        run_clients(url, "bench", schemas[:clients], clients, True)  # warm up (llguidance's tokenizer)
-        out = {}
-        for name, constrained in (("free", False), ("structured", True), ("free_again", False)):
-            out[name] = r = run_clients(url, "bench", schemas, clients, constrained)
-            print(f"{name}: {r['tokens']} tokens in {r['seconds']:.1f} s, {r['tok_s']:.1f} tok/s; "
-                  f"{r['valid']}/{requests} valid; finish {r['finish']}", flush=True)
-            for f in r["failures"]:
-                print("  failed:", f)
-        free = (out["free"]["tok_s"] + out["free_again"]["tok_s"]) / 2
-        out["ratio"] = out["structured"]["tok_s"] / free
-        print(f"structured / free throughput: {out['ratio']:.3f} ({clients} clients)")
-        return out
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    out = {"requests": requests, "clients": clients, "structured": [], "free": []}
+    with Server(model_dir, threads, max_batch=clients, max_context=context, max_queue=requests) as server:
+        run_clients(server.url, NAME, schemas[:clients], clients)  # warm up (llguidance's tokenizer)
+        for _ in range(rounds):
+            s = run_clients(server.url, NAME, schemas, clients)
+            f = run_clients(server.url, NAME, schemas, clients, lengths=s["lengths"])
+            for name, r in (("structured", s), ("free", f)):
+                out[name].append({k: v for k, v in r.items() if k != "lengths"})
+                print(f"{name}: {r['tokens']} tokens in {r['seconds']:.1f} s, {r['tok_s']:.1f} tok/s"
+                      + (f"; {r['valid']}/{requests} valid; finish {r['finish']}" if name == "structured" else ""),
+                      flush=True)
+            for failure in s["failures"]:
+                print("  failed:", failure)
+    out["valid"] = min(r["valid"] for r in out["structured"])
+    out["ratio"] = float(np.mean([r["tok_s"] for r in out["structured"]]) / np.mean([r["tok_s"] for r in out["free"]]))
+    print(f"{model_dir.name}: {out['valid']}/{requests} valid in every round; structured / unconstrained "
+          f"throughput {out['ratio']:.3f} ({clients} clients, {threads} threads)")
+    return out
 
 
 def main(argv=None) -> int:
@@ -281,12 +292,15 @@ def main(argv=None) -> int:
     p.add_argument("--docs", type=int, default=40)
     p.add_argument("--requests", type=int, default=500)
     p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", type=Path, help="write the figures here")
     args = p.parse_args(argv)
-    out = masks(args.model, args.docs) if args.mode == "masks" else serve(args.model, args.requests, args.clients)
+    out = (masks(args.model, args.docs) if args.mode == "masks"
+           else serve(args.model, args.requests, args.clients, args.threads, args.rounds))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
-    return 0 if args.mode == "masks" or out["structured"]["valid"] == args.requests else 1
+    return 0 if args.mode == "masks" or out["valid"] == args.requests else 1
 
 
 if __name__ == "__main__":

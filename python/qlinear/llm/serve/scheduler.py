@@ -250,9 +250,10 @@ class Scheduler:
     def _accept(self, seq: Sequence, logits: np.ndarray) -> None:
         """Sample the next token (as Model.stream_ids does) and decide it."""
         try:
-            if seq.constraint is not None:  # structured output: the rows the grammar allows, only
-                logits = seq.constraint.mask(logits)
-            row = seq.sampler(logits, ())
+            if seq.constraint is not None:  # structured output: a row the grammar allows (masked logits for logprobs)
+                row, logits = seq.constraint.sample(seq.sampler, logits, seq.logprobs is not None)
+            else:
+                row = seq.sampler(logits, ())
         except Exception as e:  # noqa: BLE001  (e.g. NaN logits: this sequence fails, not the batch)
             return self._finish(seq, "error", f"{type(e).__name__}: {e}")
         self._decided(seq, row, logits)

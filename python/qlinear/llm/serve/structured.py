@@ -21,6 +21,7 @@ import numpy as np
 
 from .protocol import ApiError
 
+COMPILED = 64  # grammars kept compiled (a compilation: ~0.6 ms for a small schema, 4,096 tokens)
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
@@ -49,7 +50,7 @@ def check_grammar(grammar: str, param: str) -> str:
 
 def response_format(body: dict) -> Optional[str]:
     """The grammar a request's ``response_format`` asks for (None: free text); ApiError 400 for a
-    malformed one or a schema llguidance rejects."""
+    malformed one (a schema llguidance rejects: at ``Grammars.constraint``)."""
     fmt = body.get("response_format")
     if fmt is None:
         return None
@@ -57,7 +58,7 @@ def response_format(body: dict) -> Optional[str]:
     if kind == "text":
         return None
     if kind == "json_object":
-        return check_grammar(json_grammar({"type": "object"}), "response_format")
+        return json_grammar({"type": "object"})
     if kind != "json_schema":
         raise ApiError(400, "'response_format' must be an object with 'type' \"text\", \"json_object\" or "
                             f"\"json_schema\", got {json.dumps(fmt)[:80]}", param="response_format")
@@ -69,7 +70,7 @@ def response_format(body: dict) -> Optional[str]:
     if not isinstance(schema, dict):
         raise ApiError(400, "'response_format.json_schema.schema' must be a JSON Schema object, got "
                             f"{json.dumps(schema)[:80]}", param="response_format")
-    return check_grammar(json_grammar(schema), "response_format")
+    return json_grammar(schema)  # compiled (and its errors found) by Grammars.constraint, once
 
 
 class Grammars:
@@ -81,6 +82,7 @@ class Grammars:
         self._ll = None
         self._lock = threading.Lock()
         self._row_bits: Optional[np.ndarray] = None
+        self._compiled: dict = {}  # grammar -> its matcher at the start (the event loop's thread only)
 
     def _setup(self):
         with self._lock:
@@ -102,12 +104,18 @@ class Grammars:
             self._row_bits = np.where(ids < self._ll[1].vocab_size, ids, 32 * self.words).astype(np.intp)
         return self._row_bits
 
-    def constraint(self, grammar: str) -> "Constraint":
-        llg, tok = self._setup()
-        matcher = llg.LLMatcher(tok, grammar, log_level=0)
-        if matcher.is_error():
-            raise ApiError(400, f"the grammar cannot be used: {matcher.get_error()}", param="response_format")
-        return Constraint(self, matcher)
+    def constraint(self, grammar: str, param: str = "response_format") -> "Constraint":
+        """A new sequence's constraint; ApiError 400 if llguidance cannot compile ``grammar``."""
+        matcher = self._compiled.pop(grammar, None)  # a schema seen lately: copied, not compiled again
+        if matcher is None:
+            llg, tok = self._setup()
+            matcher = llg.LLMatcher(tok, grammar, log_level=0)
+            if matcher.is_error():
+                raise ApiError(400, f"'{param}': the schema cannot be used: {matcher.get_error()}", param=param)
+        self._compiled[grammar] = matcher  # the most recent last
+        while len(self._compiled) > COMPILED:
+            del self._compiled[next(iter(self._compiled))]
+        return Constraint(self, matcher.deep_copy())
 
 
 class Constraint:
@@ -118,24 +126,36 @@ class Constraint:
         self.grammars, self.matcher = grammars, matcher
         self.bits = np.zeros(grammars.words + 1, np.int32)  # the mask, and a 0 word for rows past it
 
-    def mask(self, logits: np.ndarray) -> np.ndarray:
-        """``logits`` (one row per lm head row) with the rows the grammar forbids at -inf."""
+    def allowed(self, rows: int) -> np.ndarray:
+        """Which of the lm head's ``rows`` rows the grammar allows next (bool)."""
         g = self.grammars
         self.matcher.unsafe_compute_mask_ptr(self.bits.ctypes.data, 4 * g.words)
         if self.matcher.is_error():
             raise RuntimeError(f"structured output: {self.matcher.get_error()}")
         bits = np.unpackbits(self.bits.view(np.uint8), bitorder="little").view(bool)
-        index, rows = g.row_bits(), len(logits)
+        index = g.row_bits()
         if index is not None:
-            allowed = bits[index]
-        elif rows <= len(bits):
-            allowed = bits[:rows]
-        else:  # a padded lm head: its rows past the tokenizer's tokens are never allowed
-            allowed = np.concatenate([bits, np.zeros(rows - len(bits), bool)])
-        if not allowed.any():
+            return bits[index]
+        if rows <= len(bits):
+            return bits[:rows]
+        return np.concatenate([bits, np.zeros(rows - len(bits), bool)])  # a padded lm head's extra rows: never
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """``logits`` (one per lm head row) with the rows the grammar forbids at -inf."""
+        return np.where(self.allowed(len(logits)), logits, np.float32(-np.inf))
+
+    def sample(self, sampler, logits: np.ndarray, masked: bool) -> tuple:
+        """(row, logits) of the next token: ``sampler`` run on the allowed rows' logits alone (the
+        distribution of the masked row: forbidden rows have probability 0 and do not move top-k,
+        top-p or argmax; the draw walks the same cumulative sums), a forced token taken as it is.
+        The logits returned are the masked row if ``masked`` (for logprobs), else ``logits``."""
+        allowed = self.allowed(len(logits))
+        rows = np.flatnonzero(allowed)
+        if not len(rows):
             raise RuntimeError("structured output: the grammar's next token is not among the rows of this "
                                "model's slimmed lm head")
-        return np.where(allowed, logits, np.float32(-np.inf))
+        row = int(rows[0]) if len(rows) == 1 else int(rows[sampler(logits[rows], ())])
+        return row, (np.where(allowed, logits, np.float32(-np.inf)) if masked else logits)
 
     def advance(self, token: int) -> bool:
         """False if ``token`` is off the grammar (the matcher is then in error)."""
