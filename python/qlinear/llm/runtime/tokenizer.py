@@ -56,7 +56,10 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
-    def apply_chat_template(self, messages: Messages, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: Messages, add_generation_prompt: bool = True,
+                            tools: Optional[list] = None) -> str:
+        """The template's text of ``messages``; ``tools``: function definitions (OpenAI's shape) the
+        template renders, as transformers passes them."""
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template; pass a prompt string instead")
         for m in messages:
@@ -67,16 +70,17 @@ class Tokenizer:
 
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise
+            env.filters["tojson"] = _tojson  # transformers' (jinja2's own escapes <, > and &)
             self._template = env.from_string(self.chat_template)
         return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                     bos_token=self.bos_token or "", eos_token="")
+                                     bos_token=self.bos_token or "", eos_token="", tools=tools)
 
-    def prompt_ids(self, prompt: Union[str, Messages]) -> list[int]:
+    def prompt_ids(self, prompt: Union[str, Messages], tools: Optional[list] = None) -> list[int]:
         """A plain prompt is encoded as it is; a list of messages goes through the chat template."""
         if isinstance(prompt, str):
             return self.encode(prompt)
         if isinstance(prompt, (list, tuple)):
-            return self.encode(self.apply_chat_template(prompt))
+            return self.encode(self.apply_chat_template(prompt, tools=tools))
         raise TypeError(f"prompt must be a str or a list of messages, got {type(prompt).__name__}")
 
 
@@ -109,6 +113,10 @@ class StreamDecoder:
         piece, _ = self._new_text()
         self.start, self.done = self.done, len(self.ids)
         return piece
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _raise(message):

@@ -26,7 +26,7 @@ from ..runtime.drafters import check_compatible
 from ..runtime.generation import Sampling
 from ..runtime.model import Model
 from ..runtime.speculative import Speculation
-from . import metrics as prometheus, openapi, protocol, structured
+from . import metrics as prometheus, openapi, protocol, structured, tools
 from .logprobs import LogprobFormat
 from .protocol import ApiError
 from .scheduler import QueueFull, Scheduler, SchedulerClosed
@@ -74,10 +74,10 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
             raise ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)",
                            code="invalid_api_key", kind="authentication_error")
 
-    def prompt_ids(req: protocol.GenerationRequest) -> list:
+    def prompt_ids(req: protocol.GenerationRequest, plan: Optional[tools.ToolPlan]) -> list:
         if isinstance(req.prompt, str) or req.chat:
             try:
-                return tokenizer.prompt_ids(req.prompt)
+                return tokenizer.prompt_ids(req.prompt, tools=plan and plan.tools)
             except (ValueError, TypeError) as e:
                 raise ApiError(400, str(e), param="messages" if req.chat else "prompt") from None
         if max(req.prompt) >= model.config.vocab_size:
@@ -99,9 +99,9 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         check_auth(request)
         body = protocol.parse_json(await request.body())
         req = protocol.parse_request(body, chat, model_name)
-        grammar = structured.response_format(body)
+        grammar, plan = tools.request(body, req, tokenizer.chat_template)  # structured output, tool calls
         spec = speculation_of(req)
-        ids = prompt_ids(req)
+        ids = prompt_ids(req, plan)
         wanted = req.max_tokens or 1
         if len(ids) + wanted > max_context:
             raise ApiError(400, f"this model's context holds {max_context} tokens; the prompt has {len(ids)} "
@@ -127,7 +127,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         text = TextStream(tokenizer, req.stop)
         logprobs = None if req.logprobs is None else LogprobFormat(tokenizer, chat)
         if req.stream:
-            return StreamingResponse(stream(seq, events, text, answer, req, len(ids), logprobs),
+            return StreamingResponse(stream(seq, events, text, answer, req, len(ids), logprobs, plan),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         watcher = asyncio.ensure_future(cancel_on_disconnect(request, seq))
@@ -144,8 +144,9 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         finally:
             watcher.cancel()
             seq.cancel()
-        return JSONResponse(answer.complete("".join(pieces), finish, protocol.usage(len(ids), count, seq.cached_tokens),
-                                            logprobs and logprobs(seq.entries[:count])))
+        whole = answer.complete("".join(pieces), finish, protocol.usage(len(ids), count, seq.cached_tokens),
+                                logprobs and logprobs(seq.entries[:count]))
+        return JSONResponse(whole if plan is None or not plan.parse else tools.answer(plan, whole))
 
     async def events_of(seq: Sequence, events: asyncio.Queue, text: TextStream) -> AsyncIterator[tuple]:
         """("token", its text) per token, ("piece", text held back till the end) if any, then
@@ -169,8 +170,9 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
             yield kind, value
             return
 
-    async def stream(seq, events, text, answer, req, prompt_tokens, logprobs) -> AsyncIterator[str]:
+    async def stream(seq, events, text, answer, req, prompt_tokens, logprobs, plan) -> AsyncIterator[str]:
         count = sent = 0  # the tokens seen, and those whose logprobs went out (a chunk carries those before it)
+        calls = tools.ToolStream(plan) if plan is not None and plan.parse else None
 
         def part():
             nonlocal sent
@@ -183,11 +185,17 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
             async for kind, value in events_of(seq, events, text):
                 if kind in ("token", "piece"):
                     count += kind == "token"
-                    if value:
-                        yield _sse(answer.chunk(value, logprobs=part()))
+                    value, deltas = (value, None) if calls is None else calls.push(value)
+                    if value or deltas:
+                        yield _sse(answer.chunk(value or None, logprobs=part(), tool_calls=deltas))
                 elif kind == "error":
                     yield _sse(ApiError(500, f"generation failed: {value}", kind="server_error").body())
                 else:
+                    if calls is not None:  # the text held back: content, or the last calls
+                        tail, deltas = calls.flush()
+                        if tail or deltas:
+                            yield _sse(answer.chunk(tail or None, tool_calls=deltas))
+                        value = "tool_calls" if calls.count else value
                     yield _sse(answer.chunk(None, finish_reason=value, logprobs=part()))
                     if req.include_usage:
                         yield _sse(answer.usage_chunk(protocol.usage(prompt_tokens, count, seq.cached_tokens)))

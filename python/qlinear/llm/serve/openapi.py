@@ -39,17 +39,46 @@ _COMMON = {  # the fields both generation endpoints take (protocol.parse_request
     "ignore_eos": {"type": "boolean", "default": False, "description": "generate max_tokens whatever comes"},
     "speculative": {"type": ["string", "null"], "enum": [*SPECULATIVE, None],
                     "description": "speculative decoding for this request (null: off; absent: the server's default)"},
+    "response_format": {"oneOf": [
+        {"type": "object", "required": ["type"], "properties": {"type": {"type": "string",
+                                                                          "enum": ["text", "json_object"]}}},
+        {"type": "object", "required": ["type", "json_schema"], "properties": {
+            "type": {"type": "string", "enum": ["json_schema"]},
+            "json_schema": {"type": "object", "required": ["name"], "properties": {
+                "name": {"type": "string"}, "schema": {"type": "object"}, "strict": {"type": ["boolean", "null"]}}}}}],
+        "description": "JSON output by constrained decoding (the schema's grammar masks the tokens)"},
 }
+_FUNCTION = {"type": "object", "required": ["name"], "properties": {
+    "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "description": {"type": "string"},
+    "parameters": {"type": "object", "description": "a JSON Schema (default: no arguments)"}}}
+_TOOL_CALL = {"type": "object", "required": ["id", "function"], "properties": {
+    "id": {"type": "string"}, "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string"}, "arguments": {"type": "string", "description": "a JSON object"}}}}}
 _CHAT = {
     "messages": {"type": "array", "minItems": 1, "items": {
         "type": "object", "required": ["role"], "properties": {
-            "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
+            "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
             "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {
                 "type": "object", "required": ["type", "text"],
-                "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}}]}}}},
+                "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}},
+                {"type": "null"}]},
+            "tool_calls": {"type": "array", "minItems": 1, "items": _TOOL_CALL,
+                           "description": "an assistant message's calls"},
+            "tool_call_id": {"type": "string", "description": "a tool message: the call it answers"}}}},
     "max_completion_tokens": _NULLABLE_INT,
     "logprobs": {"type": "boolean", "default": False},
     "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
+    "tools": {"type": "array", "items": {"type": "object", "required": ["type", "function"], "properties": {
+        "type": {"type": "string", "enum": ["function"]}, "function": _FUNCTION}},
+              "description": "functions the model may call, rendered by its chat template"},
+    "tool_choice": {"oneOf": [{"type": "string", "enum": ["none", "auto", "required"]},
+                              {"type": "object", "required": ["type", "function"], "properties": {
+                                  "type": {"type": "string", "enum": ["function"]},
+                                  "function": {"type": "object", "required": ["name"],
+                                               "properties": {"name": {"type": "string"}}}}}],
+                    "description": "required or a named function: the output is constrained to one call"},
+    "parallel_tool_calls": {"type": "boolean"},
 }
 _COMPLETION = {
     "prompt": {"oneOf": [{"type": "string", "minLength": 1},

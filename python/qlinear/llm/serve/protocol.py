@@ -93,8 +93,11 @@ def _messages(body: dict) -> list:
         where = f"messages[{i}]"
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ApiError(400, f"{where} must be an object with a string 'role'", param="messages")
-        if m["role"] not in ("system", "developer", "user", "assistant"):
+        if m["role"] not in ("system", "developer", "user", "assistant", "tool"):
             raise ApiError(400, f"{where}: unsupported role {m['role']!r}", param="messages")
+        if m["role"] == "tool" or m.get("tool_calls") is not None:
+            out.append(m)  # checked and shaped for the chat template by tools.request
+            continue
         role = "system" if m["role"] == "developer" else m["role"]
         out.append({"role": role, "content": _content_text(m.get("content"), where)})
     return out
@@ -203,9 +206,11 @@ class Answer:
         return {**self._envelope("text_completion", [choice]), "usage": usage}
 
     def chunk(self, text: Optional[str], finish_reason: Optional[str] = None, first: bool = False,
-              logprobs: Optional[dict] = None) -> dict:
+              logprobs: Optional[dict] = None, tool_calls: Optional[list] = None) -> dict:
         if self.chat:
             delta = {} if text is None else {"content": text}
+            if tool_calls:  # tools.ToolStream's deltas
+                delta["tool_calls"] = tool_calls
             if first:
                 delta = {"role": "assistant", **delta}
             choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
