@@ -126,6 +126,19 @@ def test_slimmed_vocabulary_maps_rows_to_tokens():
     assert all(valid(r.choices[0].message.content, schema) for r in answers)
 
 
+def test_constrained_sequences_do_not_decode_speculatively(server):
+    """A request asking for n-gram drafts with a schema decodes one token per step (drafts would
+    need a mask per row) and validates."""
+    url, app = server
+    schema = bench.random_schema(random.Random(5))
+    before = app.state.scheduler.speculative.decode_steps
+    r = client(url).chat.completions.create(model=NAME, messages=[{"role": "user", "content": bench.prompt(schema)}],
+                                            response_format=schema_format(schema), temperature=0, max_tokens=256,
+                                            extra_body={"speculative": "ngram"})
+    assert valid(r.choices[0].message.content, schema)
+    assert app.state.scheduler.speculative.decode_steps == before
+
+
 def test_mask_unit():
     """Constraint.mask on a slimmed head: exactly the rows of allowed tokens stay."""
     tok = load().tokenizer

@@ -242,3 +242,22 @@ def test_openapi_describes_the_fields(server):
                          "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}}, chat)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"model": NAME, "messages": USER, "tool_choice": "sometimes"}, chat)
+
+
+@pytest.mark.parametrize("fmt, text", [
+    (tools.QWEN, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}\n</tool_call>'),
+    (tools.LLAMA3, '{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "celsius"}}'),
+    (tools.MISTRAL, '[{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}]'),
+])
+def test_forced_call_grammars_take_a_call_and_end(qwen_model, fmt, text):
+    """Each format's grammar for tool_choice required: a call with valid arguments goes through to
+    the grammar's end (the sequence stops there); arguments off the schema do not."""
+    from qlinear.llm.serve import structured
+
+    tok = llm.load(qwen_model, bits=4, max_context=512, progress=False).tokenizer
+    grammars = structured.Grammars(tok)
+    c = grammars.constraint(fmt.grammar([WEATHER, TIME]))
+    assert all(c.advance(t) for t in tok.encode(text)) and c.done
+    assert fmt.parse(text)[1] == [("get_weather", '{"city": "Oslo", "unit": "celsius"}')]
+    bad = grammars.constraint(fmt.grammar([WEATHER]))
+    assert not all(bad.advance(t) for t in tok.encode(text.replace("celsius", "kelvin")))
