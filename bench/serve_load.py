@@ -8,11 +8,14 @@ throughput  aggregate decode tok/s of 1, 4 and 8 concurrent streaming clients (t
 load        N requests from C concurrent clients: streaming, non-streaming, cancelled mid-stream
             and malformed ones; every valid one must complete well-formed, every invalid one get
             its 4xx, none be lost, and the server's RSS return to its idle level.
+chat        multi-turn conversations resending their history, with and without the prefix
+            cache: time to first token of the later turns, same replies (bench/serve_chat.py).
 
     python bench/serve_load.py step [--threads 2] [--clients 1 4 8] [--rounds 3]
     python bench/serve_load.py throughput [--threads 2] [--clients 1 4 8] [--tokens 64] [--rounds 3]
                                           [--client light|httpx]
     python bench/serve_load.py load [--requests 200] [--concurrency 16]
+    python bench/serve_load.py chat [--conversations 8] [--turns 6] [--parallel 2] [--cache-mb 256]
     python bench/serve_load.py all --model DIR      # any model qlinear.llm.load opens
 """
 
@@ -54,7 +57,8 @@ def default_model() -> Path:
 class Server:
     """`python -m qlinear.llm serve` in a process of its own, on a free loopback port."""
 
-    def __init__(self, model, threads: int, max_batch: int, max_context: int = 2048, max_queue: int = 64):
+    def __init__(self, model, threads: int, max_batch: int, max_context: int = 2048, max_queue: int = 64,
+                 extra: tuple = ()):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -62,7 +66,7 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "qlinear.llm", "serve", str(model), "--port", str(self.port),
              "--threads", str(threads), "--max-batch", str(max_batch), "--max-queue", str(max_queue),
-             "--max-context", str(max_context), "--model-name", NAME],
+             "--max-context", str(max_context), "--model-name", NAME, *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 300
         while True:
@@ -88,6 +92,10 @@ class Server:
     def rss_mb(self) -> float:
         with open(f"/proc/{self.proc.pid}/status") as f:
             return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+    def peak_rss_mb(self) -> float:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
 
     def close(self) -> None:
         self.proc.terminate()
@@ -367,7 +375,7 @@ def load_test(model, threads: int, requests: int, concurrency: int, max_batch: i
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["step", "throughput", "load", "all"])
+    p.add_argument("what", choices=["step", "throughput", "load", "chat", "all"])
     p.add_argument("--model", default=None, help="model directory (default: the Qwen2.5-0.5B-shaped bench model)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
@@ -379,6 +387,13 @@ def main(argv=None) -> None:
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--max-batch", type=int, default=8, help="the load test server's --max-batch")
+    p.add_argument("--conversations", type=int, default=8, help="chat: conversations")
+    p.add_argument("--turns", type=int, default=6, help="chat: turns of each")
+    p.add_argument("--parallel", type=int, default=2, help="chat: conversations at a time")
+    p.add_argument("--system-tokens", type=int, default=1100, help="chat: each system prompt's length")
+    p.add_argument("--user-tokens", type=int, default=120, help="chat: each user message's length")
+    p.add_argument("--reply-tokens", type=int, default=48, help="chat: each reply's length")
+    p.add_argument("--cache-mb", type=float, default=256, help="chat: the prefix cache's budget")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args(argv)
     model = args.model or default_model()
@@ -390,6 +405,11 @@ def main(argv=None) -> None:
                                        args.client)
     if args.what in ("load", "all"):
         out["load"] = load_test(model, args.threads, args.requests, args.concurrency, args.max_batch)
+    if args.what in ("chat", "all"):
+        from serve_chat import chat
+
+        out["chat"] = chat(model, args.threads, Server, args.conversations, args.turns, args.parallel,
+                           args.system_tokens, args.user_tokens, args.reply_tokens, args.cache_mb)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     if out.get("load", {}).get("failed") or not out.get("load", {}).get("rss_back_to_idle", True):

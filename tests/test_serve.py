@@ -273,7 +273,8 @@ def test_metrics(server):
 
 
 def test_prefix_cache_across_turns(checkpoint, reference):
-    """A conversation's turns reuse the KV rows of the prompt before (OpenAI's
+    """A conversation's turns reuse the KV rows of the turn before, its reply included (prefilled
+    as the template renders it once the answer ended) (OpenAI's
     usage.prompt_tokens_details.cached_tokens; /health; /metrics) and answer what prefilling the
     whole prompt answers; with cache_mb=0 nothing is reused."""
     tok = reference.tokenizer
@@ -288,18 +289,20 @@ def test_prefix_cache_across_turns(checkpoint, reference):
                 ids = tok.prompt_ids(messages)
                 assert out.choices[0].message.content == tok.decode(reference_ids(reference, ids, 8))
                 cached.append(out.usage.prompt_tokens_details.cached_tokens)
-                if turn:  # the previous prompt was kept whole: reused up to where the prompts part
-                    common = next((i for i, (a, b) in enumerate(zip(previous, ids)) if a != b), len(previous))
+                if turn:  # the previous turn, its reply included, was prefilled after it: reused
+                    common = next((i for i, (a, b) in enumerate(zip(warmed, ids)) if a != b), len(warmed))
                     expected.append(min(common, len(ids) - 2))
+                    assert expected[-1] > len(previous)  # past the previous prompt: its reply too
                 previous = ids
                 messages.append({"role": "assistant", "content": out.choices[0].message.content})
+                warmed = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=False))
             figures = httpx.get(url + "/health", timeout=WAIT).json()["prefix_cache"]
             after = scrape(url)
         if not cache_mb:
             assert cached == [0, 0, 0] and figures["bytes"] == 0
             continue
         assert cached[0] == 0 and cached[1:] == expected and min(expected) > 40
-        assert figures["hits"] == 2 and figures["cached_tokens"] == sum(cached)
+        assert figures["hits"] == 2 and figures["cached_tokens"] == sum(cached) and figures["warmed_tokens"] > 0
         assert 0 < figures["bytes"] <= figures["budget_bytes"] == 16 * 2**20
         assert after["qlinear_prefix_cache_cached_tokens_total", ()] - before[
             "qlinear_prefix_cache_cached_tokens_total", ()] == sum(cached)

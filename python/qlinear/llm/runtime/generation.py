@@ -34,7 +34,8 @@ class Sampling:
 class Sampler:
     def __init__(self, params: Sampling):
         self.p = params
-        self.rng = np.random.default_rng(params.seed)
+        # a negative seed as its 64-bit two's complement (numpy's generators take seeds >= 0)
+        self.rng = np.random.default_rng(None if params.seed is None else params.seed % 2**64)
 
     def __call__(self, logits: np.ndarray, context: Sequence[int]) -> int:
         """The index of the next token in ``logits`` (1-D); ``context`` holds indices into the
@@ -62,7 +63,9 @@ class Sampler:
         p = self.p
         if p.temperature == 0:
             return None
-        z = self.penalized(logits, context).astype(np.float64) / p.temperature
+        z = self.penalized(logits, context).astype(np.float64)
+        with np.errstate(over="ignore"):  # a tiny temperature: -inf below the top (greedy's choice)
+            z = (z - z.max()) / p.temperature
         if p.top_k and p.top_k < z.shape[0]:
             kth = np.partition(z, -p.top_k)[-p.top_k]
             z = np.where(z < kth, -np.inf, z)

@@ -85,6 +85,7 @@ class PrefixCache:
         self.nbytes = 0
         self._shape = None  # of the caches it serves (set by the first)
         self.lookups = self.hits = self.prompt_tokens = self.cached_tokens = self.evicted_blocks = 0
+        self.warmed_tokens = 0  # prefilled by warm
 
     @property
     def blocks(self) -> int:
@@ -98,7 +99,8 @@ class PrefixCache:
     def figures(self) -> dict:
         return {"budget_bytes": self.budget, "bytes": self.nbytes, "blocks": self.blocks, "lookups": self.lookups,
                 "hits": self.hits, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
-                "hit_rate": round(self.hit_rate, 4), "evicted_blocks": self.evicted_blocks}
+                "hit_rate": round(self.hit_rate, 4), "evicted_blocks": self.evicted_blocks,
+                "warmed_tokens": self.warmed_tokens}
 
     @staticmethod
     def _key(parent: bytes, tokens: Sequence[int]) -> bytes:
@@ -119,9 +121,10 @@ class PrefixCache:
                              "or element type differ)")
 
     # -- reuse ------------------------------------------------------------------------------------
-    def restore(self, cache: KVCache, ids: Sequence[int]) -> int:
+    def restore(self, cache: KVCache, ids: Sequence[int], count: bool = True) -> int:
         """Make ``cache`` hold the longest prefix of ``ids`` that it, or this store, has (leaving
-        >= 2 positions to prefill); returns that prefix's length, where the prefill resumes."""
+        >= 2 positions to prefill); returns that prefix's length, where the prefill resumes.
+        ``count``: in the figures (lookups, hits, tokens)."""
         ids = [int(i) for i in ids]
         own = own_prefix(cache, ids)
         found = self._longest(cache, ids, own)
@@ -131,11 +134,25 @@ class PrefixCache:
             self._copy_in(cache, found, own)
         cache.length, cache.ids, cache.prefilled = start, ids[:start], start
         cache.forget_saved()
-        self.lookups += 1
-        self.hits += start > 0
-        self.prompt_tokens += len(ids)
-        self.cached_tokens += start
+        if count:
+            self.lookups += 1
+            self.hits += start > 0
+            self.prompt_tokens += len(ids)
+            self.cached_tokens += start
         return start
+
+    def warm(self, model, ids: Sequence[int]) -> int:
+        """Prefill ``ids`` for this store only (in a cache of their own, dropped after): what a
+        conversation's next turn will start with, its reply rendered as the chat template renders
+        it, so that the turn prefills only what is new (the reply's rows came from decode steps:
+        not reusable). Returns the positions prefilled."""
+        if not self.budget or len(ids) < 2:
+            return 0
+        cache = model.new_cache(len(ids))
+        start = self.restore(cache, ids, count=False)
+        model.prefill_into(cache, ids, start, self)
+        self.warmed_tokens += len(ids) - start
+        return len(ids) - start
 
     def _longest(self, cache: KVCache, ids: list, beyond: int) -> list:
         """The stored blocks [(block, first, last)] of the longest prefix of ``ids`` longer than

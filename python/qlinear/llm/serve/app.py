@@ -116,6 +116,9 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
                        emit=metrics.emitter(request, lambda kind, value: box.post(events, (kind, value))),
                        ignore_eos=req.ignore_eos, speculation=spec, logprobs=req.logprobs,
                        constraint=None if grammar is None else grammars.constraint(grammar))
+        if chat and plan is None:  # the next turn's prefix, prefilled while the client reads this answer
+            seq.next_turn = lambda generated, history=req.prompt: tokenizer.encode(tokenizer.apply_chat_template(
+                history + [{"role": "assistant", "content": tokenizer.decode(generated)}], add_generation_prompt=False))
         try:
             scheduler.submit(seq)
         except QueueFull as e:
@@ -237,8 +240,9 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
     async def api_error(request: Request, exc: ApiError):
         return JSONResponse(exc.body(), status_code=exc.status)
 
-    async def http_error(request: Request, exc: HTTPException):
-        return JSONResponse(ApiError(exc.status_code, exc.detail).body(), status_code=exc.status_code)
+    async def http_error(request: Request, exc: HTTPException):  # its headers kept (a 405's Allow)
+        return JSONResponse(ApiError(exc.status_code, exc.detail).body(), status_code=exc.status_code,
+                            headers=exc.headers)
 
     async def server_error(request: Request, exc: Exception):
         return JSONResponse(ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error").body(), status_code=500)

@@ -26,11 +26,11 @@ _NULLABLE_INT = {"type": ["integer", "null"], "minimum": 1}
 _COMMON = {  # the fields both generation endpoints take (protocol.parse_request)
     "model": {"type": "string", "description": "the served model's name (GET /v1/models)"},
     "stream": {"type": "boolean", "default": False, "description": "answer as server-sent events"},
-    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+    "stream_options": {"type": "object", "properties": {"include_usage": {"type": ["boolean", "null"]}}},
     "max_tokens": {**_NULLABLE_INT, "description": "default: up to the end of the context"},
     "temperature": {"type": "number", "minimum": 0, "maximum": 2, "default": 1, "description": "0: greedy"},
     "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1},
-    "seed": {"type": ["integer", "null"]},
+    "seed": {"type": ["integer", "null"], "minimum": -2**63, "maximum": 2**63 - 1},
     "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string", "minLength": 1},
                                             "maxItems": MAX_STOP_STRINGS}, {"type": "null"}]},
     "n": {"type": "integer", "enum": [1]},
@@ -80,22 +80,30 @@ _CHAT = {
                     "description": "required or a named function: the output is constrained to one call"},
     "parallel_tool_calls": {"type": "boolean"},
 }
+_PROMPT_TEXT = {"type": "string", "minLength": 1}
+_PROMPT_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
 _COMPLETION = {
-    "prompt": {"oneOf": [{"type": "string", "minLength": 1},
-                         {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}],
-               "description": "one prompt: text or token ids"},
+    "prompt": {"anyOf": [_PROMPT_TEXT, _PROMPT_IDS,
+                         {"type": "array", "minItems": 1, "maxItems": 1, "items": {"anyOf": [_PROMPT_TEXT, _PROMPT_IDS]}}],
+               "description": "one prompt: text or token ids (or a batch of one of them)"},
     "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 5},
     "echo": {"type": "boolean", "enum": [False]},
     "suffix": {"type": ["string", "null"]},
 }
 SCHEMAS = {
-    "ChatCompletionRequest": {"type": "object", "required": ["model", "messages"], "properties": {**_COMMON, **_CHAT}},
+    "ChatCompletionRequest": {"type": "object", "required": ["model", "messages"], "properties": {**_COMMON, **_CHAT},
+                              # top_logprobs only with logprobs: true
+                              "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
+                              "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}},
     "CompletionRequest": {"type": "object", "required": ["model", "prompt"], "properties": {**_COMMON, **_COMPLETION}},
     "Error": {"type": "object", "required": ["error"], "properties": {"error": {
         "type": "object", "required": ["message", "type"], "properties": {
             "message": {"type": "string"}, "type": {"type": "string"},
             "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}},
 }
+
+
+_EVENT = {"anyOf": [{"type": "object"}, {"const": "[DONE]"}], "description": "an event's data: a chunk, or [DONE]"}
 
 
 def _generation(summary: str, request: str, answer: str, statuses: tuple) -> dict:
@@ -105,13 +113,28 @@ def _generation(summary: str, request: str, answer: str, statuses: tuple) -> dic
         "responses": {"200": {"description": f"{answer}; with stream: true, server-sent events of its chunks "
                                              "ending with `data: [DONE]`",
                               "content": {"application/json": {"schema": {"type": "object"}},
-                                          "text/event-stream": {"schema": {"type": "string"}}}},
+                                          "text/event-stream": {"schema": _EVENT}}},
                       **{s: _json(ERRORS[s], _ref("Error")) for s in statuses}}}}
 
 
 def _get(summary: str, answer: dict, auth: bool = True) -> dict:
     responses = {"200": answer, **({"401": _json(ERRORS["401"], _ref("Error"))} if auth else {})}
     return {"get": {"summary": summary, "responses": responses}}
+
+
+def _or_null(schema: dict) -> dict:
+    """``schema`` or null (protocol.py takes a null optional field as absent, as OpenAI does)."""
+    if "null" in schema.get("type", ()) or {"type": "null"} in schema.get("oneOf", ()):
+        return schema
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _served(request: dict, model_name: str) -> dict:
+    """A request's schema whose ``model`` is the one served (another gets 404) and whose optional
+    fields may be null."""
+    fields = {name: field if name in request["required"] else _or_null(field)
+              for name, field in request["properties"].items()}
+    return {**request, "properties": {**fields, "model": {**fields["model"], "enum": [model_name]}}}
 
 
 def document(model_name: str) -> dict:
@@ -133,5 +156,6 @@ def document(model_name: str) -> dict:
                 "text/plain": {"schema": {"type": "string"}}}}),
             "/openapi.json": _get("This document", _json("an OpenAPI 3.1 document", {"type": "object"})),
         },
-        "components": {"schemas": SCHEMAS},
+        "components": {"schemas": {**SCHEMAS, **{name: _served(SCHEMAS[name], model_name) for name in (
+            "ChatCompletionRequest", "CompletionRequest")}}},
     }

@@ -126,6 +126,14 @@ def _speculative(body: dict) -> Optional[str]:
     return value
 
 
+def _seed(body: dict) -> Optional[int]:
+    """OpenAI's seed: a signed 64-bit integer."""
+    value = _typed(body, "seed", (int,), "an integer")
+    if value is not None and not -2**63 <= value < 2**63:
+        raise ApiError(400, f"'seed' must be a 64-bit integer, got {value}", param="seed")
+    return value
+
+
 def _count(body: dict, name: str, hi: int) -> Optional[int]:
     value = _typed(body, name, (int,), f"an integer in [0, {hi}]")
     if value is not None and not 0 <= value <= hi:
@@ -159,7 +167,7 @@ def parse_request(body: dict, chat: bool, model_name: str) -> GenerationRequest:
     for name in ("presence_penalty", "frequency_penalty"):
         if _number(body, name, -2.0, 2.0, 0.0) != 0.0:
             raise ApiError(400, f"'{name}' is not supported (only 0)", param=name)
-    if _typed(body, "echo", (bool, int), "a boolean", False):
+    if _typed(body, "echo", (bool,), "a boolean", False):
         raise ApiError(400, "'echo' is not supported", param="echo")
     if _typed(body, "suffix", (str,), "a string"):
         raise ApiError(400, "'suffix' is not supported", param="suffix")
@@ -180,7 +188,7 @@ def parse_request(body: dict, chat: bool, model_name: str) -> GenerationRequest:
         chat=chat, prompt=prompt, stream=_typed(body, "stream", (bool,), "a boolean", False),
         include_usage=_typed(options, "include_usage", (bool,), "a boolean", False),
         max_tokens=max_tokens, temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
-        top_p=_number(body, "top_p", 0.0, 1.0, 1.0, lo_open=True), seed=_typed(body, "seed", (int,), "an integer"),
+        top_p=_number(body, "top_p", 0.0, 1.0, 1.0, lo_open=True), seed=_seed(body),
         stop=stop, ignore_eos=_typed(body, "ignore_eos", (bool,), "a boolean", False),
         speculative=_speculative(body), logprobs=_logprobs(body, chat))
 

@@ -57,6 +57,7 @@ class Scheduler:
             raise ValueError("serving a memory='flash' model is not supported: load it with memory='low' (the default)")
         self.model, self.max_batch, self.max_queue = model, max_batch, max_queue
         self.prefix = PrefixCache(cache_mb)  # used by the scheduler's thread only
+        self._warm: deque = deque(maxlen=max_batch)  # next turns' prefixes to prefill (PrefixCache.warm)
         # the model's own step, in a DecodeStep of the scheduler's (its buffers): None when it
         # does not compile (float weights), then sequences run one by one through the blocks
         self._step = decode_step(model.blocks, model.norm, model.lm_head, model.cache) if model.compiled_decode else None
@@ -111,7 +112,7 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._waiting or self._running or self._closing):
+                while not (self._waiting or self._running or self._warm or self._closing):
                     self._cond.wait()
                 if self._closing:
                     break
@@ -121,6 +122,8 @@ class Scheduler:
             for seq in gone:
                 self._finish(seq, "done", "cancelled")
             try:
+                if self._warm:  # before admitting: the conversation's next turn may be on its way
+                    self.prefix.warm(self.model, self._warm.popleft())
                 self._admit()
                 for seq in [s for s in self._running if s.cancelled]:
                     self._finish(seq, "done", "cancelled")
@@ -156,6 +159,13 @@ class Scheduler:
         if seq in self._running:
             self._running.remove(seq)
         seq.cache = seq.speculator = None  # the caches' memory (a draft model's too) is unmapped with them
+        if kind == "done" and value != "cancelled" and seq.next_turn is not None and self.prefix.budget:
+            try:  # queued before the answer ends: the next turn comes after it
+                ids = seq.next_turn(seq.tokens[len(seq.ids):])
+                if 2 <= len(ids) <= self.model.max_context:
+                    self._warm.append(ids)
+            except Exception:  # noqa: BLE001  (a template that cannot render it: nothing to warm)
+                pass
         self._emit(seq, kind, value)
 
     def _start(self, seq: Sequence) -> None:

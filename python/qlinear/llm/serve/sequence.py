@@ -37,6 +37,9 @@ class Sequence:
         self.speculator: Optional[Speculator] = None  # the scheduler's, while it runs
         self.cache: Optional[KVCache] = None
         self.cached_tokens = 0  # the prompt's leading tokens whose KV rows the prefix cache held
+        # generated ids -> the ids a next turn's prompt starts with (chat: the history and this
+        # reply as the template renders them), prefilled into the prefix cache once it ends
+        self.next_turn: Optional[Callable[[list], list]] = None
         self.tokens = list(self.ids)  # the prompt and the tokens generated (what drafts follow)
         self.generated = 0
         self.next_token: Optional[int] = None
