@@ -70,8 +70,15 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
     cfg = json.loads((ckpt / "config.json").read_text())
     tj = json.loads((ckpt / "tokenizer.json").read_text())
     st = load_file(str(ckpt / "model.safetensors"))
-    arch = {"gemma3_text": "gemma3"}.get(cfg["model_type"], cfg["model_type"])
+    arch = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe"}.get(cfg["model_type"], cfg["model_type"])
     w = gguf.GGUFWriter(str(path), arch)
+    if cfg.get("num_experts"):  # as llama.cpp's converter writes them (Qwen3-MoE, OLMoE)
+        w.add_expert_count(cfg["num_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if arch == "qwen3moe":
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if cfg.get("clip_qkv"):
+            w.add_clamp_kqv(cfg["clip_qkv"])
     if arch == "gemma3":  # as llama.cpp's converter writes it
         w.add_sliding_window(cfg["sliding_window"])
         w.add_uint32("gemma3.attention.sliding_window_pattern", 3)
@@ -140,6 +147,9 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
         names.update({"pre_feedforward_layernorm": "ffn_norm", "post_attention_layernorm": "post_attention_norm",
                       "post_feedforward_layernorm": "post_ffw_norm"})
     types = types or {}
+    st = _stack_experts(st, cfg.get("num_experts", 0))
+    names.update({"mlp.gate": "ffn_gate_inp", "mlp.gate_exps": "ffn_gate_exps", "mlp.up_exps": "ffn_up_exps",
+                  "mlp.down_exps": "ffn_down_exps"})
     for name, a in st.items():
         a = np.ascontiguousarray(a, np.float32)
         if name == "model.embed_tokens.weight":
@@ -152,7 +162,7 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
             _, _, i, rest = name.split(".", 3)
             mod, kind = rest.rsplit(".", 1)
             g = f"blk.{i}.{names[mod]}.{kind}"
-            t = qtype if a.ndim == 2 else T.F32
+            t = T.F32 if a.ndim == 1 or mod == "mlp.gate" else qtype  # routers stay F32, as llama.cpp keeps them
             if arch == "llama" and mod in ("self_attn.q_proj", "self_attn.k_proj"):
                 a = permute(a, heads if mod == "self_attn.q_proj" else kv)
         if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
@@ -165,6 +175,20 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _stack_experts(st: dict, experts: int) -> dict:
+    """Each layer's experts' gate / up / down weights as the [experts, rows, k] tensors of a
+    GGUF file (``mlp.gate_exps`` ...)."""
+    if not experts:
+        return st
+    out = {k: v for k, v in st.items() if ".mlp.experts." not in k}
+    layers = {k.split(".")[2] for k in st if ".mlp.experts." in k}
+    for i in layers:
+        for part in ("gate", "up", "down"):
+            out[f"model.layers.{i}.mlp.{part}_exps.weight"] = np.stack(
+                [st[f"model.layers.{i}.mlp.experts.{e}.{part}_proj.weight"] for e in range(experts)])
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -671,3 +695,51 @@ def test_phi3_files_it_cannot_run_are_refused(tmp_path):
     half.write_bytes(data.replace(b"rope_factors_short.weight", b"rope_factors_shorx.weight"))
     with pytest.raises(ValueError, match="LongRoPE needs both"):
         llm.load(half, progress=False)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "olmoe"])
+def test_moe_file_matches_its_checkpoint(tmp_path, arch):
+    """Routed experts in llama.cpp's layout (qwen3moe, olmoe: the router ``ffn_gate_inp``, the
+    experts stacked in ``ffn_{gate,up,down}_exps``): a file of F32 tensors gives the checkpoint's
+    logits; Q4_0 / Q8_0 experts are moved, not re-rounded: the packed model computes what the
+    file's dequantized weights do."""
+    extra = {"clip_qkv": 0.3} if arch == "olmoe" else {}
+    ckpt = synthetic.make_checkpoint(tmp_path / arch, arch=arch, seed=3, norm_noise=0.1, num_experts=8,
+                                     num_experts_per_tok=2, **SHAPE, **extra)
+    ids = list(range(5, 45))
+    ref = llm.load(ckpt, bits=None, act="float", max_context=64, progress=False).logits(ids)
+    a = llm.load(write_gguf(ckpt, tmp_path / "f32.gguf", T.F32, embd=T.F32), bits=None, act="float",
+                 max_context=64, progress=False)
+    assert (a.config.arch, a.config.num_experts, a.config.experts_per_token) == (arch, 8, 2)
+    assert a.config.norm_topk_prob == (arch == "qwen3_moe") and a.config.clip_qkv == pytest.approx(extra.get("clip_qkv"))
+    np.testing.assert_allclose(a.logits(ids), ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+    for qtype, bits in ((T.Q4_0, 4), (T.Q8_0, 8)):
+        path = write_gguf(ckpt, tmp_path / f"{qtype.name}.gguf", qtype, embd=T.F32)
+        floats = llm.load(path, bits=None, act="float", max_context=64, progress=False).logits(ids)
+        packed = llm.load(path, bits=bits, act="float", max_context=64, progress=False)
+        moved = packed.info["gguf_moved"]
+        assert f"blk.1.ffn_down_exps.weight ({qtype.name})" in moved and not packed.info["gguf_requantized"]
+        assert packed.blocks[1].experts[7][0].weight.bits == bits
+        np.testing.assert_allclose(packed.logits(ids), floats, rtol=0, atol=2e-4 * np.abs(floats).max())
+        assert len(packed.generate_ids(packed.tokenizer.encode("def main():"), 4)) == 4
+
+
+def test_moe_file_with_a_wrong_expert_count_is_refused(tmp_path):
+    ckpt = synthetic.make_checkpoint(tmp_path / "m", arch="qwen3_moe", seed=1, num_experts=4,
+                                     num_experts_per_tok=2, **SHAPE)
+    path = write_gguf(ckpt, tmp_path / "m.gguf", T.Q8_0)
+    data = bytearray(path.read_bytes())
+    key = b"qwen3moe.expert_count"
+    at = data.index(key) + len(key) + 4  # the value after its type
+    data[at:at + 4] = struct.pack("<I", 6)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="has 4 experts; the metadata says 6"):
+        llm.load(bad, progress=False)
+    data[at:at + 4] = struct.pack("<I", 4)
+    key = b"qwen3moe.expert_used_count"
+    at = data.index(key) + len(key) + 4
+    data[at:at + 4] = struct.pack("<I", 5)
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="exceeds num_experts"):
+        llm.load(bad, progress=False)

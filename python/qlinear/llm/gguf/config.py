@@ -7,7 +7,9 @@ from __future__ import annotations
 from ..config import ModelConfig
 from .file import GGUFFile
 
-ARCHS = ("qwen2", "llama", "qwen3", "gemma2", "gemma3", "phi3")
+ARCHS = ("qwen2", "llama", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "olmoe")
+# llama.cpp's architecture names where they differ from transformers' model_type
+_MODEL_TYPES = {"qwen3moe": "qwen3_moe"}
 
 
 def read_config(f: GGUFFile) -> ModelConfig:
@@ -19,7 +21,7 @@ def read_config(f: GGUFFile) -> ModelConfig:
     embd = f.tensors.get("token_embd.weight")
     if embd is None or len(embd.shape) != 2 or int(embd.shape[0]) != hidden:
         raise f.error("tensor 'token_embd.weight' is missing or not [vocab, hidden]")
-    hf = {"model_type": arch, "hidden_size": hidden, "num_attention_heads": heads,
+    hf = {"model_type": _MODEL_TYPES.get(arch, arch), "hidden_size": hidden, "num_attention_heads": heads,
           "intermediate_size": f.count(a + "feed_forward_length"),
           "num_hidden_layers": f.count(a + "block_count"),
           "num_key_value_heads": f.count(a + "attention.head_count_kv", heads),
@@ -36,6 +38,8 @@ def read_config(f: GGUFFile) -> ModelConfig:
         hf.update(_gemma_config(f, hf, arch))
     if arch == "phi3":
         hf.update(_phi3_config(f, hf))
+    if arch in ("qwen3moe", "olmoe"):
+        hf.update(_experts_config(f, hf, arch))
     kind = f.meta(a + "rope.scaling.type", str, "none")
     if kind == "linear":
         hf["rope_scaling"] = {"rope_type": "linear", "factor": f.meta(a + "rope.scaling.factor", float, 1.0)}
@@ -77,6 +81,28 @@ def _gemma_config(f: GGUFFile, hf: dict, arch: str) -> dict:
     return out
 
 
+
+
+def _experts_config(f: GGUFFile, hf: dict, arch: str) -> dict:
+    """Routed experts as llama.cpp runs them: Qwen3-MoE renormalizes the top-k weights to sum 1,
+    OLMoE does not (unless the file says otherwise: ``expert_weights_norm``); OLMoE's experts
+    are ``feed_forward_length`` wide, its head size hidden / heads, q, k and v clamped to
+    ``attention.clamp_kqv``."""
+    a = arch + "."
+    out = {"num_experts": f.count(a + "expert_count"), "num_experts_per_tok": f.count(a + "expert_used_count"),
+           "norm_topk_prob": f.meta(a + "expert_weights_norm", bool, arch == "qwen3moe")}
+    if arch == "qwen3moe":
+        out["moe_intermediate_size"] = f.count(a + "expert_feed_forward_length")
+    else:
+        out["clip_qkv"] = f.meta(a + "attention.clamp_kqv", float)
+    for name in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+        t = f.tensors.get(f"blk.0.{name}.weight")
+        if t is None:
+            raise f.error(f"tensor 'blk.0.{name}.weight' is missing (a {arch} file has routed experts)")
+        if int(t.shape[-1]) != out["num_experts"]:
+            raise f.error(f"tensor 'blk.0.{name}.weight' has {int(t.shape[-1])} experts; the metadata says "
+                          f"{out['num_experts']} ({a}expert_count)")
+    return out
 
 
 def _phi3_config(f: GGUFFile, hf: dict) -> dict:

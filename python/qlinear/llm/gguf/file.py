@@ -168,13 +168,19 @@ def dequantize(t, path) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(w, np.float32).reshape(shape))
 
 
-def codes(t) -> Optional[Moved]:
-    """A 2-D Q4_0 / Q8_0 / Q4_K tensor's codes moved into our group-32 layouts, else None."""
+def codes(t, rows_k: Optional[tuple] = None) -> Optional[Moved]:
+    """A 2-D Q4_0 / Q8_0 / Q4_K tensor's codes moved into our group-32 layouts, else None;
+    ``rows_k``: a tensor of more dimensions seen as [rows, k] (k its innermost dimension)."""
     from gguf import GGMLQuantizationType as T  # noqa: PLC0415
 
-    if len(t.shape) != 2:
+    if rows_k is not None:
+        n, k = rows_k
+        if k != int(t.shape[0]) or n * k != int(t.n_elements):
+            raise ValueError(f"tensor {t.name!r} of shape {[int(d) for d in t.shape]} is not [{n}, {k}]")
+    elif len(t.shape) != 2:
         return None
-    k, n = (int(d) for d in t.shape)
+    else:
+        k, n = (int(d) for d in t.shape)
     raw = np.asarray(t.data).reshape(n, -1)
     if t.tensor_type == T.Q4_0:        # 18 bytes: d (f16), 16 bytes: q 0..15 (low nibbles first); w = d (q - 8)
         b = raw.reshape(n, k // 32, 18)

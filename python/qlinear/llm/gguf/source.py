@@ -1,5 +1,6 @@
 """Source: a GGUF file (llama.cpp's format; Qwen2, Qwen3, Llama (which llama.cpp's converter
-also writes Mistral as), Gemma 2 / 3 and Phi-3). Metadata -> config (``gguf.config``), the GGUF
+also writes Mistral as), Gemma 2 / 3, Phi-3, and the routed experts of Qwen3-MoE and OLMoE: each
+expert cut from the stacked ``ffn_*_exps`` tensors). Metadata -> config (``gguf.config``), the GGUF
 tokenizer rebuilt as a ``tokenizers`` one, weights mapped by tensor name (``blk.N.attn_q`` ...).
 
 Codes are moved, not re-rounded, where the formats agree: Q4_0 is our symmetric int4 group 32
@@ -17,6 +18,7 @@ float32 table with ``disk_embedding=False``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Optional
@@ -67,16 +69,20 @@ def read(p: Path, opts: Options, progress_bar: bool = True) -> Source:
         if b + "attn_q.bias" in f.tensors:
             tensors[o + "qkv.bias"] = np.concatenate([w.vector(n + ".bias", r, h) for n, r, h in qkv])
         tensors[o + "o"] = w.fused(o + "o", [(b + "attn_output.weight", (H, cfg.q_size), None)])
-        gate_up = [(b + "ffn_gate.weight", (I, H), None), (b + "ffn_up.weight", (I, H), None)]
-        if b + "ffn_gate.weight" not in f.tensors and cfg.arch == "phi3":  # ffn_up: gate, then up
-            gate_up = [(b + "ffn_up.weight", (2 * I, H), None)]
-        tensors[o + "gate_up"] = w.fused(o + "gate_up", gate_up)
-        tensors[o + "down"] = w.fused(o + "down", [(b + "ffn_down.weight", (H, I), None)])
+        if cfg.num_experts:
+            tensors.update(w.experts(b, o))
+        else:
+            gate_up = [(b + "ffn_gate.weight", (I, H), None), (b + "ffn_up.weight", (I, H), None)]
+            if b + "ffn_gate.weight" not in f.tensors and cfg.arch == "phi3":  # ffn_up: gate, then up
+                gate_up = [(b + "ffn_up.weight", (2 * I, H), None)]
+            tensors[o + "gate_up"] = w.fused(o + "gate_up", gate_up)
+            tensors[o + "down"] = w.fused(o + "down", [(b + "ffn_down.weight", (H, I), None)])
         tensors[o + "input_norm"] = w.vector(b + "attn_norm.weight", H)
         tensors[o + "post_norm"] = w.vector(b + "ffn_norm.weight", H)
-        if cfg.qk_norm:  # Qwen3, Gemma 3
-            tensors[o + "q_norm"] = w.vector(b + "attn_q_norm.weight", hd)
-            tensors[o + "k_norm"] = w.vector(b + "attn_k_norm.weight", hd)
+        if cfg.qk_norm:  # Qwen3, Gemma 3 (per head); OLMoE (over all heads)
+            q, k = (cfg.q_size, cfg.kv_size) if cfg.qk_norm_whole else (hd, hd)
+            tensors[o + "q_norm"] = w.vector(b + "attn_q_norm.weight", q)
+            tensors[o + "k_norm"] = w.vector(b + "attn_k_norm.weight", k)
         if cfg.sandwich_norms:  # Gemma: the attention's and the MLP's outputs normalized too
             tensors[o + "attn_out_norm"] = w.vector(b + "post_attention_norm.weight", H)
             tensors[o + "mlp_out_norm"] = w.vector(b + "post_ffw_norm.weight", H)
@@ -119,8 +125,35 @@ _ABOVE_4_BITS = {"Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_1", "Q8_K"}
 
 class _Weights:
     def __init__(self, f: GGUFFile, cfg: ModelConfig, opts: Options):
-        self.f, self.opts, self.llama = f, opts, cfg.arch == "llama"
+        self.f, self.opts, self.llama, self.cfg = f, opts, cfg.arch == "llama", cfg
         self.moved, self.rounded, self.requantized = [], [], []
+
+    def experts(self, b: str, o: str) -> dict:
+        """A routed MLP: the router (``ffn_gate_inp``, float as the runtime keeps it) and each
+        expert's gate / up fused and its down, cut from the [experts, rows, k] tensors
+        ``ffn_{gate,up,down}_exps``, codes moved as for dense weights."""
+        cfg, H = self.cfg, self.cfg.hidden_size
+        E, M = cfg.num_experts, cfg.moe_intermediate_size
+        out = {o + "router": np.array(self.f.dequantize(self.f.tensor(b + "ffn_gate_inp.weight", (E, H))))}
+        stacks = {part: self._stacked(f"{b}ffn_{part}_exps.weight", shape)
+                  for part, shape in (("gate", (E, M, H)), ("up", (E, M, H)), ("down", (E, H, M)))}
+        for e in range(E):
+            out[f"{o}experts.{e}.gate_up"] = self._fuse(f"{o}experts.{e}.gate_up", [stacks["gate"](e), stacks["up"](e)],
+                                                        [f"{b}ffn_gate_exps.weight[{e}]", f"{b}ffn_up_exps.weight[{e}]"])
+            out[f"{o}experts.{e}.down"] = self._fuse(f"{o}experts.{e}.down", [stacks["down"](e)],
+                                                     [f"{b}ffn_down_exps.weight[{e}]"])
+        return out
+
+    def _stacked(self, name: str, shape: tuple):
+        """expert -> its part of a [experts, rows, k] tensor, as ``_part`` gives a 2-D one."""
+        t = self.f.tensor(name, shape)
+        E, rows, k = shape
+        m = codes(t, (E * rows, k)) if self.opts.bits is not None else None
+        if m is None:
+            w = self.f.dequantize(t).reshape(E * rows, k)
+            return lambda e: (w[e * rows:(e + 1) * rows], t.tensor_type.name)
+        label = f"{name} ({t.tensor_type.name})"  # listed once in model.info, not once per expert
+        return lambda e: dataclasses.replace(m.rows(slice(e * rows, (e + 1) * rows)), label="" if e else label)
 
     def vector(self, name, n, heads=None):
         v = np.array(self.f.dequantize(self.f.tensor(name, (n,))))  # a copy: no view of the mapped file
@@ -139,7 +172,9 @@ class _Weights:
         return (w if order is None else w[order]), t.tensor_type.name
 
     def fused(self, what, specs):
-        parts = [self._part(*s) for s in specs]
+        return self._fuse(what, [self._part(*s) for s in specs], [s[0] for s in specs])
+
+    def _fuse(self, what, parts, names):
         opts = self.opts
         if opts.bits is None:
             return np.concatenate([p[0] for p in parts])
@@ -158,9 +193,9 @@ class _Weights:
                 bits = max(bits, 8)
             label = f"int{bits} group {group}"
         out = []
-        for p, s in zip(parts, specs):
+        for p, name in zip(parts, names):
             if not isinstance(p, Moved):
-                self.requantized.append(f"{s[0]} ({p[1]} -> {label})")
+                self.requantized.append(f"{name} ({p[1]} -> {label})")
                 c, sc, off = pack_weight(p[0], bits=bits, group_size=group, symmetric=symmetric).unpack()
                 p = Moved(c, sc, off, bits, symmetric)
             elif p.label:
