@@ -217,8 +217,8 @@ def test_moe_variants_and_modes_it_cannot_run_are_named(checkpoints, tmp_path, a
         with pytest.raises(ValueError, match=names):
             ModelConfig.from_hf({**hf, **extra})
     out = llm.convert(checkpoints[arch], tmp_path / "q4", bits=4, group_size=64, progress=False)
-    with pytest.raises(ValueError, match="memory='flash' does not support routed experts"):
-        llm.load(out, memory="flash", progress=False)
+    with pytest.raises(ValueError, match="predictor applies to dense FFNs"):
+        llm.load(out, memory="flash", predictor=tmp_path / "none.npz", progress=False)
     with pytest.raises(ValueError, match="GPTQ of routed experts"):
         llm.convert(checkpoints[arch], tmp_path / "g", bits=4, method="gptq", calibration=list(range(64)),
                     progress=False)

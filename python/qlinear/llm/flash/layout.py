@@ -203,3 +203,13 @@ def unbundle_file_tensors(tensors: dict, meta: dict, num_layers: int, where: str
 def packed(buf: np.ndarray, g: Geometry) -> PackedWeight:
     """A PackedWeight over ``buf`` (the packed bytes, not copied)."""
     return PackedWeight(_core.PackedWeightHandle(buf, g.n, g.k, g.bits, g.group_size, g.symmetric, g.layout))
+
+
+def copy_resident(t):
+    """A tensor copied out of the file mapping into process memory."""
+    if isinstance(t, PackedWeight):
+        g = Geometry(*t.shape, t.bits, t.group_size, t.symmetric, t.layout)
+        return packed(np.array(t.buffer), g)
+    if isinstance(t, np.ndarray):
+        return np.array(t)
+    return t

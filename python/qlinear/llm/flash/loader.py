@@ -26,7 +26,6 @@ from typing import Optional
 import numpy as np
 
 from ..._format import check_crc, tensor_entries
-from ..._packed import PackedWeight
 from ..converted import source as converted_source
 from . import layout as flash_layout
 from ..assemble import build_model
@@ -172,28 +171,22 @@ class FlashBlock(Block):
         return self.ffn(x)
 
 
-def _copy_resident(t):
-    """A tensor copied out of the file mapping into process memory."""
-    if isinstance(t, PackedWeight):
-        g = flash_layout.Geometry(*t.shape, t.bits, t.group_size, t.symmetric, t.layout)
-        return flash_layout.packed(np.array(t.buffer), g)
-    if isinstance(t, np.ndarray):
-        return np.array(t)
-    return t
-
-
 def load_flash(d: Path, opts: Options, max_context: int, memory_budget_mb: Optional[float] = None,
-               reader_threads: Optional[int] = None, predictor=None, window: int = 5) -> Model:
-    """A Model over the converted model in ``d`` whose FFN weights are read per forward."""
+               reader_threads: Optional[int] = None, predictor=None, window: int = 5,
+               expert_slots: Optional[int] = None) -> Model:
+    """A Model over the converted model in ``d`` whose FFN weights (or routed experts: ``expert_slots``
+    of them held, else as many as ``memory_budget_mb`` holds) are read per forward."""
     if not converted_source.is_converted(d):
         raise ValueError(f"{d}: memory='flash' needs a converted model file "
                          f"({converted_source.MODEL_FILE}, written by qlinear-llm convert)")
     path = d / converted_source.MODEL_FILE
     entries, meta = tensor_entries(path)
     cfg = ModelConfig.from_dict(meta.get("config") or {}, str(path))
-    if cfg.num_experts:
-        raise ValueError(f"{path}: memory='flash' does not support routed experts ({cfg.arch}); "
-                         "load it with memory='low'")
+    if cfg.num_experts:   # routed experts: read into an expert cache (flash.experts)
+        if predictor is not None:
+            raise ValueError(f"{path}: a predictor applies to dense FFNs, not to routed experts ({cfg.arch})")
+        from .moe_loader import load_flash_moe
+        return load_flash_moe(d, opts, max_context, entries, cfg, memory_budget_mb, reader_threads, expert_slots)
     ffn = FFNFile(path, entries, meta, cfg)
     # a predictor's reads are scattered bundles: not a stream
     reading = read_plan(path, ffn.one_run and predictor is None, reader_threads)
@@ -212,7 +205,7 @@ def load_flash(d: Path, opts: Options, max_context: int, memory_budget_mb: Optio
             del tensors[name]
         elif name in entries:
             check_crc(path, entries[name])
-            tensors[name] = _copy_resident(tensors[name])
+            tensors[name] = flash_layout.copy_resident(tensors[name])
     # Placeholders of the right shape, so that build_model checks and builds the rest.
     lay = ffn.layout
     placeholder = (flash_layout.packed(np.zeros(lay.gate_up.nbytes, np.uint8), lay.gate_up),

@@ -1,0 +1,268 @@
+"""Routed experts read from the model file on demand (``memory="flash"`` for MoE models).
+
+A converted file stores each expert's gate_up right before its down (``layers.N.experts.E.*``):
+one expert is one ``preadv`` of one contiguous range (a gap between the two, if any, is read into
+a scratch buffer). ``ExpertCache`` holds N slots, each a preallocated (gate_up, down) pair of
+packed buffers; an expert not in a slot is read into the least recently used slot that no
+running expert pins. ``FlashMoeBlock`` routes as ``MoeBlock`` does (same softmax, top-k and
+ascending order of the sums), so the logits equal the in-memory model's bit for bit; it asks
+for all the experts it needs at once (the misses' reads start together, in the reader's
+threads), runs the hits while the misses are read, and adds the outputs in ascending expert
+order. After a decode token's block, the next layer's router applied to this residual (its
+attention not yet added) names the experts to prefetch (``prefetch="router"``), read while that
+layer's attention runs.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from . import layout as flash_layout
+from .reader import FlashReader
+from ..runtime.layers import Linear, rms_norm
+from ..runtime.moe import MoeBlock
+
+PARTS = ("gate_up", "down")
+PREFETCH = ("router", "none")
+MAX_GAP = 4096   # a gap between an expert's gate_up and down read along rather than a second read
+
+
+class ExpertFile:
+    """Where each (layer, expert)'s gate_up and down are in the model file, and their geometry."""
+
+    def __init__(self, path, entries: dict, cfg, file_size: int):
+        self.path, self.L, self.E = str(path), cfg.num_layers, cfg.num_experts
+        self.names, geoms, self.ranges = set(), set(), {}
+        for i in range(self.L):
+            for e in range(self.E):
+                ents = []
+                for p in PARTS:
+                    n = f"layers.{i}.experts.{e}.{p}"
+                    if n not in entries or entries[n].get("kind", "packed") != "packed":
+                        raise ValueError(f"{path}: no packed expert weight {n!r} "
+                                         "(memory='flash' needs quantized expert weights)")
+                    self.names.add(n)
+                    ents.append(entries[n])
+                geoms.add(tuple(flash_layout.Geometry.of_entry(x) for x in ents))
+                (gs, gn), (ds, dn) = ((x["start"], x["nbytes"]) for x in ents)
+                if max(gs + gn, ds + dn) > file_size:
+                    raise ValueError(f"{path}: layer {i} expert {e} ends at byte {max(gs + gn, ds + dn)}, past the "
+                                     f"end of the file ({file_size} bytes): the file is truncated")
+                self.ranges[i, e] = (gs, ds)
+        if len(geoms) != 1:
+            raise ValueError(f"{path}: the experts are quantized differently; memory='flash' reads one geometry")
+        self.gate_up, self.down = geoms.pop()
+        if any(g.nbytes != n for g, n in zip((self.gate_up, self.down), (gn, dn))):
+            raise ValueError(f"{path}: expert sizes do not match their geometry")
+        self.expert_bytes = self.gate_up.nbytes + self.down.nbytes
+        gaps = {ds - gs - self.gate_up.nbytes for gs, ds in self.ranges.values()}
+        self.gap = gaps.pop() if len(gaps) == 1 and 0 <= min(gaps or {0}) <= MAX_GAP else None
+        self.scratch = np.empty(self.gap or 0, np.uint8)   # the gap's bytes land here (not kept)
+
+    def reads(self, layer: int, expert: int, gate_up: np.ndarray, down: np.ndarray) -> list:
+        gs, ds = self.ranges[layer, expert]
+        if self.gap is None:   # apart in the file: two reads
+            return [(gs, [memoryview(gate_up)]), (ds, [memoryview(down)])]
+        mid = [memoryview(self.scratch)] if self.gap else []
+        return [(gs, [memoryview(gate_up), *mid, memoryview(down)])]
+
+
+@dataclass
+class ExpertStats:
+    hits: int = 0            # experts a block needed that were in a slot (or being read by a prefetch)
+    misses: int = 0          # experts read because a block needed them
+    prefetched: int = 0      # experts read ahead (prefetch="router")
+    prefetch_used: int = 0   # of those, experts a block then needed
+    bytes: int = 0           # expert bytes read (misses and prefetches)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / (self.hits + self.misses) if self.hits + self.misses else 0.0
+
+    def as_dict(self) -> dict:
+        return {**vars(self), "hit_rate": self.hit_rate}
+
+
+class _Slot:
+    def __init__(self, files: ExpertFile, act: str, act_block: int):
+        self.gate_up_buf = np.zeros(files.gate_up.nbytes, np.uint8)
+        self.down_buf = np.zeros(files.down.nbytes, np.uint8)
+        self.linears = (Linear(flash_layout.packed(self.gate_up_buf, files.gate_up), None, act, act_block),
+                        Linear(flash_layout.packed(self.down_buf, files.down), None, act, act_block))
+        self.key: Optional[tuple] = None
+        self.job = None
+        self.pins = 0
+        self.prefetched = False
+
+
+class ExpertCache:
+    """``slots`` experts held in memory (least recently used evicted), read by ``reader``."""
+
+    def __init__(self, reader: FlashReader, files: ExpertFile, slots: int, act: str, act_block: int,
+                 prefetch: str = "router"):
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"expert slots must be an int >= 1, got {slots!r}")
+        self.reader, self.files = reader, files
+        self.slots = [_Slot(files, act, act_block) for _ in range(slots)]
+        self.where: "OrderedDict[tuple, _Slot]" = OrderedDict()   # key -> slot, least recently used first
+        self.free = list(self.slots)
+        self.stats = ExpertStats()
+        self.prefetch = prefetch
+
+    @property
+    def prefetch(self) -> str:
+        return self._prefetch
+
+    @prefetch.setter
+    def prefetch(self, how: str) -> None:
+        if how not in PREFETCH:
+            raise ValueError(f"prefetch must be one of {', '.join(PREFETCH)}, got {how!r}")
+        self._prefetch = how
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.slots) * self.files.expert_bytes
+
+    def _victim(self) -> Optional[_Slot]:
+        if self.free:
+            return self.free.pop()
+        for key, slot in self.where.items():   # least recently used first
+            if slot.pins == 0:
+                del self.where[key]
+                return slot
+        return None
+
+    def _read(self, key: tuple, prefetch: bool = False) -> Optional[_Slot]:
+        slot = self._victim()
+        if slot is None:
+            return None
+        if slot.job is not None:   # an unused prefetch's read may still run into this slot
+            slot.job.wait()
+        slot.key, slot.prefetched = key, prefetch
+        slot.job = self.reader.submit(self.files.reads(*key, slot.gate_up_buf, slot.down_buf))
+        self.where[key] = slot
+        self.stats.bytes += self.files.expert_bytes
+        return slot
+
+    def request(self, layer: int, experts) -> dict:
+        """Pin the experts of ``layer`` that a block is about to run: hits pinned, misses' reads
+        started in ascending order while slots are free (the rest in ``get``). -> {expert: slot}"""
+        got = {}
+        for e in experts:
+            key = (layer, int(e))
+            slot = self.where.get(key)
+            if slot is not None:
+                self.stats.hits += 1
+                if slot.prefetched:
+                    self.stats.prefetch_used += 1
+                    slot.prefetched = False
+                self.where.move_to_end(key)
+                slot.pins += 1
+                got[int(e)] = slot
+        for e in experts:
+            if int(e) not in got:
+                self.stats.misses += 1
+                slot = self._read((layer, int(e)))
+                if slot is not None:
+                    slot.pins += 1
+                    got[int(e)] = slot
+        return got
+
+    def get(self, layer: int, expert: int, got: dict) -> tuple:
+        """(gate_up, down) Linears of an expert ``request`` returned or left for later, its read done."""
+        slot = got.get(expert)
+        if slot is None:
+            slot = self._read((layer, expert))
+            if slot is None:
+                raise ValueError("expert cache: every slot is pinned")   # request pins at most len(slots)
+            slot.pins += 1
+            got[expert] = slot
+        if slot.job is not None:
+            try:
+                slot.job.wait()
+            except ValueError:
+                self._forget(slot)
+                raise
+            slot.job = None
+        return slot.linears
+
+    def release(self, slot: _Slot) -> None:
+        slot.pins -= 1
+
+    def _forget(self, slot: _Slot) -> None:
+        """A slot whose read failed: emptied (its expert is read again when needed)."""
+        self.where.pop(slot.key, None)
+        slot.key, slot.job, slot.pins = None, None, 0
+        self.free.append(slot)
+
+    def prefetch_layer(self, layer: int, experts) -> None:
+        """Start reading ``layer``'s ``experts`` not in a slot (into unpinned slots only)."""
+        for e in experts:
+            key = (layer, int(e))
+            if key in self.where:
+                continue
+            if self._read(key, prefetch=True) is None:
+                return
+            self.stats.prefetched += 1
+
+
+def top_experts(router: Linear, x: np.ndarray, k: int) -> tuple:
+    """MoeBlock's routing: (top [rows, k] highest first, ties to the lower index; softmax p)."""
+    logits = router(x).astype(np.float32)
+    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.argsort(-p, axis=-1, kind="stable")[:, :k], p
+
+
+class FlashMoeBlock(MoeBlock):
+    """A MoE block whose experts come from ``cache``; ``next_block``: the next layer's (for prefetch)."""
+
+    def __init__(self, block: MoeBlock, layer: int, cache: ExpertCache):
+        vars(self).update(vars(block))
+        self.layer, self.cache, self.next_block = layer, cache, None
+        self.experts = None   # the placeholders build_model made: the weights are the cache's
+
+    def __call__(self, h: np.ndarray, cache, start: int) -> np.ndarray:
+        out = super().__call__(h, cache, start)
+        nb = self.next_block
+        if nb is not None and out.shape[0] == 1 and self.cache.prefetch == "router":
+            guess, _ = top_experts(nb.router, rms_norm(out, nb.post_norm, self.cfg.rms_norm_eps), self.cfg.experts_per_token)
+            self.cache.prefetch_layer(nb.layer, guess[0])
+        return out
+
+    def mlp(self, x: np.ndarray) -> np.ndarray:
+        k = self.cfg.experts_per_token
+        top, p = top_experts(self.router, x, k)
+        w = np.take_along_axis(p, top, axis=-1)
+        if self.cfg.norm_topk_prob:
+            w = w / w.sum(axis=-1, keepdims=True)
+        needed = [int(e) for e in np.unique(top)]
+        got = self.cache.request(self.layer, needed)
+        ready = {e: s for e, s in got.items() if s.job is None or s.job.done}
+        order = list(ready) + [e for e in needed if e not in ready]   # the hits first, while misses are read
+        outs = {}
+        try:
+            for e in order:
+                rows, slot = np.nonzero(top == e)
+                gate_up, down = self.cache.get(self.layer, e, got)
+                outs[e] = (rows, down(self.act(gate_up(np.ascontiguousarray(x[rows])))) * w[rows, slot, None])
+                self.cache.release(got[e])
+                self.expert_bytes_read += self.cache.files.expert_bytes
+        except BaseException:
+            for e, s in got.items():
+                if e not in outs and s.pins > 0:
+                    self.cache.release(s)
+            raise
+        y = np.zeros(x.shape, np.float32)
+        for e in needed:   # in ascending order, as MoeBlock adds them
+            rows, out = outs[e]
+            np.add.at(y, rows, out)
+        return y
+
+    @property
+    def expert_bytes(self) -> int:
+        return self.cache.files.E * self.cache.files.expert_bytes

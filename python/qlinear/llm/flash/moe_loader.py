@@ -1,0 +1,132 @@
+"""``load(..., memory="flash")`` of a model with routed experts (Qwen3-MoE, OLMoE): attention,
+norms, routers, lm head and KV cache resident, the embedding rows read as needed
+(``DiskEmbedding``), the experts read from the file into an expert cache (``flash.experts``)
+whose size comes from ``memory_budget_mb``: what the budget holds after the resident part and
+the process's reserve (``plan.PROCESS_RESERVE``), at least experts_per_token slots (one layer's
+experts for one token); every expert without a budget."""
+
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from ..._format import check_crc
+from ..assemble import build_model
+from ..converted import source as converted_source
+from ..options import Options
+from ..runtime.model import Model
+from . import layout as flash_layout
+from .experts import ExpertCache, ExpertFile, FlashMoeBlock
+from .plan import PROCESS_RESERVE, MemoryPlan, kv_cache_bytes
+from .reader import FlashReader, read_plan
+
+
+def moe_plan(entries: dict, files: ExpertFile, cfg, max_context: int, slots: int) -> MemoryPlan:
+    """What stays in memory: everything but the experts and the embedding, the KV cache, the
+    RoPE tables and ``slots`` expert slots (under ``ffn_buffers``)."""
+    resident = sum(e["nbytes"] for n, e in entries.items()
+                   if n not in files.names and n != converted_source.EMBEDDING and n != "lm_rows")
+    positions = min(max_context, cfg.max_position_embeddings)
+    rope = 2 * positions * (cfg.head_dim // 2) * 4
+    return MemoryPlan(resident, kv_cache_bytes(cfg, positions), slots * files.expert_bytes, rope)
+
+
+def expert_slots(entries: dict, files: ExpertFile, cfg, max_context: int, budget_mb: Optional[float],
+                 slots: Optional[int], path) -> int:
+    """The expert cache's size: ``slots`` if given, else what ``budget_mb`` holds (all the
+    experts without a budget). A budget that does not hold the resident part, the reserve and
+    experts_per_token slots is refused, naming the figures."""
+    total, k = files.L * files.E, cfg.experts_per_token
+    if budget_mb is not None and (isinstance(budget_mb, bool) or not isinstance(budget_mb, (int, float))
+                                  or budget_mb <= 0):
+        raise ValueError(f"memory_budget_mb must be a positive number, got {budget_mb!r}")
+    if slots is not None:
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"expert_slots must be an int >= 1, got {slots!r}")
+        slots = min(slots, total)
+    base = moe_plan(entries, files, cfg, max_context, 0)
+    if budget_mb is None:
+        return total if slots is None else slots
+    room = budget_mb * 2**20 - base.total - PROCESS_RESERVE
+    fit = int(max(room, 0) // files.expert_bytes)
+    need = k if slots is None else slots
+    if fit < need:
+        mb = lambda n: f"{n / 2**20:.1f} MB"  # noqa: E731
+        raise ValueError(f"{path}: memory_budget_mb={budget_mb} is too small for memory='flash' with routed "
+                         f"experts: resident {base} + process reserve {mb(PROCESS_RESERVE)} + {need} expert "
+                         f"slot{'s' * (need > 1)} of {mb(files.expert_bytes)} (at least experts_per_token={k}) "
+                         f"= {mb(base.total + PROCESS_RESERVE + need * files.expert_bytes)}; raise the budget "
+                         "or lower max_context")
+    return min(fit, total) if slots is None else slots
+
+
+def load_flash_moe(d: Path, opts: Options, max_context: int, entries: dict, cfg,
+                   memory_budget_mb: Optional[float] = None, reader_threads: Optional[int] = None,
+                   slots: Optional[int] = None, prefetch: str = "router") -> Model:
+    """A Model over the converted MoE model in ``d`` whose experts are read on demand."""
+    path = d / converted_source.MODEL_FILE
+    files = ExpertFile(path, entries, cfg, os.path.getsize(path))
+    n = expert_slots(entries, files, cfg, max_context, memory_budget_mb, slots, path)
+    plan = moe_plan(entries, files, cfg, max_context, n)
+    source = converted_source.read(d, opts, verify=False)
+    tensors = source.tensors
+    for name in list(tensors):
+        if name in files.names:
+            del tensors[name]
+        elif name in entries:
+            check_crc(path, entries[name])
+            tensors[name] = flash_layout.copy_resident(tensors[name])
+    # one placeholder of each shape stands for every expert, so that build_model builds the rest
+    ph = (flash_layout.packed(np.zeros(files.gate_up.nbytes, np.uint8), files.gate_up),
+          flash_layout.packed(np.zeros(files.down.nbytes, np.uint8), files.down))
+    for i in range(cfg.num_layers):
+        for e in range(cfg.num_experts):
+            tensors[f"layers.{i}.experts.{e}.gate_up"], tensors[f"layers.{i}.experts.{e}.down"] = ph
+    model = build_model(source, opts, max_context)
+    del source, tensors
+    first = model.blocks[0].experts[0]
+    if any(lin.bias is not None for b in model.blocks for pair in b.experts for lin in pair):
+        raise ValueError(f"{path}: experts with biases are not supported by memory='flash'")
+    reader = FlashReader(path, read_plan(path, False, reader_threads))
+    try:
+        cache = ExpertCache(reader, files, n, first[0].act, opts.act_block, prefetch)
+    except BaseException:
+        reader.close()
+        raise
+    blocks = [FlashMoeBlock(b, i, cache) for i, b in enumerate(model.blocks)]
+    for b, nxt in zip(blocks, blocks[1:]):
+        b.next_block = nxt
+    model.blocks = blocks
+    model.compiled_decode = False
+    model.resources.append(reader)
+    model.resources.append(model.embedding)
+    weakref.finalize(model, reader.close)
+    model.flash = FlashMoeInfo(reader, files, cache, plan)
+    model.info.update(memory="flash", flash_experts=True, flash_expert_slots=n,
+                      flash_expert_bytes=files.expert_bytes, flash_expert_cache_mb=round(cache.nbytes / 2**20, 1))
+    return model
+
+
+@dataclass
+class FlashMoeInfo:
+    """What a flash MoE model reads: for ``model.flash.stats``, the cost model and the benchmarks."""
+
+    reader: FlashReader
+    files: ExpertFile
+    experts: ExpertCache
+    plan: MemoryPlan
+
+    @property
+    def bytes_read(self) -> int:
+        return self.reader.stats.bytes
+
+    @property
+    def stats(self) -> dict:
+        """The expert cache's hits, misses, hit rate, prefetches and bytes read."""
+        return {**self.experts.stats.as_dict(), "slots": len(self.experts.slots),
+                "experts": self.files.L * self.files.E, "expert_bytes": self.files.expert_bytes}

@@ -1,0 +1,114 @@
+"""memory="flash" for routed experts: experts read from the model file into an expert cache
+(qlinear.llm.flash.experts)."""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("transformers")
+
+from qlinear import llm  # noqa: E402
+from qlinear.llm.flash.loader import load_flash  # noqa: E402
+from qlinear.llm.flash.plan import PROCESS_RESERVE  # noqa: E402
+from qlinear.llm.options import Options  # noqa: E402
+from qlinear.llm.synthetic import make_checkpoint  # noqa: E402
+
+IDS = list(range(5, 45))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("flash_moe")
+    out = {}
+    for arch in ("qwen3_moe", "olmoe"):
+        ck = make_checkpoint(d / f"{arch}-ck", arch=arch, shape="tiny", num_hidden_layers=3, norm_noise=0.1)
+        out[arch] = llm.convert(ck, d / f"{arch}-q4", bits=4, group_size=32, symmetric=True, progress=False)
+    return out
+
+
+def flash(d, slots=None, budget=None, prefetch="router"):
+    m = load_flash(d, Options(memory="flash").check(), 256, budget, expert_slots=slots)
+    m.flash.experts.prefetch = prefetch
+    return m
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "olmoe"])
+@pytest.mark.parametrize("slots, prefetch", [(None, "router"), (2, "router"), (2, "none"), (7, "router")])
+def test_flash_moe_logits_equal_in_memory_bit_for_bit(models, arch, slots, prefetch):
+    """All experts held, one layer's top-k only (2 slots: fewer than a token's 3 x 2 experts) and
+    in between; with and without prefetch: the same logits and tokens as memory='low'."""
+    ref = llm.load(models[arch], progress=False, max_context=256)
+    want, want_gen = ref.logits(IDS), ref.generate_ids(IDS[:6], 10)
+    with flash(models[arch], slots, prefetch=prefetch) as m:
+        assert m.info["memory"] == "flash" and m.info["flash_experts"] and not m.compiled_decode
+        np.testing.assert_array_equal(m.logits(IDS), want)
+        m.reset()
+        assert m.generate_ids(IDS[:6], 10) == want_gen
+        st = m.flash.stats
+        assert st["hits"] + st["misses"] > 0 and st["bytes"] == m.flash.bytes_read
+        assert st["bytes"] == (st["misses"] + st["prefetched"]) * st["expert_bytes"]
+        if slots is None:   # every expert held: each read at most once
+            assert st["misses"] + st["prefetched"] <= st["experts"]
+        if prefetch == "none":
+            assert st["prefetched"] == 0
+
+
+def test_hit_rate_grows_with_the_cache_and_decode_reads_only_misses(models):
+    d = models["qwen3_moe"]
+    rates = []
+    for slots in (2, 6, 24):   # 3 layers x 8 experts = 24: all held
+        with flash(d, slots, prefetch="none") as m:
+            m.logits(IDS)   # 40 rows: every expert of every layer chosen by some row
+            before = dict(m.flash.stats)
+            assert before["misses"] == 24 or slots < 24
+            m.generate_ids(IDS[:6] + [7] * 3, 12)
+            after = m.flash.stats
+            lookups = (after["hits"] - before["hits"]) + (after["misses"] - before["misses"])
+            rates.append((after["hits"] - before["hits"]) / lookups)
+            assert after["bytes"] - before["bytes"] == (after["misses"] - before["misses"]) * after["expert_bytes"]
+    assert rates[0] <= rates[1] <= rates[2] and rates[2] == 1.0   # all held and read once: only hits
+    assert rates[0] < 1.0
+
+
+def test_budget_sizes_the_cache_and_too_small_a_budget_is_refused(models):
+    d = models["qwen3_moe"]
+    with flash(d) as m:
+        resident, xb = m.flash.plan.total - m.flash.plan.ffn_buffers, m.flash.files.expert_bytes
+    mb = lambda n: n / 2**20  # noqa: E731
+    with flash(d, budget=mb(resident + PROCESS_RESERVE + 5 * xb + xb // 2)) as m:
+        assert m.info["flash_expert_slots"] == 5
+    with pytest.raises(ValueError, match=r"too small .* 2 expert slots .*experts_per_token=2"):
+        flash(d, budget=mb(resident + PROCESS_RESERVE + 1 * xb))
+    with pytest.raises(ValueError, match="memory_budget_mb must be a positive number"):
+        flash(d, budget=-1)
+    with pytest.raises(ValueError, match="expert_slots must be an int >= 1"):
+        flash(d, slots=0)
+
+
+def test_truncated_file_is_refused(models, tmp_path):
+    src = models["qwen3_moe"]
+    bad = tmp_path / "trunc"
+    shutil.copytree(src, bad)
+    f = bad / "model.qlinear"
+    with open(f, "r+b") as fh:
+        fh.truncate(os.path.getsize(f) - 4096)
+    with pytest.raises(ValueError, match="truncated|short|size|end"):
+        m = llm.load(bad, memory="flash", progress=False)
+        m.logits(IDS)
+
+
+def test_file_changed_while_running_is_named_and_the_cache_recovers(models, tmp_path):
+    """A read that fails (the file changed under the model) raises; the slot is not left pinned."""
+    src = models["qwen3_moe"]
+    d = tmp_path / "m"
+    shutil.copytree(src, d)
+    with flash(d, 2, prefetch="none") as m:
+        m.logits(IDS[:4])
+        os.utime(d / "model.qlinear", ns=(1, 1))
+        with pytest.raises(ValueError, match="changed on disk"):
+            m.reset()
+            m.logits(IDS)
+        assert all(s.pins == 0 for s in m.flash.experts.slots)
