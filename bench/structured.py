@@ -7,8 +7,8 @@ masks   the cost of a token's mask (compute it and apply it to a logits row) on 
         schemas token by token; and the share of a batch-8 decode step that 8 masks take.
 serve   N requests with random JSON schemas (nested objects, enums, arrays, required fields)
         from C concurrent openai clients at temperature 0.7: every answer must parse and
-        validate (jsonschema); the aggregate tok/s against the same requests without
-        response_format.
+        validate (jsonschema); the aggregate tok/s, and the server process's CPU time per token,
+        against the same requests without response_format generating as many tokens each.
 
     python bench/structured.py masks [--model models/stdlib-qwen2] [--docs 40]
     python bench/structured.py serve [--model models/stdlib-qwen2] [--requests 500] [--clients 8] [--rounds 3]
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import string
 import sys
@@ -85,7 +86,8 @@ def random_instance(schema: dict, rng: random.Random):
     if t == "integer":
         return rng.randint(schema["minimum"], schema["maximum"])
     if t == "number":
-        return rng.randint(0, 400) / 4
+        # llguidance writes multipleOf 0.25 as an integer or with two decimals ("12.50", not "12.5")
+        return rng.choice([rng.randint(0, 100), rng.randint(0, 99) + rng.choice([0.25, 0.75])])
     return rng.random() < 0.5
 
 
@@ -255,6 +257,13 @@ def run_clients(base_url: str, model_name: str, schemas: list, clients: int, len
     return tally
 
 
+def _cpu_seconds(pid: int) -> float:
+    """CPU time of a process, all its threads (Linux /proc: utime + stime)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def serve(model_dir: Path, requests: int, clients: int, threads: int, rounds: int = 3) -> dict:
     """Rounds of the structured requests and their unconstrained twins, alternated; a server
     process of its own (serve_load.Server), the clients in this one."""
@@ -269,19 +278,27 @@ def serve(model_dir: Path, requests: int, clients: int, threads: int, rounds: in
     with Server(model_dir, threads, max_batch=clients, max_context=context, max_queue=requests) as server:
         run_clients(server.url, NAME, schemas[:clients], clients)  # warm up (llguidance's tokenizer)
         for _ in range(rounds):
-            s = run_clients(server.url, NAME, schemas, clients)
-            f = run_clients(server.url, NAME, schemas, clients, lengths=s["lengths"])
+            s, f = {}, {}
+            for r, lengths in ((s, None), (f, "s")):
+                cpu = _cpu_seconds(server.proc.pid)
+                r.update(run_clients(server.url, NAME, schemas, clients, lengths=lengths and s["lengths"]))
+                r["server_cpu_ms_per_token"] = 1000 * (_cpu_seconds(server.proc.pid) - cpu) / r["tokens"]
             for name, r in (("structured", s), ("free", f)):
                 out[name].append({k: v for k, v in r.items() if k != "lengths"})
-                print(f"{name}: {r['tokens']} tokens in {r['seconds']:.1f} s, {r['tok_s']:.1f} tok/s"
+                print(f"{name}: {r['tokens']} tokens in {r['seconds']:.1f} s, {r['tok_s']:.1f} tok/s, the server's "
+                      f"CPU {r['server_cpu_ms_per_token']:.3f} ms per token"
                       + (f"; {r['valid']}/{requests} valid; finish {r['finish']}" if name == "structured" else ""),
                       flush=True)
             for failure in s["failures"]:
                 print("  failed:", failure)
     out["valid"] = min(r["valid"] for r in out["structured"])
+    out["round_ratios"] = [s["tok_s"] / f["tok_s"] for s, f in zip(out["structured"], out["free"])]
+    out["cpu_ratio"] = float(np.mean([r["server_cpu_ms_per_token"] for r in out["free"]])
+                             / np.mean([r["server_cpu_ms_per_token"] for r in out["structured"]]))
     out["ratio"] = float(np.mean([r["tok_s"] for r in out["structured"]]) / np.mean([r["tok_s"] for r in out["free"]]))
     print(f"{model_dir.name}: {out['valid']}/{requests} valid in every round; structured / unconstrained "
-          f"throughput {out['ratio']:.3f} ({clients} clients, {threads} threads)")
+          f"throughput {out['ratio']:.3f} (rounds {', '.join(f'{r:.3f}' for r in out['round_ratios'])}), the server's CPU per token (unconstrained / structured) "
+          f"{out['cpu_ratio']:.3f} ({clients} clients, {threads} threads)")
     return out
 
 

@@ -19,6 +19,7 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
 from qlinear import llm  # noqa: E402
+from qlinear.llm.runtime.generation import Sampler, Sampling  # noqa: E402
 from qlinear.llm.serve import structured  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,6 +149,13 @@ def test_mask_unit():
     c = g.constraint(structured.json_grammar({"type": "object"}))
     out = c.mask(np.zeros(len(rows), np.float32))
     assert np.isfinite(out).tolist() == [False, True, False, False, False]
+    # a padded lm head (rows past the tokenizer's 4,096 tokens, favoured by the logits): never chosen
+    padded = structured.Grammars(tok).constraint(structured.json_grammar({"type": "object"}))
+    logits = np.zeros(5000, np.float32)
+    logits[4096:] = 50
+    row, masked = padded.sample(Sampler(Sampling(temperature=1.0, seed=0)), logits, True)
+    assert row < 4096 and tok.decode([row]).strip().startswith("{") and masked.shape == (5000,)
+    assert not np.isfinite(masked[4096:]).any() and np.isfinite(masked).sum() == len(padded.allowed(5000).nonzero()[0])
 
 
 @pytest.mark.parametrize("fmt, message", [

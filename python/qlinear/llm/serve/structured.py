@@ -127,22 +127,27 @@ class Constraint:
         self.bits = np.zeros(grammars.words + 1, np.int32)  # the mask, and a 0 word for rows past it
 
     def allowed(self, rows: int) -> np.ndarray:
-        """Which of the lm head's ``rows`` rows the grammar allows next (bool)."""
+        """Which of the lm head's first ``rows`` rows the grammar allows next (bool); shorter than
+        ``rows`` when a padded lm head has rows past the tokenizer's tokens (never allowed)."""
         g = self.grammars
         self.matcher.unsafe_compute_mask_ptr(self.bits.ctypes.data, 4 * g.words)
         if self.matcher.is_error():
             raise RuntimeError(f"structured output: {self.matcher.get_error()}")
         bits = np.unpackbits(self.bits.view(np.uint8), bitorder="little").view(bool)
         index = g.row_bits()
-        if index is not None:
-            return bits[index]
-        if rows <= len(bits):
-            return bits[:rows]
-        return np.concatenate([bits, np.zeros(rows - len(bits), bool)])  # a padded lm head's extra rows: never
+        return bits[index] if index is not None else bits[:rows]
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """``logits`` (one per lm head row) with the rows the grammar forbids at -inf."""
-        return np.where(self.allowed(len(logits)), logits, np.float32(-np.inf))
+        return self._masked(self.allowed(len(logits)), logits)
+
+    @staticmethod
+    def _masked(allowed: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        if len(allowed) == len(logits):
+            return np.where(allowed, logits, np.float32(-np.inf))
+        out = np.full(len(logits), -np.inf, np.float32)
+        out[:len(allowed)] = np.where(allowed, logits[:len(allowed)], np.float32(-np.inf))
+        return out
 
     def sample(self, sampler, logits: np.ndarray, masked: bool) -> tuple:
         """(row, logits) of the next token: ``sampler`` run on the allowed rows' logits alone (the
@@ -155,7 +160,7 @@ class Constraint:
             raise RuntimeError("structured output: the grammar's next token is not among the rows of this "
                                "model's slimmed lm head")
         row = int(rows[0]) if len(rows) == 1 else int(rows[sampler(logits[rows], ())])
-        return row, (np.where(allowed, logits, np.float32(-np.inf)) if masked else logits)
+        return row, (self._masked(allowed, logits) if masked else logits)
 
     def advance(self, token: int) -> bool:
         """False if ``token`` is off the grammar (the matcher is then in error)."""
