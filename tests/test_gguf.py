@@ -70,10 +70,12 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
     cfg = json.loads((ckpt / "config.json").read_text())
     tj = json.loads((ckpt / "tokenizer.json").read_text())
     st = load_file(str(ckpt / "model.safetensors"))
-    arch = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe"}.get(cfg["model_type"], cfg["model_type"])
+    arch = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "mixtral": "llama"}.get(cfg["model_type"],
+                                                                                     cfg["model_type"])
     w = gguf.GGUFWriter(str(path), arch)
-    if cfg.get("num_experts"):  # as llama.cpp's converter writes them (Qwen3-MoE, OLMoE)
-        w.add_expert_count(cfg["num_experts"])
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts", 0)
+    if experts:  # as llama.cpp's converter writes them (Qwen3-MoE, OLMoE, Mixtral as llama)
+        w.add_expert_count(experts)
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         if arch == "qwen3moe":
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
@@ -147,7 +149,7 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
         names.update({"pre_feedforward_layernorm": "ffn_norm", "post_attention_layernorm": "post_attention_norm",
                       "post_feedforward_layernorm": "post_ffw_norm"})
     types = types or {}
-    st = _stack_experts(st, cfg.get("num_experts", 0))
+    st = _stack_experts(st, experts)
     names.update({"mlp.gate": "ffn_gate_inp", "mlp.gate_exps": "ffn_gate_exps", "mlp.up_exps": "ffn_up_exps",
                   "mlp.down_exps": "ffn_down_exps"})
     for name, a in st.items():
@@ -182,12 +184,15 @@ def _stack_experts(st: dict, experts: int) -> dict:
     GGUF file (``mlp.gate_exps`` ...)."""
     if not experts:
         return st
-    out = {k: v for k, v in st.items() if ".mlp.experts." not in k}
-    layers = {k.split(".")[2] for k in st if ".mlp.experts." in k}
+    mixtral = any(".block_sparse_moe." in k for k in st)  # w1 / w3 / w2: gate / up / down
+    prefix, names = ("block_sparse_moe.", {"gate": "w1", "up": "w3", "down": "w2"}) if mixtral else \
+        ("mlp.", {p: p + "_proj" for p in ("gate", "up", "down")})
+    out = {k.replace("block_sparse_moe.gate.", "mlp.gate."): v for k, v in st.items() if ".experts." not in k}
+    layers = {k.split(".")[2] for k in st if ".experts." in k}
     for i in layers:
-        for part in ("gate", "up", "down"):
+        for part, theirs in names.items():
             out[f"model.layers.{i}.mlp.{part}_exps.weight"] = np.stack(
-                [st[f"model.layers.{i}.mlp.experts.{e}.{part}_proj.weight"] for e in range(experts)])
+                [st[f"model.layers.{i}.{prefix}experts.{e}.{theirs}.weight"] for e in range(experts)])
     return out
 
 
@@ -697,21 +702,22 @@ def test_phi3_files_it_cannot_run_are_refused(tmp_path):
         llm.load(half, progress=False)
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "olmoe"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "olmoe", "mixtral"])
 def test_moe_file_matches_its_checkpoint(tmp_path, arch):
     """Routed experts in llama.cpp's layout (qwen3moe, olmoe: the router ``ffn_gate_inp``, the
     experts stacked in ``ffn_{gate,up,down}_exps``): a file of F32 tensors gives the checkpoint's
     logits; Q4_0 / Q8_0 experts are moved, not re-rounded: the packed model computes what the
     file's dequantized weights do."""
     extra = {"clip_qkv": 0.3} if arch == "olmoe" else {}
-    ckpt = synthetic.make_checkpoint(tmp_path / arch, arch=arch, seed=3, norm_noise=0.1, num_experts=8,
-                                     num_experts_per_tok=2, **SHAPE, **extra)
+    experts = {"num_local_experts" if arch == "mixtral" else "num_experts": 8}
+    ckpt = synthetic.make_checkpoint(tmp_path / arch, arch=arch, seed=3, norm_noise=0.1, num_experts_per_tok=2,
+                                     **experts, **SHAPE, **extra)
     ids = list(range(5, 45))
     ref = llm.load(ckpt, bits=None, act="float", max_context=64, progress=False).logits(ids)
     a = llm.load(write_gguf(ckpt, tmp_path / "f32.gguf", T.F32, embd=T.F32), bits=None, act="float",
                  max_context=64, progress=False)
     assert (a.config.arch, a.config.num_experts, a.config.experts_per_token) == (arch, 8, 2)
-    assert a.config.norm_topk_prob == (arch == "qwen3_moe") and a.config.clip_qkv == pytest.approx(extra.get("clip_qkv"))
+    assert a.config.norm_topk_prob == (arch != "olmoe") and a.config.clip_qkv == pytest.approx(extra.get("clip_qkv"))
     np.testing.assert_allclose(a.logits(ids), ref, rtol=0, atol=1e-5 * np.abs(ref).max())
     for qtype, bits in ((T.Q4_0, 4), (T.Q8_0, 8)):
         path = write_gguf(ckpt, tmp_path / f"{qtype.name}.gguf", qtype, embd=T.F32)

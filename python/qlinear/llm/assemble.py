@@ -39,8 +39,16 @@ def make_block(cfg: ModelConfig, i: int, linear: Callable, vector: Callable, rop
         M = cfg.moe_intermediate_size
         experts = [(linear(f"{p}experts.{e}.gate_up", (2 * M, H)), linear(f"{p}experts.{e}.down", (H, M)))
                    for e in range(cfg.num_experts)]
-        return MoeBlock(cfg, attn, linear(p + "router", (cfg.num_experts, H)), experts,
-                        vector(p + "input_norm", H), vector(p + "post_norm", H))
+        parts = (cfg, attn, linear(p + "router", (cfg.num_experts, H)), experts,
+                 vector(p + "input_norm", H), vector(p + "post_norm", H))
+        if cfg.shared_expert_size:  # Qwen2-MoE
+            from .runtime.moe_shared import SharedExpertMoeBlock  # noqa: PLC0415
+
+            S = cfg.shared_expert_size
+            return SharedExpertMoeBlock(*parts, shared=(linear(p + "shared_gate_up", (2 * S, H)),
+                                                        linear(p + "shared_down", (H, S))),
+                                        shared_gate=vector(p + "shared_gate", H))
+        return MoeBlock(*parts)
     out_norms = (vector(p + "attn_out_norm", H), vector(p + "mlp_out_norm", H)) if cfg.sandwich_norms else ()
     return Block(cfg, attn, linear(p + "gate_up", (2 * I, H)), linear(p + "down", (H, I)),
                  vector(p + "input_norm", H), vector(p + "post_norm", H), *out_norms)

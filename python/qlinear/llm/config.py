@@ -45,12 +45,13 @@ class ModelConfig:
     layer_types: Optional[tuple] = None    # "sliding" / "full" per layer (None: all full)
     sliding_window: Optional[int] = None   # positions a sliding layer sees, its own included
     rope_local_theta: Optional[float] = None  # sliding layers' own RoPE base, unscaled (Gemma 3)
-    # routed experts (Qwen3-MoE, OLMoE): every layer's MLP is num_experts SwiGLU experts of
+    # routed experts (Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE): every layer's MLP is num_experts SwiGLU experts of
     # moe_intermediate_size, a token runs the experts_per_token its router ranks highest
     num_experts: int = 0
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
+    shared_expert_size: int = 0            # a shared expert every token runs, gated (Qwen2-MoE)
 
     @property
     def q_size(self) -> int:

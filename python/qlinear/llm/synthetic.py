@@ -88,6 +88,8 @@ ARCHS = {
     "phi3": ("Phi3Config", {"rope_theta": 10000.0}, PHI3),
     "qwen3_moe": ("Qwen3MoeConfig", {"num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True}, CHATML),
     "olmoe": ("OlmoeConfig", {"num_experts": 8, "num_experts_per_tok": 2}, OLMOE),  # experts: intermediate_size
+    "mixtral": ("MixtralConfig", {"num_local_experts": 8, "num_experts_per_tok": 2}, MISTRAL),
+    "qwen2_moe": ("Qwen2MoeConfig", {"num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": False}, CHATML),
 }
 
 
@@ -162,8 +164,10 @@ def make_checkpoint(out_dir, arch: str = "qwen2", shape: str = "tiny", seed: int
     # (Qwen2, Llama and OLMoE take hidden / heads; the others' default, 128 or 256, would not fit)
     if arch not in ("qwen2", "llama", "olmoe"):
         common["head_dim"] = fields["hidden_size"] // fields["num_attention_heads"]
-    if arch == "qwen3_moe":  # experts half the shape's MLP width (transformers' default, 768, is a 30B's)
+    if arch in ("qwen3_moe", "qwen2_moe"):  # experts half the shape's MLP width (transformers' default is a 30B's)
         common["moe_intermediate_size"] = fields["intermediate_size"] // 2
+    if arch == "qwen2_moe":  # the shared expert as wide as the shape's MLP
+        common["shared_expert_intermediate_size"] = fields["intermediate_size"]
     common.update(fields)
     config = getattr(transformers, config_class)(**common)
     torch.manual_seed(seed)

@@ -20,6 +20,7 @@ LLAMA_LAYER = {
     "down": ("mlp.down_proj.weight",),
 }
 LINEARS = ("qkv", "o", "gate_up", "down")
+ROUTED_LAYER = {k: v for k, v in LLAMA_LAYER.items() if k not in ("gate_up", "down")}  # the MLP: experts
 
 
 def layer_linears(cfg) -> list:
@@ -27,8 +28,12 @@ def layer_linears(cfg) -> list:
     and every expert's (``experts.E.gate_up`` / ``experts.E.down``; the router stays float)."""
     if not cfg.num_experts:
         return list(LINEARS)
-    return ["qkv", "o"] + [f"experts.{e}.{n}" for e in range(cfg.num_experts) for n in ("gate_up", "down")]
+    shared = ["shared_gate_up", "shared_down"] if cfg.shared_expert_size else []
+    return ["qkv", "o"] + [f"experts.{e}.{n}" for e in range(cfg.num_experts) for n in ("gate_up", "down")] + shared
 QK_NORMS = {"q_norm": ("self_attn.q_norm.weight",), "k_norm": ("self_attn.k_norm.weight",)}
+# where a routed MLP's tensors are (under model.layers.{i}.; "{e}": the expert's index)
+QWEN_EXPERTS = {"router": "mlp.gate.weight", "expert": "mlp.experts.{e}.", "gate": "gate_proj.weight",
+                "up": "up_proj.weight", "down": "down_proj.weight"}
 
 
 def activation(hf: dict, where: str, key: str = "hidden_act") -> str:
@@ -70,3 +75,4 @@ class Arch:
     features: Callable[[dict, str], dict] = lambda hf, where: {}
     attention_bias: Optional[bool] = None   # always (Qwen2) / never; None: config.json's attention_bias
     tie_word_embeddings: bool = False       # the default when config.json leaves it out
+    experts: dict = field(default_factory=lambda: dict(QWEN_EXPERTS))  # routed MLPs' tensor names

@@ -38,7 +38,7 @@ def read_config(f: GGUFFile) -> ModelConfig:
         hf.update(_gemma_config(f, hf, arch))
     if arch == "phi3":
         hf.update(_phi3_config(f, hf))
-    if arch in ("qwen3moe", "olmoe"):
+    if arch in ("qwen3moe", "olmoe") or (arch == "llama" and f.meta(a + "expert_count", int)):
         hf.update(_experts_config(f, hf, arch))
     kind = f.meta(a + "rope.scaling.type", str, "none")
     if kind == "linear":
@@ -87,11 +87,15 @@ def _experts_config(f: GGUFFile, hf: dict, arch: str) -> dict:
     """Routed experts as llama.cpp runs them: Qwen3-MoE renormalizes the top-k weights to sum 1,
     OLMoE does not (unless the file says otherwise: ``expert_weights_norm``); OLMoE's experts
     are ``feed_forward_length`` wide, its head size hidden / heads, q, k and v clamped to
-    ``attention.clamp_kqv``."""
+    ``attention.clamp_kqv``. A ``llama`` file with experts is Mixtral (llama.cpp's converter
+    writes it so): experts ``feed_forward_length`` wide, their weights always renormalized."""
     a = arch + "."
     out = {"num_experts": f.count(a + "expert_count"), "num_experts_per_tok": f.count(a + "expert_used_count"),
            "norm_topk_prob": f.meta(a + "expert_weights_norm", bool, arch == "qwen3moe")}
-    if arch == "qwen3moe":
+    if arch == "llama":
+        out = {"model_type": "mixtral", "num_local_experts": out["num_experts"],
+               "num_experts_per_tok": out["num_experts_per_tok"]}
+    elif arch == "qwen3moe":
         out["moe_intermediate_size"] = f.count(a + "expert_feed_forward_length")
     else:
         out["clip_qkv"] = f.meta(a + "attention.clamp_kqv", float)
@@ -99,9 +103,10 @@ def _experts_config(f: GGUFFile, hf: dict, arch: str) -> dict:
         t = f.tensors.get(f"blk.0.{name}.weight")
         if t is None:
             raise f.error(f"tensor 'blk.0.{name}.weight' is missing (a {arch} file has routed experts)")
-        if int(t.shape[-1]) != out["num_experts"]:
+        count = f.count(a + "expert_count")
+        if int(t.shape[-1]) != count:
             raise f.error(f"tensor 'blk.0.{name}.weight' has {int(t.shape[-1])} experts; the metadata says "
-                          f"{out['num_experts']} ({a}expert_count)")
+                          f"{count} ({a}expert_count)")
     return out
 
 

@@ -125,7 +125,7 @@ _ABOVE_4_BITS = {"Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_1", "Q8_K"}
 
 class _Weights:
     def __init__(self, f: GGUFFile, cfg: ModelConfig, opts: Options):
-        self.f, self.opts, self.llama, self.cfg = f, opts, cfg.arch == "llama", cfg
+        self.f, self.opts, self.llama, self.cfg = f, opts, cfg.arch in ("llama", "mixtral"), cfg
         self.moved, self.rounded, self.requantized = [], [], []
 
     def experts(self, b: str, o: str) -> dict:

@@ -106,11 +106,17 @@ def layer_tensors(ckpt: Checkpoint, cfg: ModelConfig, i: int) -> dict:
         elif any(present):
             raise ValueError(f"{ckpt.directory}: layer {i} has biases on some of {', '.join(names)} only")
     if cfg.num_experts:  # the router, float; each expert's gate / up fused, and its down
-        out[f"layers.{i}.router"] = ckpt.float32(p + "mlp.gate.weight")
+        names = arch.experts
+        out[f"layers.{i}.router"] = ckpt.float32(p + names["router"])
         for e in range(cfg.num_experts):
-            x = f"{p}mlp.experts.{e}."
-            out[f"layers.{i}.experts.{e}.gate_up"] = _fused(ckpt, [x + "gate_proj.weight", x + "up_proj.weight"])
-            out[f"layers.{i}.experts.{e}.down"] = ckpt.float32(x + "down_proj.weight")
+            x = p + names["expert"].format(e=e)
+            out[f"layers.{i}.experts.{e}.gate_up"] = _fused(ckpt, [x + names["gate"], x + names["up"]])
+            out[f"layers.{i}.experts.{e}.down"] = ckpt.float32(x + names["down"])
+    if cfg.shared_expert_size:  # Qwen2-MoE: the shared expert and its gate (a [1, hidden] row, float)
+        x = p + "mlp.shared_expert."
+        out[f"layers.{i}.shared_gate_up"] = _fused(ckpt, [x + "gate_proj.weight", x + "up_proj.weight"])
+        out[f"layers.{i}.shared_down"] = ckpt.float32(x + "down_proj.weight")
+        out[f"layers.{i}.shared_gate"] = ckpt.float32(p + "mlp.shared_expert_gate.weight").reshape(-1)
     return out
 
 
