@@ -112,3 +112,16 @@ def test_file_changed_while_running_is_named_and_the_cache_recovers(models, tmp_
             m.reset()
             m.logits(IDS)
         assert all(s.pins == 0 for s in m.flash.experts.slots)
+
+
+def test_cost_model_counts_the_misses(models):
+    from qlinear.llm.flash.cost import cost_model
+
+    with flash(models["qwen3_moe"], 6, prefetch="none") as m:
+        m.logits(IDS[:8])
+        st = m.flash.stats
+        per_token = 3 * 2 * (1 - 6 / 24) * st["expert_bytes"]   # uniform routing over 6 of 24 experts
+        text = cost_model(m, 1e9)
+        assert "3 layers x 8 experts, 2 per token" in text and f"{st['misses']} misses" in text
+        assert f"{1e9 / per_token:.2f} tok/s" in text
+        assert f"measured 10.00 tok/s ({100 * 10 * 1000 / 1e9:.0f}%)" in cost_model(m, 1e9, 10.0, 1000)

@@ -62,6 +62,8 @@ def cost_model(model, throughput: float, measured_tok_s: Optional[float] = None,
                decode_bytes_per_token: Optional[float] = None, sparsities=(0.9, 0.97)) -> str:
     """The cost model's lines for a flash model (``model.flash``)."""
     fl = model.flash
+    if hasattr(fl, "experts"):
+        return moe_cost_model(model, throughput, measured_tok_s, decode_bytes_per_token)
     L, lay = model.config.num_layers, fl.ffn.layout
     dense = fl.streamed_layers * fl.ffn.layer_bytes
     per_token = dense if decode_bytes_per_token is None else decode_bytes_per_token
@@ -90,6 +92,31 @@ def cost_model(model, throughput: float, measured_tok_s: Optional[float] = None,
                      f"active independently -> {throughput / (dense * f_ind):.2f} tok/s; "
                      f"{100 * (1 - s):.0f}% if active neurons cluster in bundles -> "
                      f"{throughput / (dense * (1 - s)):.2f} tok/s")
+    return "\n".join(lines)
+
+
+def moe_cost_model(model, throughput: float, measured_tok_s: Optional[float] = None,
+                   decode_bytes_per_token: Optional[float] = None) -> str:
+    """A flash MoE model's (``flash.experts``): a token reads its experts that miss the cache,
+    misses x expert bytes; routing that picks experts uniformly at random hits a cache of S of
+    the L x E experts at rate S / (L x E)."""
+    fl, cfg = model.flash, model.config
+    st, L, E, k = fl.stats, cfg.num_layers, cfg.num_experts, cfg.experts_per_token
+    xb, held = st["expert_bytes"], st["slots"] / (L * E)
+    uniform = L * k * (1 - held) * xb
+    per_token = uniform if decode_bytes_per_token is None else decode_bytes_per_token
+    mb = lambda n: f"{n / 2**20:.1f} MB"  # noqa: E731
+    lines = [f"flash MoE cost model ({L} layers x {E} experts, {k} per token, {mb(xb)} per expert; cache of "
+             f"{st['slots']} experts = {100 * held:.0f}% of them, prefetch={fl.experts.prefetch})",
+             f"  expert cache so far: hit rate {100 * st['hit_rate']:.1f}% ({st['hits']} hits, {st['misses']} misses), "
+             f"{st['prefetched']} prefetched ({st['prefetch_used']} then used)",
+             f"  bytes read per token: {mb(per_token)} (all experts missing: {mb(L * k * xb)}; uniform routing "
+             f"over this cache: {mb(uniform)})",
+             f"  measured read throughput: {throughput / 1e9:.2f} GB/s ({describe(fl.reader.plan)})"]
+    if per_token > 0:
+        lines.append(f"  predicted (throughput / bytes per token): {throughput / per_token:.2f} tok/s"
+                     + ("" if measured_tok_s is None else
+                        f"; measured {measured_tok_s:.2f} tok/s ({100 * measured_tok_s * per_token / throughput:.0f}%)"))
     return "\n".join(lines)
 
 
