@@ -6,9 +6,11 @@ Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/complet
 (streaming as server-sent events, or one JSON body), ``GET /health``, ``GET /metrics``
 (Prometheus, ``metrics``) and ``GET /openapi.json`` (``openapi``). Concurrent requests
 decode together, one B-row matmul per weight per step (``scheduler``); prompts that start
-alike reuse the KV rows of their common prefix (``runtime.prefix_cache``); ``protocol`` checks
-requests and shapes answers; ``app`` is the Starlette app. Needs the ``serve`` extra
-(starlette, uvicorn, prometheus-client).
+alike reuse the KV rows of their common prefix (``runtime.prefix_cache``); ``response_format``
+constrains the tokens to a JSON schema's grammar (``structured``: llguidance's masks), and
+``tools`` go through the chat template, the calls parsed back (``tools``, ``tool_formats``);
+``protocol`` checks requests and shapes answers; ``app`` is the Starlette app. Needs the
+``serve`` extra (starlette, uvicorn, prometheus-client, llguidance).
 """
 
 from __future__ import annotations
