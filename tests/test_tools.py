@@ -168,6 +168,7 @@ def test_formats_parse():
     _, calls = mistral.calls('[{"name": "get_weather", "arguments": {"city": "Rome"}}, '
                              '{"name": "get_time", "arguments": {"zone": 1}}]')
     assert [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
+    assert all(len(c["id"]) == 9 and c["id"].isalnum() for c in calls)  # as Mistral's templates demand
     assert tools.detect("{% if tools %}[TOOL_CALLS]{% endif %}") is tools.MISTRAL
     assert tools.detect("{% if tools %}<|python_tag|>{% endif %}") is tools.LLAMA3
     assert tools.detect(QWEN25_TEMPLATE) is tools.QWEN

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from typing import Optional
 
 from .protocol import ApiError
@@ -27,6 +28,10 @@ class Format:
 
     def __init__(self, name: str, opener: str, head: str, tail: str, key_args: str):
         self.name, self.opener, self.head, self.tail, self.key_args = name, opener, head, tail, key_args
+
+    def call_id(self) -> str:
+        """A new call's id; Mistral's templates take 9 letters or digits only (else they raise)."""
+        return uuid.uuid4().hex[:9] if self.name == "mistral" else "call_" + uuid.uuid4().hex[:24]
 
     def grammar(self, tools: list) -> str:
         """One call of one of ``tools``, its arguments valid under the function's parameters."""

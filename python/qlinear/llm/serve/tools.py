@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Optional
 
@@ -46,7 +45,7 @@ class ToolPlan:
         calls = [c for c in calls if c[0] in names]
         if not calls:
             return text, []
-        return content, [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+        return content, [{"id": self.fmt.call_id(), "type": "function",
                           "function": {"name": n, "arguments": a}} for n, a in calls]
 
 
