@@ -67,7 +67,7 @@ def expert_slots(entries: dict, files: ExpertFile, cfg, max_context: int, budget
 
 def load_flash_moe(d: Path, opts: Options, max_context: int, entries: dict, cfg,
                    memory_budget_mb: Optional[float] = None, reader_threads: Optional[int] = None,
-                   slots: Optional[int] = None, prefetch: str = "router") -> Model:
+                   slots: Optional[int] = None, prefetch: str = "none") -> Model:
     """A Model over the converted MoE model in ``d`` whose experts are read on demand."""
     path = d / converted_source.MODEL_FILE
     files = ExpertFile(path, entries, cfg, os.path.getsize(path))

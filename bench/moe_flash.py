@@ -1,0 +1,324 @@
+"""Mixture-of-experts models from flash: qlinear's memory="flash" for routed experts against
+llama.cpp (mmap) under one memory limit that counts the page cache (a child memory cgroup; needs
+root), the limit half the model file; and the expert cache's hit rate with random routing and
+with a trained router.
+
+The model: the synthetic Qwen3-MoE of bench/moe.py (Qwen2.5-0.5B's attention, 24 layers, 32
+experts of width 608 per layer, top 4, vocabulary 4096; 1.3B weights; random weights, so its
+routers route at random), its checkpoint written once into $QLINEAR_BENCH_MODELS (default
+~/.cache/qlinear-bench). qlinear cannot read GGUF `qwen3moe` files yet: llama.cpp reads the
+Q4_0 GGUF its own converter and llama-quantize make of the checkpoint (bench/llamacpp_vs.py's
+`checkpoint_gguf`; llama.cpp built by `python bench/llamacpp_vs.py --build`), qlinear the same
+checkpoint converted with `llm.convert(bits=4, group_size=32, symmetric=True)` (Q4_0's weights:
+symmetric int4 in groups of 32; a float16 scale, as Q4_0's). Two files of the same checkpoint at
+the same bits, not the same file.
+
+    python bench/moe_flash.py [--limit-mb N] [--decode-tokens 32] [--threads 2] [--keep]
+
+Each run is a fresh process inside the cgroup, the page cache dropped first (echo 3 >
+drop_caches). qlinear: load with memory_budget_mb = the limit (the expert cache gets what the
+limit holds beyond the resident part and a reserve), prefill 8 tokens, decode 8 (warm-up), then
+the measured decode, each step fed a random token (as llama-bench's generation test does); with
+the next layer's experts prefetched from its router applied early, and without. This random
+model's routers pick nearly the same experts whatever the token (its hidden states barely depend
+on it), so a third run draws each token's experts at random instead (the routers still computed,
+no prefetch): the cache's random-routing case, not llama.cpp's workload. llama.cpp:
+`llama-bench -p 8 -n N -r 1 -lm mmap`, with its Q4_0 repacking (tensors copied out of the
+mapping into its own memory) and without. The bound: read throughput / bytes read per token,
+the read throughput measured inside the cgroup on the qlinear file with the flash reader
+(sequential 4 MiB reads, and reads of one expert each at the experts' offsets in random order;
+4 threads, no readahead).
+
+Hit rates: the big model's as measured in its runs; the trained
+models/stdlib-qwen3moe (4 layers x 8 experts, top 2), teacher-forced over a held-out
+standard-library file (difflib.py) with caches of 4, 8 and 16 of its 32 experts, with and without prefetch, against the
+same cache with experts drawn uniformly at random (the random-routing figure: slots / 32).
+
+Files this run makes (checkpoint, converted model, GGUF files) are removed at the end unless
+--keep or they were there before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+ROOT = Path(os.environ.get("QLINEAR_BENCH_MODELS", Path.home() / ".cache" / "qlinear-bench"))
+NAME = "qwen3moe-0.5b-e32k4-v4096"   # bench/moe.py's model
+SHAPE = dict(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, num_hidden_layers=24, vocab_size=4096,
+             intermediate_size=1216, moe_intermediate_size=608, num_experts=32, num_experts_per_tok=4,
+             norm_topk_prob=True)
+TRAINED = Path(__file__).resolve().parent.parent / "models" / "stdlib-qwen3moe"
+PROMPT, WARM = 8, 8
+
+
+def checkpoint() -> Path:
+    hf = ROOT / NAME
+    if not (hf / "model.safetensors").is_file() and not (hf / "model.safetensors.index.json").is_file():
+        from qlinear.llm import synthetic
+        synthetic.make_checkpoint(hf, arch="qwen3_moe", shape="qwen2.5-0.5b", dtype="bfloat16", tokenizer_vocab=4096,
+                                  norm_noise=0.1, force=True, **SHAPE)
+    return hf
+
+
+def converted() -> Path:
+    out = ROOT / f"{NAME}-q4g32"
+    if not (out / "model.qlinear").is_file():
+        from qlinear import llm
+        llm.convert(checkpoint(), out, bits=4, group_size=32, symmetric=True, progress=False, force=True)
+    return out
+
+
+def read_bytes() -> int:
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    return 0
+
+
+def worker_qlinear(args) -> dict:
+    import qlinear
+    from qlinear import llm
+    qlinear.set_num_threads(args.threads)
+    m = llm.load(args.model, memory="flash", memory_budget_mb=args.budget_mb, progress=False,
+                 max_context=PROMPT + WARM + args.decode_tokens + 8)
+    m.flash.experts.prefetch = args.prefetch
+    if args.routing == "random":   # each token's experts drawn at random (the routers' cost kept)
+        pick = np.random.default_rng(1)
+        for b in m.blocks:
+            b.router = (lambda r: lambda x: pick.standard_normal((x.shape[0], m.config.num_experts))
+                        .astype(np.float32) + 0 * r(x)[:, :1])(b.router)
+    # random tokens fed to each decode step, as llama-bench's generation test does: a random
+    # model's greedy tokens repeat, and so would its experts (hit rates near 100%)
+    rng = np.random.default_rng(0)
+    token = int(m.prefill(list(range(100, 100 + PROMPT))).argmax())
+    for _ in range(WARM):
+        token = int(m._forward([int(rng.integers(m.config.vocab_size))], m.cache.length)[0].argmax())
+    s0, r0, f0, t0 = dict(m.flash.stats), read_bytes(), m.flash.bytes_read, time.perf_counter()
+    for _ in range(args.decode_tokens):
+        token = int(m._forward([int(rng.integers(m.config.vocab_size))], m.cache.length)[0].argmax())
+    dt, s1 = time.perf_counter() - t0, m.flash.stats
+    n = args.decode_tokens
+    hits, misses = s1["hits"] - s0["hits"], s1["misses"] - s0["misses"]
+    return {"tok_s": n / dt, "bytes_per_token": (m.flash.bytes_read - f0) / n, "disk_bytes_per_token": (read_bytes() - r0) / n,
+            "hit_rate": hits / max(hits + misses, 1), "prefetched": (s1["prefetched"] - s0["prefetched"]) / n,
+            "prefetch_used": (s1["prefetch_used"] - s0["prefetch_used"]) / n, "slots": s1["slots"],
+            "experts": s1["experts"], "expert_mb": s1["expert_bytes"] / 2**20, "peak_rss_mb": m.stats.peak_rss_mb,
+            "last_token": token}
+
+
+def worker_throughput(args) -> dict:
+    """Read throughput of the model file, with the flash reader, in this process (the cgroup)."""
+    from qlinear._format import tensor_entries
+    from qlinear.llm.config import ModelConfig
+    from qlinear.llm.flash.cost import drop_file_cache, read_throughput
+    from qlinear.llm.flash.experts import ExpertFile
+    from qlinear.llm.flash.reader import CHUNK_BYTES, FlashReader, ReadPlan
+
+    path = Path(args.model) / "model.qlinear"
+    plan = ReadPlan(False, 4, CHUNK_BYTES)
+    seq = read_throughput(path, plan=plan)
+    entries, meta = tensor_entries(path)
+    files = ExpertFile(path, entries, ModelConfig.from_dict(meta["config"], str(path)), os.path.getsize(path))
+    keys = list(files.ranges)
+    order = np.random.default_rng(0).permutation(len(keys))
+    bufs = [(np.empty(files.gate_up.nbytes, np.uint8), np.empty(files.down.nbytes, np.uint8)) for _ in range(8)]
+    reads = [r for j, i in enumerate(order) for r in files.reads(*keys[i], *bufs[j % 8])]
+    drop_file_cache(path)
+    reader = FlashReader(path, plan)
+    try:
+        t0 = time.perf_counter()
+        reader.submit(reads).wait()
+        rand = len(keys) * files.expert_bytes / (time.perf_counter() - t0)
+    finally:
+        reader.close()
+    return {"sequential": seq, "experts_random": rand}
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3")
+
+
+def in_cgroup(limit: int, tag: str, cmd: list) -> tuple:
+    from qlinear.llm.flash.cgroup import MemoryCgroup
+    drop_caches()
+    with MemoryCgroup(limit, name=f"qlinear-moe-flash-{os.getpid()}-{tag}") as cg:
+        r = cg.run(cmd, capture_output=True, text=True)
+        return r, cg.peak / 2**20
+
+
+def llamacpp_run(limit: int, gguf: Path, decode: int, threads: int, repack: int) -> dict:
+    import llamacpp_vs as lv
+    cmd = [str(lv.tool("llama-bench")), "-m", str(gguf), "-p", str(PROMPT), "-n", str(decode), "-t", str(threads),
+           "-r", "1", "-o", "json", "-lm", "mmap", "--repack", str(repack)]
+    t0 = time.perf_counter()
+    r, peak = in_cgroup(limit, f"llamacpp-{repack}", cmd)
+    if r.returncode:
+        return {"error": f"exit {r.returncode} after {time.perf_counter() - t0:.0f} s: {r.stderr.strip()[-300:]}",
+                "cgroup_peak_mb": peak}
+    rows = json.loads(r.stdout)
+    gen = [x for x in rows if x.get("n_gen", 0) > 0][0]
+    return {"tok_s": float(gen["avg_ts"]), "cgroup_peak_mb": peak}
+
+
+def trained_hit_rates(tmp: Path) -> list:
+    """(slots, LRU hit rate with the trained router, with uniformly random experts) per cache size."""
+    from qlinear import llm
+    from qlinear.llm.flash.loader import load_flash
+    from qlinear.llm.options import Options
+
+    out = llm.convert(TRAINED, tmp / "stdlib-qwen3moe-q4g32", bits=4, group_size=32, symmetric=True, progress=False)
+    text = (Path(sysconfig.get_paths()["stdlib"]) / "difflib.py").read_text()
+    rows = []
+    for slots in (4, 8, 16):
+        row = [slots]
+        for prefetch in ("none", "router"):
+            m = load_flash(out, Options(memory="flash").check(), 512, expert_slots=slots)
+            m.flash.experts.prefetch = prefetch
+            ids = m.tokenizer.encode(text)[:400]
+            for pos, t in enumerate(ids):   # one token per forward: decode's pattern of lookups
+                m._forward([t], pos)
+            st, cfg = m.flash.stats, m.config
+            row += [st["hit_rate"], st["bytes"] / len(ids) / st["expert_bytes"], st["prefetched"], st["prefetch_used"]]
+            m.close()
+        rows.append((*row, uniform_lru_hit_rate(cfg.num_layers, cfg.num_experts, cfg.experts_per_token, slots, len(ids))))
+    return rows
+
+
+def uniform_lru_hit_rate(L: int, E: int, k: int, slots: int, tokens: int, seed: int = 0) -> float:
+    """An LRU cache of ``slots`` (layer, expert) entries, each token taking k distinct experts per
+    layer uniformly at random (random routing)."""
+    from collections import OrderedDict
+    rng, lru, hits, n = np.random.default_rng(seed), OrderedDict(), 0, 0
+    for _ in range(tokens):
+        for i in range(L):
+            chosen = [(i, int(e)) for e in rng.choice(E, k, replace=False)]
+            for key in chosen:
+                n += 1
+                if key in lru:
+                    hits += 1
+                    lru.move_to_end(key)
+                else:
+                    lru[key] = True
+                    if len(lru) > slots:
+                        lru.popitem(last=False)
+    return hits / n
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--limit-mb", type=float, default=None, help="default: half the smaller model file")
+    p.add_argument("--decode-tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--keep", action="store_true", help="keep the files this run made")
+    p.add_argument("--skip-llamacpp", action="store_true")
+    p.add_argument("--worker", choices=["qlinear", "throughput"], help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--budget-mb", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--prefetch", default="router", help=argparse.SUPPRESS)
+    p.add_argument("--routing", default="model", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        print(json.dumps(worker_qlinear(args) if args.worker == "qlinear" else worker_throughput(args)))
+        return
+    from qlinear.llm.flash.cgroup import unavailable_reason
+    why = unavailable_reason()
+    if why:
+        raise SystemExit(f"no memory limit can be set here: {why}")
+    import llamacpp_vs as lv
+
+    made = [x for x in (ROOT / NAME, ROOT / f"{NAME}-q4g32", lv.CACHE / f"{NAME}-Q4_0.gguf", lv.CACHE / f"{NAME}-F32.gguf")
+            if not x.exists()]
+    tmp = Path(tempfile.mkdtemp(prefix="qlinear-moe-flash-"))
+    try:
+        run(args, lv, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for x in made if not args.keep else ():
+            shutil.rmtree(x, ignore_errors=True) if x.is_dir() else x.unlink(missing_ok=True)
+
+
+def run(args, lv, tmp: Path) -> None:
+    import platform
+    model = converted()
+    have_llamacpp = lv.tool("llama-bench").exists() and not args.skip_llamacpp
+    gguf = lv.checkpoint_gguf(checkpoint(), "Q4_0", pre="qwen2") if have_llamacpp else None
+    qsize = (model / "model.qlinear").stat().st_size
+    sizes = [qsize] + ([gguf.stat().st_size] if gguf else [])
+    limit = int(args.limit_mb * 2**20) if args.limit_mb else min(sizes) // 2
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
+    print(f"CPU {cpu}, {os.cpu_count()} cores, {args.threads} threads")
+    print(f"qlinear file {qsize / 2**20:.0f} MB (int4 g32 symmetric, converted from {NAME})"
+          + (f"; llama.cpp file {gguf.stat().st_size / 2**20:.0f} MB ({gguf.name}, Q4_0, the same checkpoint)" if gguf else
+             "; llama.cpp: not built (python bench/llamacpp_vs.py --build)"))
+    print(f"memory limit {limit / 2**20:.0f} MB (RSS + page cache; the qlinear file is {qsize / limit:.2f}x it)")
+    me = [sys.executable, __file__, "--model", str(model), "--threads", str(args.threads),
+          "--decode-tokens", str(args.decode_tokens)]
+    # a virtual machine's disk may be served from its host's page cache (bench/flash.py): one pass
+    # over each file first, so that no run pays the host's first reads
+    for f in [model / "model.qlinear"] + ([gguf] if gguf else []):
+        with open(f, "rb", buffering=0) as fh:
+            while fh.read(16 << 20):
+                pass
+    r, _ = in_cgroup(limit, "throughput", me + ["--worker", "throughput"])
+    if r.returncode:
+        raise SystemExit(f"throughput run failed: {r.stderr[-2000:]}")
+    tp = json.loads(r.stdout.strip().splitlines()[-1])
+    print(f"read throughput in the cgroup (flash reader, 4 threads, no readahead, cache dropped): sequential "
+          f"4 MiB reads {tp['sequential'] / 1e9:.2f} GB/s; one expert per read, random order "
+          f"{tp['experts_random'] / 1e9:.2f} GB/s")
+    rows = {}
+    for pf, routing in (("router", "model"), ("none", "model"), ("none", "random")):
+        r, peak = in_cgroup(limit, f"q-{pf}-{routing}", me + ["--worker", "qlinear", "--prefetch", pf, "--routing", routing,
+                                                                "--budget-mb", str(limit / 2**20)])
+        rows[f"qlinear flash, prefetch={pf}" + (", random routing" if routing == "random" else "")] = ({**json.loads(r.stdout.strip().splitlines()[-1]), "cgroup_peak_mb": peak}
+                                                 if r.returncode == 0 else {"error": r.stderr[-500:], "cgroup_peak_mb": peak})
+    for repack in (1, 0) if gguf else ():
+        rows[f"llama.cpp mmap, repack={repack}"] = llamacpp_run(limit, gguf, args.decode_tokens, args.threads, repack)
+    print(f"\n| engine | decode tok/s | expert cache (slots of experts) | hit rate | MB read per token | "
+          f"bound: seq. / random-expert throughput / bytes per token | % of bounds | peak RSS MB | "
+          f"cgroup peak MB (limit {limit / 2**20:.0f}) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, x in rows.items():
+        if "error" in x:
+            print(f"| {name} | failed: {x['error'][-200:]!r} | | | | | | | {x['cgroup_peak_mb']:.0f} |")
+        elif "bytes_per_token" in x:
+            bpt = x["bytes_per_token"]
+            b1, b2 = tp["sequential"] / bpt, tp["experts_random"] / bpt
+            print(f"| {name} | {x['tok_s']:.2f} | {x['slots']} of {x['experts']} ({x['expert_mb']:.2f} MB each) | "
+                  f"{100 * x['hit_rate']:.1f}% | {bpt / 2**20:.1f} (disk {x['disk_bytes_per_token'] / 2**20:.1f}) | "
+                  f"{b1:.2f} / {b2:.2f} | {100 * x['tok_s'] / b1:.0f}% / {100 * x['tok_s'] / b2:.0f}% | "
+                  f"{x['peak_rss_mb']:.0f} | {x['cgroup_peak_mb']:.0f} |")
+        else:
+            print(f"| {name} | {x['tok_s']:.2f} | (page cache) | | | | | | {x['cgroup_peak_mb']:.0f} |")
+    best_q = max((x["tok_s"] for n, x in rows.items() if n.startswith("qlinear") and "random" not in n and "tok_s" in x),
+                 default=None)
+    best_l = max((x["tok_s"] for n, x in rows.items() if n.startswith("llama") and "tok_s" in x), default=None)
+    if best_q and best_l:
+        print(f"\nqlinear flash / llama.cpp (best of each): {best_q / best_l:.2f}x")
+    print("\nexpert cache hit rate, trained router (models/stdlib-qwen3moe, 4 layers x 8 experts, top 2; "
+          "400 tokens of difflib.py, one per forward, LRU, no prefetch) vs experts drawn uniformly at random:")
+    print("| slots (of 32) | trained router: hit rate, experts read per token | with prefetch from the next router "
+          "applied early: hit rate, experts read per token, prefetches used | random routing: hit rate |")
+    print("|---|---|---|---|")
+    for slots, hit, reads, _, _, phit, preads, pf, used, uni in trained_hit_rates(tmp):
+        print(f"| {slots} | {100 * hit:.1f}%, {reads:.2f} | {100 * phit:.1f}%, {preads:.2f}, {used} of {pf} | "
+              f"{100 * uni:.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
