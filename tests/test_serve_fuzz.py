@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 from qlinear.llm.serve import openapi  # noqa: E402
 from test_serve import NAME, checkpoint, load, running_server, wait_until  # noqa: E402,F401  (checkpoint: a fixture)
 
-EXAMPLES = 300  # per operation and generation mode: thousands of requests in all
+EXAMPLES = 500  # per operation and generation mode: thousands of requests in all
 schema = schemathesis.openapi.from_dict(openapi.document(NAME))
 for config in (schema.config.generation, schema.config.phases.fuzzing.generation):  # valid and invalid requests
     config.update(max_examples=EXAMPLES, deterministic=True)

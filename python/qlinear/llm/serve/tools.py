@@ -146,7 +146,8 @@ def message(m: dict, where: str, earlier: list) -> dict:
     for j, c in enumerate(m["tool_calls"]):
         w = f"{where}.tool_calls[{j}]"
         f = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(f, dict) or not isinstance(c.get("id"), str) or not isinstance(f.get("name"), str):
+        if not isinstance(f, dict) or not isinstance(c.get("id"), str) or not isinstance(f.get("name"), str) \
+                or c.get("type", "function") != "function":
             raise _fail(f"{w} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}",
                         "messages")
         try:
