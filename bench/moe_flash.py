@@ -13,7 +13,7 @@ checkpoint converted with `llm.convert(bits=4, group_size=32, symmetric=True)` (
 symmetric int4 in groups of 32; a float16 scale, as Q4_0's). Two files of the same checkpoint at
 the same bits, not the same file.
 
-    python bench/moe_flash.py [--limit-mb N] [--decode-tokens 32] [--threads 2] [--keep]
+    python bench/moe_flash.py [--limit-mb N] [--decode-tokens 32] [--threads 2] [--read-ahead-kb 128] [--keep]
 
 Each run is a fresh process inside the cgroup, the page cache dropped first (echo 3 >
 drop_caches). qlinear: load with memory_budget_mb = the limit (the expert cache gets what the
@@ -225,6 +225,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--keep", action="store_true", help="keep the files this run made")
     p.add_argument("--skip-llamacpp", action="store_true")
+    p.add_argument("--read-ahead-kb", type=int, default=None,
+                   help="set the model's block device's read_ahead_kb for the runs (restored after): "
+                        "llama.cpp's page faults read ahead by it; 128 is the kernel's default")
     p.add_argument("--worker", choices=["qlinear", "throughput"], help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--budget-mb", type=float, help=argparse.SUPPRESS)
@@ -243,9 +246,21 @@ def main() -> None:
     made = [x for x in (ROOT / NAME, ROOT / f"{NAME}-q4g32", lv.CACHE / f"{NAME}-Q4_0.gguf", lv.CACHE / f"{NAME}-F32.gguf")
             if not x.exists()]
     tmp = Path(tempfile.mkdtemp(prefix="qlinear-moe-flash-"))
+    from qlinear.llm.flash.reader import read_ahead_path
+    ra = read_ahead_path(ROOT)
+    ra = Path(ra) if ra else None
+    ra_before = ra.read_text().strip() if ra else None
     try:
+        if args.read_ahead_kb is not None:
+            if ra is None:
+                raise SystemExit(f"{ROOT}: not on a block device whose read_ahead_kb can be set")
+            ra.write_text(str(args.read_ahead_kb))
+        print(f"the device's readahead: {ra.read_text().strip() + ' KB' if ra else 'unknown'} (mmap's page faults "
+              "read ahead by it; the flash reader reads without readahead)")
         run(args, lv, tmp)
     finally:
+        if args.read_ahead_kb is not None and ra is not None:
+            ra.write_text(ra_before)
         shutil.rmtree(tmp, ignore_errors=True)
         for x in made if not args.keep else ():
             shutil.rmtree(x, ignore_errors=True) if x.is_dir() else x.unlink(missing_ok=True)
