@@ -13,7 +13,8 @@ a normal load maps, and the same kernels run on them: the logits are the same, b
 A file in the bundled layout (``convert(..., flash=True)``, ``flash.layout``) is read as one
 sequential range per layer, scattered into the two packed buffers by the reads themselves; with
 an activation predictor (ReLU models: ``sparsity``), only the bundles of predicted-active
-neurons are read, into a per-layer window (``sparsity.Window``).
+neurons are read, into a per-layer window (``sparsity.Window``). A model with routed experts
+reads them into an expert cache instead (``moe_loader``, ``experts``).
 """
 
 from __future__ import annotations
