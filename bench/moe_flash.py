@@ -31,8 +31,8 @@ the read throughput measured inside the cgroup on the qlinear file with the flas
 
 Hit rates: the big model's as measured in its runs; the trained
 models/stdlib-qwen3moe (4 layers x 8 experts, top 2), teacher-forced over a held-out
-standard-library file (difflib.py) with caches of 4, 8 and 16 of its 32 experts, with and without prefetch, against the
-same cache with experts drawn uniformly at random (the random-routing figure: slots / 32).
+standard-library file (difflib.py) with caches of 4, 8 and 16 of its 32 experts (LFU, LRU, LFU
+with prefetch), against an LRU cache of the same size fed experts drawn uniformly at random.
 
 Files this run makes (checkpoint, converted model, GGUF files) are removed at the end unless
 --keep or they were there before.
@@ -185,9 +185,9 @@ def trained_hit_rates(tmp: Path) -> list:
     rows = []
     for slots in (4, 8, 16):
         row = [slots]
-        for prefetch in ("none", "router"):
+        for prefetch, policy in (("none", "lfu"), ("none", "lru"), ("router", "lfu")):
             m = load_flash(out, Options(memory="flash").check(), 512, expert_slots=slots)
-            m.flash.experts.prefetch = prefetch
+            m.flash.experts.prefetch, m.flash.experts.policy = prefetch, policy
             ids = m.tokenizer.encode(text)[:400]
             for pos, t in enumerate(ids):   # one token per forward: decode's pattern of lookups
                 m._forward([t], pos)
@@ -326,13 +326,13 @@ def run(args, lv, tmp: Path) -> None:
     if best_q and best_l:
         print(f"\nqlinear flash / llama.cpp (best of each): {best_q / best_l:.2f}x")
     print("\nexpert cache hit rate, trained router (models/stdlib-qwen3moe, 4 layers x 8 experts, top 2; "
-          "400 tokens of difflib.py, one per forward, LRU, no prefetch) vs experts drawn uniformly at random:")
-    print("| slots (of 32) | trained router: hit rate, experts read per token | with prefetch from the next router "
-          "applied early: hit rate, experts read per token, prefetches used | random routing: hit rate |")
-    print("|---|---|---|---|")
-    for slots, hit, reads, _, _, phit, preads, pf, used, uni in trained_hit_rates(tmp):
-        print(f"| {slots} | {100 * hit:.1f}%, {reads:.2f} | {100 * phit:.1f}%, {preads:.2f}, {used} of {pf} | "
-              f"{100 * uni:.1f}% |")
+          "400 tokens of difflib.py, one per forward) vs experts drawn uniformly at random:")
+    print("| slots (of 32) | trained router, LFU (the default): hit rate, experts read per token | LRU | LFU with "
+          "prefetch from the next router applied early (prefetches used) | random routing, LRU: hit rate |")
+    print("|---|---|---|---|---|")
+    for slots, hit, reads, _, _, lhit, lreads, _, _, phit, preads, pf, used, uni in trained_hit_rates(tmp):
+        print(f"| {slots} | {100 * hit:.1f}%, {reads:.2f} | {100 * lhit:.1f}%, {lreads:.2f} | {100 * phit:.1f}%, "
+              f"{preads:.2f} ({used} of {pf}) | {100 * uni:.1f}% |")
 
 
 if __name__ == "__main__":

@@ -29,20 +29,21 @@ def models(tmp_path_factory):
     return out
 
 
-def flash(d, slots=None, budget=None, prefetch="none"):
+def flash(d, slots=None, budget=None, prefetch="none", policy="lfu"):
     m = load_flash(d, Options(memory="flash").check(), 256, budget, expert_slots=slots)
-    m.flash.experts.prefetch = prefetch
+    m.flash.experts.prefetch, m.flash.experts.policy = prefetch, policy
     return m
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "olmoe"])
-@pytest.mark.parametrize("slots, prefetch", [(None, "none"), (2, "router"), (2, "none"), (7, "router")])
-def test_flash_moe_logits_equal_in_memory_bit_for_bit(models, arch, slots, prefetch):
+@pytest.mark.parametrize("slots, prefetch, policy", [(None, "none", "lfu"), (2, "router", "lfu"), (2, "none", "lru"),
+                                                     (7, "router", "lru"), (5, "none", "lfu")])
+def test_flash_moe_logits_equal_in_memory_bit_for_bit(models, arch, slots, prefetch, policy):
     """All experts held, one layer's top-k only (2 slots: fewer than a token's 3 x 2 experts) and
     in between; with and without prefetch: the same logits and tokens as memory='low'."""
     ref = llm.load(models[arch], progress=False, max_context=256)
     want, want_gen = ref.logits(IDS), ref.generate_ids(IDS[:6], 10)
-    with flash(models[arch], slots, prefetch=prefetch) as m:
+    with flash(models[arch], slots, prefetch=prefetch, policy=policy) as m:
         assert m.info["memory"] == "flash" and m.info["flash_experts"] and not m.compiled_decode
         np.testing.assert_array_equal(m.logits(IDS), want)
         m.reset()
@@ -60,7 +61,7 @@ def test_hit_rate_grows_with_the_cache_and_decode_reads_only_misses(models):
     d = models["qwen3_moe"]
     rates = []
     for slots in (2, 6, 24):   # 3 layers x 8 experts = 24: all held
-        with flash(d, slots, prefetch="none") as m:
+        with flash(d, slots, prefetch="none", policy="lru") as m:
             m.logits(IDS)   # 40 rows: every expert of every layer chosen by some row
             before = dict(m.flash.stats)
             assert before["misses"] == 24 or slots < 24
@@ -125,3 +126,22 @@ def test_cost_model_counts_the_misses(models):
         assert "3 layers x 8 experts, 2 per token" in text and f"{st['misses']} misses" in text
         assert f"{1e9 / per_token:.2f} tok/s" in text
         assert f"measured 10.00 tok/s ({100 * 10 * 1000 / 1e9:.0f}%)" in cost_model(m, 1e9, 10.0, 1000)
+
+
+def test_lfu_keeps_the_most_needed_experts_where_lru_cycles(models):
+    """Six experts needed in turn, over and over, through four slots: LRU evicts each just before
+    it is needed again (no hits after the first round); LFU keeps the more often needed ones."""
+    cycle = [(layer, e) for layer in range(3) for e in (0, 1)]
+    rates = {}
+    for policy in ("lru", "lfu"):
+        with flash(models["qwen3_moe"], 4, policy=policy) as m:
+            cache = m.flash.experts
+            for rnd in range(6):
+                for layer, e in cycle + ([(0, 0)] if rnd == 0 else []):   # (0, 0) the most needed
+                    got = cache.request(layer, [e])
+                    cache.get(layer, e, got)
+                    cache.release(got[e])
+            rates[policy] = cache.stats.hit_rate
+        with pytest.raises(ValueError, match="policy must be one of lru, lfu"):
+            m.flash.experts.policy = "fifo"
+    assert rates["lru"] < 0.05 < 0.3 < rates["lfu"]
