@@ -37,10 +37,11 @@ def flash(d, slots=None, budget=None, prefetch="none", policy="lfu"):
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "olmoe"])
 @pytest.mark.parametrize("slots, prefetch, policy", [(None, "none", "lfu"), (2, "router", "lfu"), (2, "none", "lru"),
-                                                     (7, "router", "lru"), (5, "none", "lfu")])
+                                                     (7, "router", "lru"), (5, "none", "lfu"), (1, "router", "lru")])
 def test_flash_moe_logits_equal_in_memory_bit_for_bit(models, arch, slots, prefetch, policy):
-    """All experts held, one layer's top-k only (2 slots: fewer than a token's 3 x 2 experts) and
-    in between; with and without prefetch: the same logits and tokens as memory='low'."""
+    """All experts held, one layer's top-k only (2 slots: fewer than a token's 3 x 2 experts), one
+    slot (fewer than a layer's 2: experts read in turn, a prefetch holding the slot) and in between;
+    with and without prefetch: the same logits and tokens as memory='low'."""
     ref = llm.load(models[arch], progress=False, max_context=256)
     want, want_gen = ref.logits(IDS), ref.generate_ids(IDS[:6], 10)
     with flash(models[arch], slots, prefetch=prefetch, policy=policy) as m:

@@ -267,8 +267,10 @@ class FlashMoeBlock(MoeBlock):
             w = w / w.sum(axis=-1, keepdims=True)
         needed = [int(e) for e in np.unique(top)]
         got = self.cache.request(self.layer, needed)
-        ready = {e: s for e, s in got.items() if s.job is None or s.job.done}
-        order = list(ready) + [e for e in needed if e not in ready]   # the hits first, while misses are read
+        # the experts read first, then those being read, then those without a slot yet (read into
+        # the slots the others free: a prefill's rows may need more experts than the cache holds)
+        ready = [e for e in needed if e in got and (got[e].job is None or got[e].job.done)]
+        order = ready + [e for e in needed if e in got and e not in ready] + [e for e in needed if e not in got]
         outs = {}
         try:
             for e in order:
