@@ -59,7 +59,9 @@ def load(path, bits: Optional[int] = 4, group_size: Optional[int] = 64, act: str
     device's window is 1 MiB or more, else 4 threads without; ``flash_reader.read_plan``); ``memory_budget_mb`` (optional) is checked against what stays resident,
     before loading. ``predictor`` (ReLU models, a file in the flash layout): a file written by
     ``qlinear-llm train-predictor``; only predicted-active FFN neuron bundles are read, those
-    active in the last ``window`` tokens kept in memory (``sparsity``).
+    active in the last ``window`` tokens kept in memory (``sparsity``). Routed experts (Qwen3-MoE,
+    OLMoE) are read on demand into an expert cache sized by ``memory_budget_mb``
+    (``flash.experts``; ``model.flash.stats``: its hit rate and bytes read).
     """
     t0 = time.perf_counter()
     if threads is not None:
