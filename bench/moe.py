@@ -8,10 +8,10 @@ renormalized), vocabulary 4096: 1.3B weights, ~0.2B of them read per token. Its 
 written once (bfloat16, ~2.6 GB) into $QLINEAR_BENCH_MODELS (default ~/.cache/qlinear-bench).
 
 llama.cpp (built by `python bench/llamacpp_vs.py --build`) runs `llama-bench` on the Q4_0 GGUF file
-its converter and llama-quantize make of that checkpoint. qlinear does not read GGUF `qwen3moe`
-files yet, so it runs the same checkpoint converted with `llm.convert(bits=4, group_size=32, symmetric=True)`:
-symmetric int4 in groups of 32 with a float scale, the weights of Q4_0 (Q4_0's scale is a half),
-W4A8. Without llama.cpp's tools the table has qlinear's figures only.
+its converter and llama-quantize make of that checkpoint, and qlinear runs the same file (Q4_0's
+codes moved into symmetric int4 group 32, W4A8). Without llama.cpp's tools qlinear runs the
+checkpoint converted with `llm.convert(bits=4, group_size=32, symmetric=True)` and the table has
+qlinear's figures only.
 
     python bench/moe.py [--threads 1 2] [--rounds 3] [--prompt 64] [--decode 32]
 """
@@ -94,15 +94,15 @@ def main() -> None:
     import qlinear
     from qlinear.llm.peers import llamacpp
 
-    path = converted()
     have_llamacpp = all(lv.tool(t).exists() for t in ("llama-bench", "llama-quantize"))
     gguf = lv.checkpoint_gguf(checkpoint(), "Q4_0", pre="qwen2") if have_llamacpp else None
+    path = gguf or converted()
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     print(f"{cpu}, qlinear level {qlinear.cpu_info()['active_isa']}; synthetic Qwen3-MoE (24 layers, 32 experts "
           f"of 608, top 4, hidden 896, vocab 4096); {a.prompt}-token prompt, {a.decode} decoded tokens; "
           f"medians (best) of {a.rounds} interleaved rounds, tok/s")
-    print("qlinear: int4 g32 W4A8 (the checkpoint converted); llama.cpp: " +
-          (f"Q4_0 GGUF ({gguf.name})" if gguf else "not built (python bench/llamacpp_vs.py --build)"))
+    print(f"both engines on {gguf.name} (qlinear: W4A8)" if gguf else
+          "qlinear: int4 g32 W4A8 (the checkpoint converted); llama.cpp: not built (python bench/llamacpp_vs.py --build)")
     print("| phase | threads | qlinear | qlinear, previous path (numpy MoE) | llama.cpp | qlinear / llama.cpp |")
     print("|---|---|---|---|---|---|")
     results = {}
