@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "qlinear/layout.h"
+#include "qlinear/moe.h"
 
 namespace qlinear::bindings {
 
@@ -65,11 +66,20 @@ bool checked_kv(const py::handle& obj, const std::string& what, const std::vecto
 bool checked_kv_pair(const py::handle& k, const py::handle& v, const std::string& where,
                      bool dtype_value_error = false);
 
+// A linear of the decode step or of routed experts: spec = (PackedWeightHandle, bias or None,
+// act_int8, act_block), the weight n x k (n < 0: any n); the spec is appended to `refs`.
+decoder::StepLinear step_linear(const py::handle& spec, const std::string& what, int64_t n, int64_t k,
+                                py::list& refs);
+
+// The routed experts of a layer made by moe_layer (moe.cc), or nullptr when `obj` is not one.
+const decoder::MoeLayer* moe_layer_of(const py::handle& obj);
+
 // The domains, registered in this order (a signature names PackedWeightHandle once it is bound).
 void register_weights(py::module_& m);   // weights.cc: PackedWeightHandle, quantize and pack, unpack
 void register_matmul(py::module_& m);    // matmul.cc: the matmul drivers, kernel_info, per-kernel tests
 void register_decoder(py::module_& m);   // decoder.cc: norms, activations, attention
 void register_decode_step(py::module_& m);  // decode_step.cc: DecodeStep and decode_step
+void register_moe(py::module_& m);       // moe.cc: MoeLayer (routed experts), moe_route
 void register_runtime(py::module_& m);   // runtime.cc: threads, CPU, ISA level, memory bandwidth
 
 }  // namespace qlinear::bindings

@@ -11,7 +11,6 @@
 #include "qlinear/decoder_step.h"
 
 namespace qlinear::bindings {
-namespace {
 
 using decoder::DecodeStep;
 using decoder::StepLinear;
@@ -41,6 +40,8 @@ StepLinear step_linear(const py::handle& spec, const std::string& what, int64_t 
   refs.append(t);
   return l;
 }
+
+namespace {
 
 py::array_t<float> step(DecodeStep& s, const py::array& h_in, int64_t pos) {
   const decoder::StepModel& md = s.model();
@@ -211,18 +212,25 @@ py::object decode_step(const py::list& layers, const py::array& final_norm, cons
     py::dict o = t[10].cast<py::dict>();
     for (auto item : o) {
       const std::string key = py::str(item.first);
-      if (key != "q_norm" && key != "k_norm" && key != "attn_out_norm" && key != "mlp_out_norm")
+      if (key != "q_norm" && key != "k_norm" && key != "attn_out_norm" && key != "mlp_out_norm" && key != "moe")
         throw py::value_error(p + "unknown option '" + key + "'");
     }
     decoder::StepLayer L;
     L.qkv = step_linear(t[0], p + "qkv", (heads + 2 * kv) * d, hidden, refs);
     L.o = step_linear(t[1], p + "o", hidden, heads * d, refs);
-    L.gate_up = step_linear(t[2], p + "gate_up", -1, hidden, refs);
-    const int64_t inter = L.gate_up.w->n / 2;
-    if (L.gate_up.w->n % 2 || (i > 0 && inter != md.intermediate))
-      throw py::value_error(p + "gate_up has " + std::to_string(L.gate_up.w->n) + " rows: not 2 x intermediate");
-    md.intermediate = inter;
-    L.down = step_linear(t[3], p + "down", hidden, inter, refs);
+    if (o.contains("moe") && !o["moe"].is_none()) {  // routed experts instead of gate_up / down
+      if (!(L.moe = moe_layer_of(o["moe"])) || L.moe->hidden != hidden || !t[2].is_none() || !t[3].is_none())
+        throw py::value_error(p + "moe must be a MoeLayer of hidden " + std::to_string(hidden) +
+                              ", with gate_up and down None");
+      refs.append(o["moe"]);
+    } else {
+      L.gate_up = step_linear(t[2], p + "gate_up", -1, hidden, refs);
+      const int64_t inter = L.gate_up.w->n / 2;
+      if (L.gate_up.w->n % 2 || (md.intermediate && inter != md.intermediate))
+        throw py::value_error(p + "gate_up has " + std::to_string(L.gate_up.w->n) + " rows: not 2 x intermediate");
+      md.intermediate = inter;
+      L.down = step_linear(t[3], p + "down", hidden, inter, refs);
+    }
     L.input_norm = static_cast<const float*>(f32_array(t[4], p + "input_norm", {hidden}).data());
     L.post_norm = static_cast<const float*>(f32_array(t[5], p + "post_norm", {hidden}).data());
     L.q_norm = optional(o, "q_norm", p, d);
@@ -281,7 +289,7 @@ void register_decode_step(py::module_& m) {
         "v_cache, cos, sin, options)], each linear (PackedWeightHandle, bias or None, act_int8, act_block), "
         "caches [kv_heads, capacity, head_dim] (a layer's cache shorter than the context, by default the "
         "longest cache, is a sliding window's ring), RoPE tables [rows, head_dim / 2], options {q_norm, k_norm, attn_out_norm, "
-        "mlp_out_norm} (arrays or None).");
+        "mlp_out_norm} (arrays or None) and moe (a MoeLayer, gate_up and down then None).");
 }
 
 }  // namespace qlinear::bindings

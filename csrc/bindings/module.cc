@@ -13,6 +13,7 @@ PYBIND11_MODULE(_core, m) {
   qlinear::bindings::register_weights(m);  // first: the other signatures name PackedWeightHandle
   qlinear::bindings::register_matmul(m);
   qlinear::bindings::register_decoder(m);
+  qlinear::bindings::register_moe(m);  // before decode_step: its layers may hold a MoeLayer
   qlinear::bindings::register_decode_step(m);
   qlinear::bindings::register_runtime(m);
 }

@@ -19,6 +19,7 @@ void silu_mul_cols(const float* gu, int64_t n, int64_t c0, int64_t c1, float* ou
 void gelu_tanh_mul(const float* gu, int64_t rows, int64_t n, float* out);
 void gelu_tanh_mul_cols(const float* gu, int64_t n, int64_t c0, int64_t c1, float* out);
 void softcap(float* x, int64_t n, float cap);
+void dot_rows(const float* x, const float* w, int64_t n, int64_t k, float* y);
 void store_kv(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
               const AttentionShape& sh, void* k_cache, void* v_cache);
 void attend_heads(const float* qkv, const float* cos_row, const float* sin_row, int64_t pos,
@@ -94,6 +95,10 @@ void gelu_tanh_mul_rows(const float* gu, int64_t rows, int64_t n, float* out) {
 }
 
 void softcap(float* x, int64_t n, float cap) { QLINEAR_DECODER_CALL(softcap, x, n, cap); }
+
+void dot_rows(const float* x, const float* w, int64_t n, int64_t k, float* y) {
+  QLINEAR_DECODER_CALL(dot_rows, x, w, n, k, y);
+}
 
 namespace {
 // Heads [h0, h1) of one token over its caches (stored already), with this thread's scratch.

@@ -34,6 +34,10 @@ void gelu_tanh_mul_rows(const float* gu, int64_t rows, int64_t n, float* out);
 // Soft-capping (Gemma 2's attention scores and final logits): x = cap * tanh(x / cap), in place.
 void softcap(float* x, int64_t n, float cap);
 
+// y[j] = the dot product of x and row j of w [n, k], j < n (float32, one fixed order of float
+// operations at every level: a MoE router's logits).
+void dot_rows(const float* x, const float* w, int64_t n, int64_t k, float* y);
+
 struct AttentionShape {
   int64_t heads, kv_heads, head_dim, capacity;  // capacity: positions the cache holds
   // Sliding window: a position sees the keys of the last `window` positions, its own included

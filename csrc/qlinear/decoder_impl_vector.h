@@ -68,6 +68,15 @@ inline void dot8(const float* q, const KV* k, int64_t d, float* s) {
 #endif
 }
 
+// y[j] = dot(x, w + j * k, k) for the n rows of w [n, k] (a MoE router's logits): dot8 over 8
+// rows at a time when k is a multiple of 8 (the same bits as dot), the rest by dot.
+void dot_rows(const float* x, const float* w, int64_t n, int64_t k, float* y) {
+  int64_t j = 0;
+  if (k % 8 == 0)
+    for (; j + 8 <= n; j += 8) dot8(x, w + j * k, k, y + j);
+  for (; j < n; ++j) y[j] = dot(x, w + j * k, k);
+}
+
 // o[i] += p[t] * v[t * d + i] for t = 0..rows-1 in order, i < d.
 #if defined(__AVX2__) || defined(__aarch64__)
 #if defined(__AVX2__)

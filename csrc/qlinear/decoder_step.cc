@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "matmul.h"
+#include "moe.h"
 
 namespace qlinear::decoder {
 
@@ -39,13 +40,14 @@ double now() {
 // order than its GEMV, so its rows run one at a time (a row's bits do not depend on the batch).
 void DecodeStep::linear(const StepLinear& l, const float* x, int64_t b, float* y) {
   const double t0 = now();
-  if (l.act_int8) {
-    matmul_int8(MatmulRequest{l.w, l.packed, x, DType::f32, b, l.w->k, l.act_block, l.bias, y, l.w->n});
-  } else {
-    for (int64_t r = 0; r < b; ++r)
-      matmul_float(MatmulRequest{l.w, l.packed, x + r * l.w->k, DType::f32, 1, l.w->k, l.w->k, l.bias,
-                                 y + r * l.w->n, l.w->n});
-  }
+  run_linear(l, x, b, y, true);
+  matmul_ += now() - t0;
+}
+
+// The routed MLP (its time counted as the matmuls': the experts' GEMMs are nearly all of it).
+void DecodeStep::moe(const MoeLayer& L, const float* x, int64_t b, float* y) {
+  const double t0 = now();
+  moe_mlp(L, x, b, y, moe_, true);
   matmul_ += now() - t0;
 }
 
@@ -113,10 +115,14 @@ void DecodeStep::forward(const float* h_in, const StepRow* rows, int64_t b, floa
     linear(L.o, att_.data(), b, proj_.data());
     residual(L.attn_out_norm, proj_.data());
     rms_norm(h, L.post_norm, m_.eps, b, n, x_.data());
-    linear(L.gate_up, x_.data(), b, gu_.data());
-    if (m_.gelu) gelu_tanh_mul_rows(gu_.data(), b, inter, act_.data());
-    else silu_mul_rows(gu_.data(), b, inter, act_.data());
-    linear(L.down, act_.data(), b, proj_.data());
+    if (L.moe) {
+      moe(*L.moe, x_.data(), b, proj_.data());
+    } else {
+      linear(L.gate_up, x_.data(), b, gu_.data());
+      if (m_.gelu) gelu_tanh_mul_rows(gu_.data(), b, inter, act_.data());
+      else silu_mul_rows(gu_.data(), b, inter, act_.data());
+      linear(L.down, act_.data(), b, proj_.data());
+    }
     residual(L.mlp_out_norm, proj_.data());
   }
   rms_norm(h, m_.final_norm, m_.eps, b, n, x_.data());
@@ -131,8 +137,12 @@ void DecodeStep::run_matmuls(float* logits) {
   for (const StepLayer& L : m_.layers) {
     linear(L.qkv, x_.data(), b, qkv_.data());
     linear(L.o, att_.data(), b, proj_.data());
-    linear(L.gate_up, x_.data(), b, gu_.data());
-    linear(L.down, act_.data(), b, proj_.data());
+    if (L.moe) {
+      moe(*L.moe, x_.data(), b, proj_.data());
+    } else {
+      linear(L.gate_up, x_.data(), b, gu_.data());
+      linear(L.down, act_.data(), b, proj_.data());
+    }
   }
   linear(m_.lm_head, x_.data(), b, logits);
 }

@@ -1,6 +1,7 @@
 // The decode step of a whole model in one call: for each layer, RMSNorm, the fused QKV
 // projection, RoPE and attention over the KV cache, the output projection and residual, RMSNorm,
-// the fused gate/up projection, SiLU * up, the down projection and residual; then the final norm
+// the fused gate/up projection, SiLU * up, the down projection and residual (or the routed
+// experts' MLP: moe.h); then the final norm
 // and the lm head. The caller (qlinear.llm) keeps the embedding lookup and sampling.
 // Per layer, as the architectures need them: RMSNorm of each query and key head before RoPE
 // (Qwen3, Gemma 3), RMSNorms of the attention's and the MLP's outputs before their residuals
@@ -32,19 +33,13 @@
 
 #include "decoder.h"
 #include "layout.h"
+#include "moe.h"
 
 namespace qlinear::decoder {
 
-struct StepLinear {
-  const WeightGeometry* w = nullptr;
-  const uint8_t* packed = nullptr;
-  const float* bias = nullptr;  // [n] or nullptr
-  bool act_int8 = true;         // matmul_int8 (act_block) or matmul_float
-  int64_t act_block = 0;
-};
-
 struct StepLayer {
-  StepLinear qkv, o, gate_up, down;
+  StepLinear qkv, o, gate_up, down;  // gate_up and down unset in a layer of routed experts
+  const MoeLayer* moe = nullptr;     // routed experts (moe.h) instead of gate_up / down
   const float* input_norm = nullptr;     // [hidden]
   const float* post_norm = nullptr;      // [hidden]
   const float* q_norm = nullptr;         // [head_dim] or nullptr
@@ -115,12 +110,14 @@ class DecodeStep {
   void reserve(int64_t b);
   void forward(const float* h, const StepRow* rows, int64_t b, float* logits);
   void linear(const StepLinear& l, const float* x, int64_t b, float* y);
+  void moe(const MoeLayer& L, const float* x, int64_t b, float* y);
 
   StepModel m_;
   std::vector<LayerCache> own_;
   std::mutex mutex_;  // one step at a time per object (the buffers below)
   std::vector<float> h_, x_, qkv_, att_, proj_, gu_, act_;  // room for rows_ rows
   std::vector<AttendRow> attend_, round_;
+  MoeScratch moe_;
   std::vector<int64_t> round_of_;  // each row's round: rows of its sequence before it
   int64_t rows_ = 0, last_rows_ = 1;
   double last_total_ = 0, last_matmul_ = 0, matmul_ = 0;

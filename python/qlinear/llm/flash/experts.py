@@ -235,14 +235,6 @@ class ExpertCache:
             self.stats.prefetched += 1
 
 
-def top_experts(router: Linear, x: np.ndarray, k: int) -> tuple:
-    """MoeBlock's routing: (top [rows, k] highest first, ties to the lower index; softmax p)."""
-    logits = router(x).astype(np.float32)
-    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)
-    return np.argsort(-p, axis=-1, kind="stable")[:, :k], p
-
-
 class FlashMoeBlock(MoeBlock):
     """A MoE block whose experts come from ``cache``; ``next_block``: the next layer's (for prefetch)."""
 
@@ -250,21 +242,18 @@ class FlashMoeBlock(MoeBlock):
         vars(self).update(vars(block))
         self.layer, self.cache, self.next_block = layer, cache, None
         self.experts = None   # the placeholders build_model made: the weights are the cache's
+        self.core_moe = None  # (built over those placeholders)
 
     def __call__(self, h: np.ndarray, cache, start: int) -> np.ndarray:
         out = super().__call__(h, cache, start)
         nb = self.next_block
         if nb is not None and out.shape[0] == 1 and self.cache.prefetch == "router":
-            guess, _ = top_experts(nb.router, rms_norm(out, nb.post_norm, self.cfg.rms_norm_eps), self.cfg.experts_per_token)
+            guess, _ = nb.route(rms_norm(out, nb.post_norm, self.cfg.rms_norm_eps))
             self.cache.prefetch_layer(nb.layer, guess[0])
         return out
 
     def mlp(self, x: np.ndarray) -> np.ndarray:
-        k = self.cfg.experts_per_token
-        top, p = top_experts(self.router, x, k)
-        w = np.take_along_axis(p, top, axis=-1)
-        if self.cfg.norm_topk_prob:
-            w = w / w.sum(axis=-1, keepdims=True)
+        top, w = self.route(x)  # MoeBlock's compiled routing: the in-memory model's bits
         needed = [int(e) for e in np.unique(top)]
         got = self.cache.request(self.layer, needed)
         # the experts read first, then those being read, then those without a slot yet (read into

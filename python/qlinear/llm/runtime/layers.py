@@ -233,13 +233,17 @@ def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache)
     """The decode step of the whole model as one compiled call (``_core.DecodeStep``: norms,
     projections, RoPE, attention over ``cache``, MLP and residuals of every block, then the final
     norm and the lm head, without the GIL), or None when a layer's weights are kept in float or the
-    model needs what the step lacks (routed experts, whole-projection q / k norms, q/k/v clamps)."""
-    if not blocks or any(b.gate_up is None for b in blocks):  # routed experts: the blocks' own mlp
+    model needs what the step lacks (routed experts kept in float, whole-projection q / k norms,
+    q/k/v clamps, a shared expert). Routed experts run as their blocks' ``step_moe`` (the compiled
+    routed MLP the blocks run too)."""
+    moes = [getattr(b, "step_moe", None) for b in blocks]
+    if not blocks or any(b.gate_up is None and m is None for b, m in zip(blocks, moes)):
         return None
     cfg = blocks[0].cfg
     if cfg.qk_norm_whole or cfg.clip_qkv is not None:  # the compiled step: per-head norms, no clamp
         return None
-    linears = [lm_head] + [m for b in blocks for m in (b.attention.qkv, b.attention.o, b.gate_up, b.down)]
+    mlps = [m for b in blocks if b.gate_up is not None for m in (b.gate_up, b.down)]
+    linears = [lm_head] + [m for b in blocks for m in (b.attention.qkv, b.attention.o)] + mlps
     if any(not isinstance(m.weight, PackedWeight) for m in linears):
         return None
     if cfg.hidden_act not in ("silu", "gelu_tanh"):  # the compiled step's MLPs: SwiGLU, GeGLU
@@ -249,11 +253,12 @@ def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache)
         return (core_handle(m.weight), m.bias, m.act == "int8", int(m._block))
 
     first = blocks[0].attention
-    layers = [(spec(b.attention.qkv), spec(b.attention.o), spec(b.gate_up), spec(b.down), b.input_norm, b.post_norm,
-               cache.k[i], cache.v[i], b.attention.rope.cos, b.attention.rope.sin,
+    dense = [(None, None) if moe is not None else (spec(b.gate_up), spec(b.down)) for b, moe in zip(blocks, moes)]
+    layers = [(spec(b.attention.qkv), spec(b.attention.o), *dense[i],
+               b.input_norm, b.post_norm, cache.k[i], cache.v[i], b.attention.rope.cos, b.attention.rope.sin,
                {"q_norm": b.attention.q_norm, "k_norm": b.attention.k_norm,
-                "attn_out_norm": b.attn_out_norm, "mlp_out_norm": b.mlp_out_norm})
-              for i, b in enumerate(blocks)]
+                "attn_out_norm": b.attn_out_norm, "mlp_out_norm": b.mlp_out_norm, "moe": moe})
+              for i, (b, moe) in enumerate(zip(blocks, moes))]
     return _core.decode_step(layers, norm, spec(lm_head), cfg.num_heads, cfg.rms_norm_eps, float(first.scale),
                              gelu=cfg.hidden_act == "gelu_tanh", attn_softcap=first.softcap,
                              final_softcap=getattr(lm_head, "softcap", 0.0), context=cache.capacity)

@@ -15,6 +15,10 @@ class SharedExpertMoeBlock(MoeBlock):
         self.shared = shared  # (gate_up, down) Linears
         self.shared_gate = np.ascontiguousarray(shared_gate, np.float32)  # [hidden]: one logit per token
 
+    @property
+    def step_moe(self):
+        return None  # the compiled step has no shared expert: decode runs through the blocks
+
     def mlp(self, x: np.ndarray) -> np.ndarray:
         routed = super().mlp(x)
         gate_up, down = self.shared

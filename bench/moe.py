@@ -1,0 +1,139 @@
+"""Qwen3-MoE decode and prefill: qlinear (the compiled decode step with its routed MLPs; and, for
+reference, the previous path: the Python blocks with the routed MLP in numpy, one qlinear matmul
+per expert) against llama.cpp, at 1 and 2 threads, in interleaved rounds.
+
+The model: a synthetic Qwen3-MoE with Qwen2.5-0.5B's attention (hidden 896, 14 query heads, 2 KV
+heads, 24 layers), 32 experts of width 608 per layer, the top 4 of them per token (weights
+renormalized), vocabulary 4096: 1.3B weights, ~0.2B of them read per token. Its checkpoint is
+written once (bfloat16, ~2.6 GB) into $QLINEAR_BENCH_MODELS (default ~/.cache/qlinear-bench).
+
+llama.cpp (built by `python bench/llamacpp_vs.py --build`) runs `llama-bench` on the Q4_0 GGUF file
+its converter and llama-quantize make of that checkpoint, and qlinear runs the same file (Q4_0's
+codes moved into symmetric int4 group 32, W4A8). Without llama.cpp's tools qlinear runs the
+checkpoint converted with `llm.convert(bits=4, group_size=32, symmetric=True)` and the table has
+qlinear's figures only.
+
+    python bench/moe.py [--threads 1 2] [--rounds 3] [--prompt 64] [--decode 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+ROOT = Path(os.environ.get("QLINEAR_BENCH_MODELS", Path.home() / ".cache" / "qlinear-bench"))
+NAME = "qwen3moe-0.5b-e32k4-v4096"
+SHAPE = dict(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, num_hidden_layers=24, vocab_size=4096,
+             intermediate_size=1216, moe_intermediate_size=608, num_experts=32, num_experts_per_tok=4,
+             norm_topk_prob=True)
+
+
+def checkpoint() -> Path:
+    hf = ROOT / NAME
+    if not (hf / "model.safetensors").is_file() and not (hf / "model.safetensors.index.json").is_file():
+        from qlinear.llm import synthetic
+        synthetic.make_checkpoint(hf, arch="qwen3_moe", shape="qwen2.5-0.5b", dtype="bfloat16", tokenizer_vocab=4096,
+                                  norm_noise=0.1, force=True, **SHAPE)
+    return hf
+
+
+def converted() -> Path:
+    out = ROOT / f"{NAME}-q4g32"
+    if not (out / "model.qlinear").is_file():
+        from qlinear import llm
+        llm.convert(checkpoint(), out, bits=4, group_size=32, symmetric=True, progress=False, force=True)
+    return out
+
+
+class Qlinear:
+    """qlinear's prefill and decode tok/s on one model (compiled: the decode step and the compiled
+    routed MLP; else the Python blocks with the routed MLP in numpy)."""
+
+    def __init__(self, path: Path, threads: int, prompt: int, decode: int, compiled: bool = True):
+        import qlinear
+        from qlinear import llm
+        qlinear.set_num_threads(threads)
+        self.threads, self.prompt, self.decode = threads, prompt, decode
+        self.model = llm.load(path, max_context=prompt + decode + 8, progress=False)
+        self.model.compiled_decode = compiled
+        if not compiled:
+            for b in self.model.blocks:
+                b.core_moe = None
+        self.ids = [int(t) for t in np.random.default_rng(0).integers(0, 4096, prompt)]
+
+    def speed(self) -> dict:
+        import qlinear
+        qlinear.set_num_threads(self.threads)
+        m = self.model
+        m.reset()
+        t0 = time.perf_counter()
+        token = int(np.argmax(m.prefill(self.ids)))
+        t1 = time.perf_counter()
+        for i in range(self.decode):
+            token = int(np.argmax(m._forward([token], self.prompt + i)[0]))
+        t2 = time.perf_counter()
+        return {"prefill": self.prompt / (t1 - t0), "decode": self.decode / (t2 - t1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--no-python", action="store_true", help="skip the previous path (the Python blocks)")
+    a = ap.parse_args()
+    import llamacpp_vs as lv
+    import qlinear
+    from qlinear.llm.peers import llamacpp
+
+    have_llamacpp = all(lv.tool(t).exists() for t in ("llama-bench", "llama-quantize"))
+    gguf = lv.checkpoint_gguf(checkpoint(), "Q4_0", pre="qwen2") if have_llamacpp else None
+    path = gguf or converted()
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    print(f"{cpu}, qlinear level {qlinear.cpu_info()['active_isa']}; synthetic Qwen3-MoE (24 layers, 32 experts "
+          f"of 608, top 4, hidden 896, vocab 4096); {a.prompt}-token prompt, {a.decode} decoded tokens; "
+          f"medians (best) of {a.rounds} interleaved rounds, tok/s")
+    print(f"both engines on {gguf.name} (qlinear: W4A8)" if gguf else
+          "qlinear: int4 g32 W4A8 (the checkpoint converted); llama.cpp: not built (python bench/llamacpp_vs.py --build)")
+    print("| phase | threads | qlinear | qlinear, previous path (numpy MoE) | llama.cpp | qlinear / llama.cpp |")
+    print("|---|---|---|---|---|---|")
+    results = {}
+    for t in a.threads:
+        engines = {"qlinear": Qlinear(path, t, a.prompt, a.decode)}
+        if not a.no_python:
+            engines["python"] = Qlinear(path, t, a.prompt, a.decode, compiled=False)
+        for e in engines.values():
+            e.speed()  # warm-up: builds the decode step, maps the weights
+        runs = {name: [] for name in [*engines, *(["llama.cpp"] if gguf else [])]}
+        for _ in range(a.rounds):
+            for name, e in engines.items():
+                runs[name].append(e.speed())
+            if gguf:
+                r = llamacpp.bench(gguf, a.prompt, a.decode, t, 1, where=str(lv.BUILD / "bin"))
+                runs["llama.cpp"].append({"prefill": r["prefill_tok_s"], "decode": r["decode_tok_s"]})
+        for phase in ("prefill", "decode"):
+            v = {name: [r[phase] for r in rs] for name, rs in runs.items()}
+            med = {name: float(np.median(x)) for name, x in v.items()}
+            results[phase, t] = med
+            cell = {name: f"{med[name]:.1f} ({max(v[name]):.1f})" for name in v}
+            ratio = f"{med['qlinear'] / med['llama.cpp']:.2f}x" if "llama.cpp" in med else "-"
+            print(f"| {phase} | {t} | {cell['qlinear']} | {cell.get('python', '-')} | {cell.get('llama.cpp', '-')} | "
+                  f"{ratio} |", flush=True)
+        del engines
+    if len(a.threads) > 1:
+        lo, hi = min(a.threads), max(a.threads)
+        print(f"\nqlinear {hi} threads / {lo}: " + ", ".join(
+            f"{phase} {results[phase, hi]['qlinear'] / results[phase, lo]['qlinear']:.2f}x"
+            for phase in ("prefill", "decode")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+#include "moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "decoder.h"
+#include "matmul.h"
+#include "threadpool.h"
+
+namespace qlinear::decoder {
+
+void run_linear(const StepLinear& l, const float* x, int64_t b, float* y, bool float_rows) {
+  if (l.act_int8) {
+    matmul_int8(MatmulRequest{l.w, l.packed, x, DType::f32, b, l.w->k, l.act_block, l.bias, y, l.w->n});
+  } else if (!float_rows) {
+    matmul_float(MatmulRequest{l.w, l.packed, x, DType::f32, b, l.w->k, l.w->k, l.bias, y, l.w->n});
+  } else {
+    for (int64_t r = 0; r < b; ++r)
+      matmul_float(MatmulRequest{l.w, l.packed, x + r * l.w->k, DType::f32, 1, l.w->k, l.w->k, l.bias,
+                                 y + r * l.w->n, l.w->n});
+  }
+}
+
+void route(const float* logits, int64_t rows, int64_t experts, int64_t k, bool norm_topk, int32_t* idx, float* w) {
+  std::vector<float> p(static_cast<size_t>(experts));
+  std::vector<char> taken(static_cast<size_t>(experts));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* l = logits + r * experts;
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t e = 0; e < experts; ++e) top = std::max(top, l[e]);
+    float sum = 0.f;
+    for (int64_t e = 0; e < experts; ++e) {
+      p[e] = std::exp(l[e] - top);
+      sum += p[e];
+    }
+    for (int64_t e = 0; e < experts; ++e) p[e] = p[e] / sum;
+    std::fill(taken.begin(), taken.end(), 0);
+    float chosen = 0.f;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t best = -1;  // the first expert not taken, then any strictly larger one
+      for (int64_t e = 0; e < experts; ++e)
+        if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+      taken[best] = 1;
+      idx[r * k + j] = static_cast<int32_t>(best);
+      w[r * k + j] = p[best];
+      chosen += p[best];
+    }
+    if (norm_topk)
+      for (int64_t j = 0; j < k; ++j) w[r * k + j] = w[r * k + j] / chosen;
+  }
+}
+
+void router_logits(const MoeLayer& L, const float* x, int64_t rows, float* logits) {
+  const auto some = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* l = logits + r * L.experts;
+      dot_rows(x + r * L.hidden, L.router, L.experts, L.hidden, l);
+      if (L.router_bias)
+        for (int64_t e = 0; e < L.experts; ++e) l[e] = l[e] + L.router_bias[e];
+    }
+  };
+  if (rows < 16) some(0, rows);  // a decode step's rows: a few microseconds
+  else ThreadPool::global().parallel_for(rows, 16, some);
+}
+
+void moe_mlp(const MoeLayer& L, const float* x, int64_t rows, float* y, MoeScratch& s, bool float_rows) {
+  const int64_t E = L.experts, k = L.top_k, H = L.hidden, I = L.inter, pairs = rows * k;
+  s.logits.resize(rows * E);
+  s.idx.resize(pairs);
+  s.w.resize(pairs);
+  s.xe.resize(pairs * H);
+  s.gu.resize(pairs * 2 * I);
+  s.act.resize(pairs * I);
+  s.out.resize(pairs * H);
+  s.count.assign(E, 0);
+  s.start.resize(E);
+  s.pair.resize(pairs);
+  s.where.resize(pairs);
+  router_logits(L, x, rows, s.logits.data());
+  route(s.logits.data(), rows, E, k, L.norm_topk, s.idx.data(), s.w.data());
+  // (row, slot) pairs grouped by expert, in row order within an expert
+  for (int64_t p = 0; p < pairs; ++p) ++s.count[s.idx[p]];
+  s.used.clear();
+  for (int64_t e = 0, at = 0; e < E; ++e) {
+    s.start[e] = at;
+    at += s.count[e];
+    if (s.count[e]) s.used.push_back(e);
+  }
+  {
+    std::vector<int64_t> next(s.start);
+    for (int64_t p = 0; p < pairs; ++p) {
+      s.where[p] = next[s.idx[p]]++;
+      s.pair[s.where[p]] = p;
+    }
+  }
+  // the experts with the most rows first (tasks handed out in order balance better)
+  std::stable_sort(s.used.begin(), s.used.end(), [&](int64_t a, int64_t b) { return s.count[a] > s.count[b]; });
+  int64_t bytes = 0;
+  for (int64_t e : s.used) bytes += L.gate_up[e].w->total_bytes + L.down[e].w->total_bytes;
+  L.bytes_read += bytes;
+  auto expert = [&](int64_t t) {
+    const int64_t e = s.used[t], c0 = s.start[e], c = s.count[e];
+    float* xe = s.xe.data() + c0 * H;
+    for (int64_t i = 0; i < c; ++i) std::copy_n(x + s.pair[c0 + i] / k * H, H, xe + i * H);
+    float *gu = s.gu.data() + c0 * 2 * I, *act = s.act.data() + c0 * I;
+    run_linear(L.gate_up[e], xe, c, gu, float_rows);
+    if (L.gelu) gelu_tanh_mul(gu, c, I, act);
+    else silu_mul(gu, c, I, act);
+    run_linear(L.down[e], act, c, s.out.data() + c0 * H, float_rows);
+  };
+  ThreadPool& pool = ThreadPool::global();
+  const int64_t ntasks = static_cast<int64_t>(s.used.size());
+  if (ntasks >= 2 && pool.num_threads() >= 2) {
+    pool.run(ntasks, TaskRef(expert));  // the GEMMs inside a task run on its thread
+  } else {
+    for (int64_t t = 0; t < ntasks; ++t) expert(t);  // one expert: its GEMMs split over the pool
+  }
+  // y = 0, then y = y + w * out for the row's experts in ascending expert order
+  const auto sum = [&](int64_t r0, int64_t r1) {
+    int64_t order[64];
+    for (int64_t r = r0; r < r1; ++r) {
+      float* yr = y + r * H;
+      std::fill(yr, yr + H, 0.f);
+      for (int64_t j = 0; j < k; ++j) order[j] = j;
+      std::sort(order, order + k, [&](int64_t a, int64_t b) { return s.idx[r * k + a] < s.idx[r * k + b]; });
+      for (int64_t j = 0; j < k; ++j) {
+        const float wj = s.w[r * k + order[j]];
+        const float* o = s.out.data() + s.where[r * k + order[j]] * H;
+        for (int64_t i = 0; i < H; ++i) yr[i] = yr[i] + wj * o[i];
+      }
+    }
+  };
+  if (rows < 16) sum(0, rows);
+  else pool.parallel_for(rows, 16, sum);
+}
+
+}  // namespace qlinear::decoder

@@ -1,0 +1,66 @@
+// Routed experts (Qwen3-MoE) for the LLM runtime: the router, softmax and top-k, and the routed
+// MLP of a layer over any number of rows, one function for the compiled decode step (one token,
+// or a batch of them) and for the per-layer Python path (decode and prefill), so both compute
+// the same bits (docs/llm.md, "Mixture of experts").
+//
+// The order of operations, fixed: logits[e] = dot(x, router[e]) (+ bias) by decoder::dot_rows;
+// p = exp(l - max) / sum (std::exp, the sum in ascending expert order); the k largest p (ties: the
+// lower expert), divided by their sum (in rank order) with norm_topk; then y = 0 and, for the
+// chosen experts in ascending expert order, y = y + w * down(act(gate_up(x))) (the product
+// rounded, then the sum: no contraction).
+//
+// Rows are grouped by expert: one GEMM per expert over the rows that chose it (int8 activations:
+// every row of a GEMM has the bits of its GEMV, so a row's result does not depend on the other
+// rows; float activations run row by row where the caller needs that, as the decode step does).
+// The experts are tasks of the thread pool (their GEMMs then run on one thread each) once there
+// are at least two of them for two threads.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "layout.h"
+
+namespace qlinear::decoder {
+
+struct StepLinear {
+  const WeightGeometry* w = nullptr;
+  const uint8_t* packed = nullptr;
+  const float* bias = nullptr;  // [n] or nullptr
+  bool act_int8 = true;         // matmul_int8 (act_block) or matmul_float
+  int64_t act_block = 0;
+};
+
+// y [b, n] = x [b, k] W^T (+ bias). float_rows: float-activation projections one row at a time
+// (a row's bits then do not depend on b; the float GEMM sums in another order than its GEMV).
+void run_linear(const StepLinear& l, const float* x, int64_t b, float* y, bool float_rows);
+
+struct MoeLayer {
+  int64_t hidden = 0, inter = 0, experts = 0, top_k = 0;
+  const float* router = nullptr;       // [experts, hidden], float
+  const float* router_bias = nullptr;  // [experts] or nullptr
+  bool norm_topk = false;              // the k weights divided by their sum
+  bool gelu = false;                   // GELU-tanh * up instead of SiLU * up
+  std::vector<StepLinear> gate_up, down;  // per expert: [2 inter, hidden], [hidden, inter]
+  mutable std::atomic<int64_t> bytes_read{0};  // packed bytes of the experts run (all calls)
+};
+
+// The k experts of each of `rows` rows of logits [rows, experts]: idx [rows, k] (highest first,
+// ties the lower expert) and their weights w [rows, k].
+void route(const float* logits, int64_t rows, int64_t experts, int64_t k, bool norm_topk, int32_t* idx, float* w);
+
+// Router logits [rows, experts] of x [rows, hidden].
+void router_logits(const MoeLayer& L, const float* x, int64_t rows, float* logits);
+
+// Buffers of moe_mlp (they only grow).
+struct MoeScratch {
+  std::vector<float> logits, w, xe, gu, act, out;
+  std::vector<int32_t> idx;
+  std::vector<int64_t> count, start, pair, where, used;
+};
+
+// y [rows, hidden] = the routed MLP of x [rows, hidden].
+void moe_mlp(const MoeLayer& L, const float* x, int64_t rows, float* y, MoeScratch& s, bool float_rows);
+
+}  // namespace qlinear::decoder
