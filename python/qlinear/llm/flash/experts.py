@@ -15,9 +15,7 @@ threads), runs the hits while the misses are read, and adds the outputs in ascen
 order. With ``prefetch="router"`` (``model.flash.experts.prefetch``), after a decode token's block
 the next layer's router applied to this residual (its attention not yet added) names experts to
 read while that layer's attention runs. Off by default: it raised the hit rate but also the bytes
-read per token in every case measured (bench/moe_flash.py: a trained router's 4 layers x 8
-experts with caches of 4-16, 1.1-1.7x the expert reads; the random 24-layer model under half its
-file, 48.9 against 82.4 tok/s).
+read per token in every case measured (bench/moe_flash.py, docs/flash.md).
 """
 
 from __future__ import annotations
@@ -224,6 +222,12 @@ class ExpertCache:
         slot.key, slot.job, slot.pins = None, None, 0
         self.free.append(slot)
 
+    def drain(self) -> None:
+        """Wait for the reads in flight (prefetches a block has not asked for yet)."""
+        for slot in self.slots:
+            if slot.job is not None:
+                slot.job.wait()
+
     def prefetch_layer(self, layer: int, experts) -> None:
         """Start reading ``layer``'s ``experts`` not in a slot (into unpinned slots only)."""
         for e in experts:
@@ -282,3 +286,14 @@ class FlashMoeBlock(MoeBlock):
     @property
     def expert_bytes(self) -> int:
         return self.cache.files.E * self.cache.files.expert_bytes
+
+
+def flash_block(block: MoeBlock, layer: int, cache: ExpertCache) -> FlashMoeBlock:
+    """``block`` with its routed experts from ``cache``; a subclass's own MLP (Qwen2-MoE's shared
+    expert) kept: its class first, so that its ``mlp`` calls FlashMoeBlock's for the routed part."""
+    cls = FlashMoeBlock
+    if type(block) is not MoeBlock:
+        cls = type(f"Flash{type(block).__name__}", (type(block), FlashMoeBlock), {})
+    out = object.__new__(cls)
+    FlashMoeBlock.__init__(out, block, layer, cache)
+    return out

@@ -21,7 +21,7 @@ from ..converted import source as converted_source
 from ..options import Options
 from ..runtime.model import Model
 from . import layout as flash_layout
-from .experts import ExpertCache, ExpertFile, FlashMoeBlock
+from .experts import ExpertCache, ExpertFile, flash_block
 from .plan import PROCESS_RESERVE, MemoryPlan, kv_cache_bytes
 from .reader import FlashReader, read_plan
 
@@ -98,7 +98,7 @@ def load_flash_moe(d: Path, opts: Options, max_context: int, entries: dict, cfg,
     except BaseException:
         reader.close()
         raise
-    blocks = [FlashMoeBlock(b, i, cache) for i, b in enumerate(model.blocks)]
+    blocks = [flash_block(b, i, cache) for i, b in enumerate(model.blocks)]
     for b, nxt in zip(blocks, blocks[1:]):
         b.next_block = nxt
     model.blocks = blocks
