@@ -4,16 +4,17 @@ root), the limit half the model file; and the expert cache's hit rate with rando
 with a trained router.
 
 The model: the synthetic Qwen3-MoE of bench/moe.py (Qwen2.5-0.5B's attention, 24 layers, 32
-experts of width 608 per layer, top 4, vocabulary 4096; 1.3B weights; random weights, so its
-routers route at random), its checkpoint written once into $QLINEAR_BENCH_MODELS (default
-~/.cache/qlinear-bench). qlinear cannot read GGUF `qwen3moe` files yet: llama.cpp reads the
-Q4_0 GGUF its own converter and llama-quantize make of the checkpoint (bench/llamacpp_vs.py's
-`checkpoint_gguf`; llama.cpp built by `python bench/llamacpp_vs.py --build`), qlinear the same
-checkpoint converted with `llm.convert(bits=4, group_size=32, symmetric=True)` (Q4_0's weights:
-symmetric int4 in groups of 32; a float16 scale, as Q4_0's). Two files of the same checkpoint at
-the same bits, not the same file.
+experts of width 608 per layer, top 4, vocabulary 4096; 1.3B weights; random weights), its
+checkpoint written once into $QLINEAR_BENCH_MODELS (default ~/.cache/qlinear-bench). llama.cpp
+(built by `python bench/llamacpp_vs.py --build`) reads the Q4_0 GGUF its own converter and
+llama-quantize make of the checkpoint (bench/llamacpp_vs.py's `checkpoint_gguf`). memory="flash"
+reads a converted qlinear file, so qlinear runs either the checkpoint converted with
+`llm.convert(bits=4, group_size=32, symmetric=True)` (Q4_0's weights: symmetric int4 in groups of
+32, a float16 scale as Q4_0's; the same checkpoint at the same bits, not the same file), or with
+--from-gguf llama.cpp's Q4_0 file converted (`llm.convert` keeps its codes: the same weights).
 
     python bench/moe_flash.py [--limit-mb N] [--decode-tokens 32] [--threads 2] [--read-ahead-kb 128] [--keep]
+    python bench/moe_flash.py --from-gguf      # qlinear on llama.cpp's Q4_0 file, converted (codes kept)
 
 Each run is a fresh process inside the cgroup, the page cache dropped first (echo 3 >
 drop_caches). qlinear: load with memory_budget_mb = the limit (the expert cache gets what the
@@ -95,11 +96,17 @@ def worker_qlinear(args) -> dict:
     m = llm.load(args.model, memory="flash", memory_budget_mb=args.budget_mb, progress=False,
                  max_context=PROMPT + WARM + args.decode_tokens + 8)
     m.flash.experts.prefetch = args.prefetch
-    if args.routing == "random":   # each token's experts drawn at random (the routers' cost kept)
+    if args.routing == "random":   # each token's experts drawn at random (the routers still run)
         pick = np.random.default_rng(1)
+
+        def random_route(route):
+            def drawn(x):
+                top, w = route(x)
+                r = pick.standard_normal((x.shape[0], m.config.num_experts))
+                return np.argsort(-r, axis=1)[:, :top.shape[1]].astype(top.dtype), w
+            return drawn
         for b in m.blocks:
-            b.router = (lambda r: lambda x: pick.standard_normal((x.shape[0], m.config.num_experts))
-                        .astype(np.float32) + 0 * r(x)[:, :1])(b.router)
+            b.route = random_route(b.route)
     # random tokens fed to each decode step, as llama-bench's generation test does: a random
     # model's greedy tokens repeat, and so would its experts (hit rates near 100%)
     rng = np.random.default_rng(0)
@@ -225,6 +232,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--keep", action="store_true", help="keep the files this run made")
     p.add_argument("--skip-llamacpp", action="store_true")
+    p.add_argument("--from-gguf", action="store_true",
+                   help="qlinear runs llama.cpp's Q4_0 file converted (llm.convert keeps its codes) instead of the checkpoint's")
     p.add_argument("--read-ahead-kb", type=int, default=None,
                    help="set the model's block device's read_ahead_kb for the runs (restored after): "
                         "llama.cpp's page faults read ahead by it; 128 is the kernel's default")
@@ -271,13 +280,19 @@ def run(args, lv, tmp: Path) -> None:
     model = converted()
     have_llamacpp = lv.tool("llama-bench").exists() and not args.skip_llamacpp
     gguf = lv.checkpoint_gguf(checkpoint(), "Q4_0", pre="qwen2") if have_llamacpp else None
+    if args.from_gguf:   # llama.cpp's file converted: its Q4_0 codes moved, the same weights
+        if gguf is None:
+            raise SystemExit("--from-gguf needs llama.cpp's GGUF file (python bench/llamacpp_vs.py --build)")
+        from qlinear import llm
+        model = llm.convert(gguf, tmp / "from-gguf", progress=False)
     qsize = (model / "model.qlinear").stat().st_size
     sizes = [qsize] + ([gguf.stat().st_size] if gguf else [])
     limit = int(args.limit_mb * 2**20) if args.limit_mb else min(sizes) // 2
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor())
     print(f"CPU {cpu}, {os.cpu_count()} cores, {args.threads} threads")
-    print(f"qlinear file {qsize / 2**20:.0f} MB (int4 g32 symmetric, converted from {NAME})"
+    print(f"qlinear file {qsize / 2**20:.0f} MB ("
+          + (f"{gguf.name} converted: its Q4_0 codes" if args.from_gguf else f"int4 g32 symmetric, converted from {NAME}") + ")"
           + (f"; llama.cpp file {gguf.stat().st_size / 2**20:.0f} MB ({gguf.name}, Q4_0, the same checkpoint)" if gguf else
              "; llama.cpp: not built (python bench/llamacpp_vs.py --build)"))
     print(f"memory limit {limit / 2**20:.0f} MB (RSS + page cache; the qlinear file is {qsize / limit:.2f}x it)")
