@@ -221,13 +221,16 @@ def qlinear_rss(path: Path, threads: int) -> float:
 
 
 class Qlinear:
-    def __init__(self, path: Path, threads: int):
+    """qlinear's prefill and decode tok/s on one model: ``prompt`` random tokens, then ``decode``
+    greedy ones."""
+
+    def __init__(self, path: Path, threads: int, prompt: int = PROMPT, decode: int = DECODE):
         import qlinear
         from qlinear import llm
         qlinear.set_num_threads(threads)
-        self.threads = threads
-        self.model = llm.load(path, max_context=PROMPT + DECODE + 8, progress=False)
-        self.ids = [int(t) for t in np.random.default_rng(0).integers(0, 4096, PROMPT)]
+        self.threads, self.prompt, self.decode = threads, prompt, decode
+        self.model = llm.load(path, max_context=prompt + decode + 8, progress=False)
+        self.ids = [int(t) for t in np.random.default_rng(0).integers(0, 4096, prompt)]
 
     def speed(self) -> dict:
         import qlinear
@@ -237,10 +240,10 @@ class Qlinear:
         t0 = time.perf_counter()
         token = int(np.argmax(m.prefill(self.ids)))
         t1 = time.perf_counter()
-        for i in range(DECODE):
-            token = int(np.argmax(m._forward([token], PROMPT + i)[0]))
+        for i in range(self.decode):
+            token = int(np.argmax(m._forward([token], self.prompt + i)[0]))
         t2 = time.perf_counter()
-        return {"prefill": PROMPT / (t1 - t0), "decode": DECODE / (t2 - t1)}
+        return {"prefill": self.prompt / (t1 - t0), "decode": self.decode / (t2 - t1)}
 
 
 def near_ties(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:

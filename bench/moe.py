@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llamacpp_vs  # noqa: E402
 
 ROOT = Path(os.environ.get("QLINEAR_BENCH_MODELS", Path.home() / ".cache" / "qlinear-bench"))
 NAME = "qwen3moe-0.5b-e32k4-v4096"
@@ -52,34 +52,16 @@ def converted() -> Path:
     return out
 
 
-class Qlinear:
+class Qlinear(llamacpp_vs.Qlinear):
     """qlinear's prefill and decode tok/s on one model (compiled: the decode step and the compiled
     routed MLP; else the Python blocks with the routed MLP in numpy)."""
 
     def __init__(self, path: Path, threads: int, prompt: int, decode: int, compiled: bool = True):
-        import qlinear
-        from qlinear import llm
-        qlinear.set_num_threads(threads)
-        self.threads, self.prompt, self.decode = threads, prompt, decode
-        self.model = llm.load(path, max_context=prompt + decode + 8, progress=False)
+        super().__init__(path, threads, prompt, decode)
         self.model.compiled_decode = compiled
         if not compiled:
             for b in self.model.blocks:
                 b.core_moe = None
-        self.ids = [int(t) for t in np.random.default_rng(0).integers(0, 4096, prompt)]
-
-    def speed(self) -> dict:
-        import qlinear
-        qlinear.set_num_threads(self.threads)
-        m = self.model
-        m.reset()
-        t0 = time.perf_counter()
-        token = int(np.argmax(m.prefill(self.ids)))
-        t1 = time.perf_counter()
-        for i in range(self.decode):
-            token = int(np.argmax(m._forward([token], self.prompt + i)[0]))
-        t2 = time.perf_counter()
-        return {"prefill": self.prompt / (t1 - t0), "decode": self.decode / (t2 - t1)}
 
 
 def main() -> None:
@@ -90,7 +72,7 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--no-python", action="store_true", help="skip the previous path (the Python blocks)")
     a = ap.parse_args()
-    import llamacpp_vs as lv
+    lv = llamacpp_vs
     import qlinear
     from qlinear.llm.peers import llamacpp
 

@@ -45,7 +45,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -56,30 +55,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-ROOT = Path(os.environ.get("QLINEAR_BENCH_MODELS", Path.home() / ".cache" / "qlinear-bench"))
-NAME = "qwen3moe-0.5b-e32k4-v4096"   # bench/moe.py's model
-SHAPE = dict(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, num_hidden_layers=24, vocab_size=4096,
-             intermediate_size=1216, moe_intermediate_size=608, num_experts=32, num_experts_per_tok=4,
-             norm_topk_prob=True)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from moe import NAME, ROOT, checkpoint, converted  # noqa: E402  (bench/moe.py's model)
 TRAINED = Path(__file__).resolve().parent.parent / "models" / "stdlib-qwen3moe"
 PROMPT, WARM = 8, 8
-
-
-def checkpoint() -> Path:
-    hf = ROOT / NAME
-    if not (hf / "model.safetensors").is_file() and not (hf / "model.safetensors.index.json").is_file():
-        from qlinear.llm import synthetic
-        synthetic.make_checkpoint(hf, arch="qwen3_moe", shape="qwen2.5-0.5b", dtype="bfloat16", tokenizer_vocab=4096,
-                                  norm_noise=0.1, force=True, **SHAPE)
-    return hf
-
-
-def converted() -> Path:
-    out = ROOT / f"{NAME}-q4g32"
-    if not (out / "model.qlinear").is_file():
-        from qlinear import llm
-        llm.convert(checkpoint(), out, bits=4, group_size=32, symmetric=True, progress=False, force=True)
-    return out
 
 
 def read_bytes() -> int:

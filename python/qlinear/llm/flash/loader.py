@@ -26,13 +26,14 @@ from typing import Optional
 
 import numpy as np
 
-from ..._format import check_crc, tensor_entries
+from ..._format import tensor_entries
 from ..converted import source as converted_source
 from . import layout as flash_layout
 from ..assemble import build_model
 from ..config import ModelConfig
 from .plan import check_budget, pinned_layers, plan_memory
 from .reader import FlashReader, read_plan, split_reads
+from .resident import resident_source
 from ..runtime.layers import Block, Linear, mlp_activation
 from ..runtime.model import Model
 from ..options import Options
@@ -199,14 +200,8 @@ def load_flash(d: Path, opts: Options, max_context: int, memory_budget_mb: Optio
     check_budget(plan, memory_budget_mb, path)
     pinned = [] if sparse is not None else pinned_layers(plan, memory_budget_mb, ffn.layer_bytes, cfg.num_layers)
 
-    source = converted_source.read(d, opts, verify=False)
+    source = resident_source(d, opts, entries, ffn.names)
     tensors = source.tensors
-    for name in list(tensors):
-        if name in ffn.names:
-            del tensors[name]
-        elif name in entries:
-            check_crc(path, entries[name])
-            tensors[name] = flash_layout.copy_resident(tensors[name])
     # Placeholders of the right shape, so that build_model checks and builds the rest.
     lay = ffn.layout
     placeholder = (flash_layout.packed(np.zeros(lay.gate_up.nbytes, np.uint8), lay.gate_up),

@@ -15,7 +15,6 @@ from typing import Optional
 
 import numpy as np
 
-from ..._format import check_crc
 from ..assemble import build_model
 from ..converted import source as converted_source
 from ..options import Options
@@ -24,6 +23,7 @@ from . import layout as flash_layout
 from .experts import ExpertCache, ExpertFile, flash_block
 from .plan import PROCESS_RESERVE, MemoryPlan, kv_cache_bytes
 from .reader import FlashReader, read_plan
+from .resident import resident_source
 
 
 def moe_plan(entries: dict, files: ExpertFile, cfg, max_context: int, slots: int) -> MemoryPlan:
@@ -73,14 +73,8 @@ def load_flash_moe(d: Path, opts: Options, max_context: int, entries: dict, cfg,
     files = ExpertFile(path, entries, cfg, os.path.getsize(path))
     n = expert_slots(entries, files, cfg, max_context, memory_budget_mb, slots, path)
     plan = moe_plan(entries, files, cfg, max_context, n)
-    source = converted_source.read(d, opts, verify=False)
+    source = resident_source(d, opts, entries, files.names)
     tensors = source.tensors
-    for name in list(tensors):
-        if name in files.names:
-            del tensors[name]
-        elif name in entries:
-            check_crc(path, entries[name])
-            tensors[name] = flash_layout.copy_resident(tensors[name])
     # one placeholder of each shape stands for every expert, so that build_model builds the rest
     ph = (flash_layout.packed(np.zeros(files.gate_up.nbytes, np.uint8), files.gate_up),
           flash_layout.packed(np.zeros(files.down.nbytes, np.uint8), files.down))
