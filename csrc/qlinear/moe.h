@@ -1,7 +1,7 @@
-// Routed experts (Qwen3-MoE) for the LLM runtime: the router, softmax and top-k, and the routed
-// MLP of a layer over any number of rows, one function for the compiled decode step (one token,
-// or a batch of them) and for the per-layer Python path (decode and prefill), so both compute
-// the same bits (docs/llm.md, "Mixture of experts").
+// Routed experts (Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE's routed part) for the LLM runtime: the
+// router, softmax and top-k, and the routed MLP of a layer over any number of rows, one function
+// for the compiled decode step (one token, or a batch of them) and for the per-layer Python path
+// (decode and prefill), so both compute the same bits (docs/llm.md, "Mixture of experts").
 //
 // The order of operations, fixed: logits[e] = dot(x, router[e]) (+ bias) by decoder::dot_rows;
 // p = exp(l - max) / sum (std::exp, the sum in ascending expert order); the k largest p (ties: the

@@ -1,7 +1,8 @@
-"""Routed experts (Qwen3-MoE): a block whose MLP is a router and E SwiGLU experts, each token
-running only the k experts its router ranks highest (their outputs summed with the router's
-softmax weights over the k, renormalized to 1 with ``norm_topk_prob``), as transformers'
-Qwen3MoeSparseMoeBlock computes it. The experts' weights are int4 / int8 like any linear; the
+"""Routed experts (Qwen3-MoE, OLMoE, Mixtral; Qwen2-MoE adds its shared expert in
+``moe_shared``): a block whose MLP is a router and E SwiGLU experts, each token running only the
+k experts its router ranks highest (their outputs summed with the router's softmax weights over
+the k, renormalized to 1 with ``norm_topk_prob``), as transformers' Qwen3MoeSparseMoeBlock
+computes it. The experts' weights are int4 / int8 like any linear; the
 router stays float (its ranking decides which weights run).
 
 With packed experts, the routed MLP is one compiled call (``_core.MoeLayer``, csrc/qlinear/moe.h):

@@ -241,7 +241,3 @@ class PrefixCache:
             _, b = self._blocks.popitem(last=False)
             self.nbytes -= b.nbytes
             self.evicted_blocks += 1
-
-    def clear(self) -> None:
-        self._blocks.clear()
-        self.nbytes = 0
