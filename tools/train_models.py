@@ -4,12 +4,14 @@ quality, speculative acceptance and expert routing are measured on a model that 
     python tools/train_models.py                 # all three (~2 h on 2 cores), into models/
     python tools/train_models.py --only draft    # one of them; the tokenizer is made first if missing
     python tools/train_models.py --steps 20 --out /tmp/m   # a quick trial of the whole pipeline
+    python tools/train_models.py --agreement models/stdlib-qwen2-draft   # its top-1 agreement with stdlib-qwen2
 
 Models (one tokenizer, a byte-level BPE of 4,096 tokens trained here, ChatML):
 - ``stdlib-qwen2``: Qwen2 architecture, hidden 256, 6 layers, 4 query / 2 key-value heads,
   intermediate 768, tied embeddings, context 512;
-- ``stdlib-qwen2-draft``: the same tokenizer, hidden 128, 1 layer: the draft model of
-  speculative decoding;
+- ``stdlib-qwen2-draft``: the same tokenizer, hidden 128, 2 layers: the draft model of
+  speculative decoding, distilled from ``stdlib-qwen2`` (trained after it: its loss is mostly the
+  KL divergence from that model's softmax on the same sequences);
 - ``stdlib-qwen3moe``: Qwen3-MoE, hidden 256, 4 layers, 8 experts of width 256, top-2, so that
   its router is a trained one.
 Every K of every linear layer is a multiple of 256, as llama.cpp's k-quants need.
@@ -20,7 +22,8 @@ versions: the log records the version, the file count and a hash of the training
 runs with 2 threads; other thread counts change float rounding, not the recipe.
 
 Each model directory gets config.json, model.safetensors (bfloat16), the tokenizer files and
-training_log.json (the loss curve, held-out loss, tokens seen, time, CPU, versions).
+training_log.json (the loss curve, held-out loss, tokens seen, time, CPU, versions; a distilled
+model's teacher, its hash, and how often its top token is the teacher's on the held-out text).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 CONTEXT = 512
 VOCAB = 4096
+DISTILL_WEIGHT = 0.9  # a distilled model's loss: this much KL from its teacher, the rest next-token
 
 # Never trained on (neither the tokenizer nor the models): the held-out text of the quality
 # figures, the speculative-decoding tasks and the tests.
@@ -56,9 +60,13 @@ MODELS = {
     "stdlib-qwen2": dict(
         arch="Qwen2Config", hidden_size=256, intermediate_size=768, num_hidden_layers=6,
         num_attention_heads=4, num_key_value_heads=2, steps=900, batch=8, lr=2e-3, seed=1),
+    # distilled: its loss is mostly the KL divergence from the trained model's softmax on the same
+    # sequences (DISTILL_WEIGHT), so that it predicts what the model predicts, not the text alone;
+    # 2 layers, so that it can copy from its context as the model does (an induction head needs 2)
     "stdlib-qwen2-draft": dict(
-        arch="Qwen2Config", hidden_size=128, intermediate_size=512, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, steps=600, batch=8, lr=3e-3, seed=2),
+        arch="Qwen2Config", hidden_size=128, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, steps=840, batch=8, lr=3e-3, seed=2,
+        teacher="stdlib-qwen2"),
     "stdlib-qwen3moe": dict(
         arch="Qwen3MoeConfig", hidden_size=256, intermediate_size=768, moe_intermediate_size=256,
         num_experts=8, num_experts_per_tok=2, num_hidden_layers=4, num_attention_heads=4,
@@ -119,7 +127,7 @@ def model_config(spec: dict, tok_dir: Path):
     from tokenizers import Tokenizer  # noqa: PLC0415
 
     tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
-    fields = {k: v for k, v in spec.items() if k not in ("arch", "steps", "batch", "lr", "seed")}
+    fields = {k: v for k, v in spec.items() if k not in ("arch", "steps", "batch", "lr", "seed", "teacher")}
     extra = {"router_aux_loss_coef": 0.01, "output_router_logits": True, "norm_topk_prob": True,
              "decoder_sparse_step": 1, "mlp_only_layers": []} if spec["arch"] == "Qwen3MoeConfig" else {}
     return getattr(transformers, spec["arch"])(
@@ -129,9 +137,42 @@ def model_config(spec: dict, tok_dir: Path):
         attention_dropout=0.0, **extra, **fields)
 
 
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def load_teacher(path: Path):
+    """A trained model (float32, inference only) whose softmax a distilled model learns."""
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+
+    teacher = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher
+
+
+def top1(model, windows, batch: int = 8):
+    """The model's most likely next token at every position of ``windows`` (n, CONTEXT)."""
+    import torch  # noqa: PLC0415
+
+    with torch.no_grad():
+        return torch.cat([model(input_ids=windows[i:i + batch]).logits.argmax(-1) for i in range(0, len(windows), batch)])
+
+
+def held_out_windows(held_ids):
+    """32 windows of CONTEXT tokens spread evenly over the held-out text."""
+    import numpy as np  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    starts = np.linspace(0, len(held_ids) - CONTEXT, 32).astype(np.int64)
+    return torch.from_numpy(np.stack([held_ids[s:s + CONTEXT] for s in starts]).astype(np.int64))
+
+
 def train(name: str, spec: dict, out: Path, tok_dir: Path, train_ids, held_ids, steps: int, log_every: int) -> None:
     import numpy as np  # noqa: PLC0415
     import torch  # noqa: PLC0415
+    import torch.nn.functional as F  # noqa: PLC0415, N812
     import transformers  # noqa: PLC0415
 
     torch.manual_seed(spec["seed"])
@@ -151,8 +192,9 @@ def train(name: str, spec: dict, out: Path, tok_dir: Path, train_ids, held_ids, 
         return spec["lr"] * (0.1 + 0.45 * (1 + math.cos(math.pi * t)))
 
     rng = np.random.default_rng(spec["seed"])
-    held_starts = np.linspace(0, len(held_ids) - CONTEXT, 32).astype(np.int64)
-    held = torch.from_numpy(np.stack([held_ids[s:s + CONTEXT] for s in held_starts]).astype(np.int64))
+    held = held_out_windows(held_ids)
+    teacher = load_teacher(out.parent / spec["teacher"]) if spec.get("teacher") else None
+    teacher_top1 = top1(teacher, held) if teacher is not None else None
 
     def held_out_loss() -> float:
         model.eval()
@@ -161,6 +203,12 @@ def train(name: str, spec: dict, out: Path, tok_dir: Path, train_ids, held_ids, 
                       for i in range(0, len(held), 8)]
         model.train()
         return float(np.mean(losses))
+
+    def agreement() -> dict:  # how often the model's top token is the teacher's, on held-out text
+        model.eval()
+        same = float((top1(model, held) == teacher_top1).float().mean())
+        model.train()
+        return {"agreement_with_teacher": round(same, 4)}
 
     curve, evals = [], []
     t0 = time.perf_counter()
@@ -171,20 +219,29 @@ def train(name: str, spec: dict, out: Path, tok_dir: Path, train_ids, held_ids, 
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         out_ = model(input_ids=batch, labels=batch)
+        loss, kl = out_.loss, None
+        if teacher is not None:  # KL(teacher || model) per token, on the same sequences
+            with torch.no_grad():
+                target = F.log_softmax(teacher(input_ids=batch).logits.flatten(0, 1), -1)
+            kl = F.kl_div(F.log_softmax(out_.logits.flatten(0, 1), -1), target, log_target=True,
+                          reduction="batchmean")
+            loss = DISTILL_WEIGHT * kl + (1 - DISTILL_WEIGHT) * out_.loss
         opt.zero_grad(set_to_none=True)
-        out_.loss.backward()
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % log_every == 0 or step == steps - 1:
             lm_loss = float(out_.loss.item() - (config.router_aux_loss_coef * out_.aux_loss.item()
                                                  if getattr(out_, "aux_loss", None) is not None else 0.0))
             curve.append({"step": step, "tokens": (step + 1) * spec["batch"] * CONTEXT, "loss": round(lm_loss, 4),
+                          **({} if kl is None else {"kl": round(kl.item(), 4)}),
                           "lr": round(lr_at(step), 6), "seconds": round(time.perf_counter() - t0, 1)})
-            print(f"{name} step {step}/{steps} loss {lm_loss:.3f} lr {lr_at(step):.2e} "
-                  f"{curve[-1]['seconds']:.0f} s", flush=True)
+            print(f"{name} step {step}/{steps} loss {lm_loss:.3f}{'' if kl is None else f' kl {kl.item():.3f}'} "
+                  f"lr {lr_at(step):.2e} {curve[-1]['seconds']:.0f} s", flush=True)
         if (step + 1) % max(1, steps // 8) == 0 or step == steps - 1:
-            evals.append({"step": step, "held_out_loss": round(held_out_loss(), 4)})
-            print(f"{name} step {step} held-out loss {evals[-1]['held_out_loss']:.3f}", flush=True)
+            evals.append({"step": step, "held_out_loss": round(held_out_loss(), 4),
+                          **(agreement() if teacher is not None else {})})
+            print(f"{name} step {step} held-out {evals[-1]}", flush=True)
     seconds = time.perf_counter() - t0
 
     out.mkdir(parents=True, exist_ok=True)
@@ -193,8 +250,12 @@ def train(name: str, spec: dict, out: Path, tok_dir: Path, train_ids, held_ids, 
     (out / "generation_config.json").unlink(missing_ok=True)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tok_dir / f, out / f)
+    distilled = {} if teacher is None else {
+        "distilled_from": spec["teacher"], "teacher_sha256": file_sha256(out.parent / spec["teacher"] / "model.safetensors"),
+        "distill_loss": f"{DISTILL_WEIGHT} * KL(teacher || model) + {1 - DISTILL_WEIGHT:.1f} * next-token cross-entropy",
+        "held_out_agreement_with_teacher": evals[-1]["agreement_with_teacher"]}
     return {"model": name, "parameters": n_params, "steps": steps, "batch": spec["batch"], "context": CONTEXT,
-            "tokens_seen": steps * spec["batch"] * CONTEXT, "seconds": round(seconds, 1),
+            "tokens_seen": steps * spec["batch"] * CONTEXT, "seconds": round(seconds, 1), **distilled,
             "final_held_out_loss": evals[-1]["held_out_loss"], "curve": curve, "held_out": evals}
 
 
@@ -204,6 +265,8 @@ def main() -> None:
     ap.add_argument("--only", choices=list(MODELS), nargs="+", default=list(MODELS))
     ap.add_argument("--steps", type=int, default=None, help="override every model's step count (trials)")
     ap.add_argument("--log-every", type=int, default=20)
+    ap.add_argument("--agreement", metavar="DIR", help="print how often DIR's model (a draft model) predicts "
+                    "stdlib-qwen2's top token on the held-out text, and exit")
     a = ap.parse_args()
 
     import numpy as np  # noqa: PLC0415
@@ -226,6 +289,11 @@ def main() -> None:
     unigram = float(-np.mean(np.log(p[held_ids])))
     print(f"{len(train_files)} training files, {len(train_ids)} tokens; {len(held_files)} held-out, "
           f"{len(held_ids)} tokens; unigram held-out loss {unigram:.3f}", flush=True)
+    if a.agreement:
+        held = held_out_windows(held_ids)
+        same = (top1(load_teacher(a.agreement), held) == top1(load_teacher(out / "stdlib-qwen2"), held)).float().mean()
+        print(f"{a.agreement}: top-1 agreement with stdlib-qwen2 on {held.numel()} held-out positions: {float(same):.4f}")
+        return
     for name in a.only:
         spec = MODELS[name]
         log = train(name, spec, out / name, tok_dir, train_ids, held_ids, a.steps or spec["steps"], a.log_every)
