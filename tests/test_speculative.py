@@ -68,6 +68,28 @@ def test_greedy_draft_model_equals_plain_decoding(checkpoints, arch, isa):
     assert plain_and_speculative(target, ids, 40, speculative="draft", draft_model=draft)[1] == plain
 
 
+def test_draft_model_runs_each_position_once_and_stays_exact(checkpoints):
+    """The draft model prefills the prompt with the target's prefill and then runs only the
+    positions its cache lacks (the text's tokens once, a rejected draft's once more); used on its
+    own afterwards, it gives the tokens a fresh copy of it gives (its decode-step rows are not
+    taken for a prefill's)."""
+    target = llm.load(checkpoints["qwen2"], bits=4, group_size=32, max_context=96, progress=False)
+    draft = llm.load(checkpoints["qwen2"], bits=8, max_context=96, progress=False)
+    ids = target.tokenizer.encode(PROMPT)
+    rows, forward = [], draft._forward
+    draft._forward = lambda x, start, *a, **kw: rows.append(len(x)) or forward(x, start, *a, **kw)
+    plain = target.generate_ids(ids, 40)
+    assert target.generate_ids(ids, 40, speculative=Speculation("draft", draft, max_draft=4, adaptive=False)) == plain
+    st = target.stats
+    assert st.draft_tokens > st.accepted_tokens > 0
+    assert rows[0] == len(ids) - 1  # the prompt, before any draft
+    assert sum(rows) <= len(ids) + 1 + len(plain) + st.draft_tokens - st.accepted_tokens
+    del draft._forward
+    fresh = llm.load(checkpoints["qwen2"], bits=8, max_context=96, progress=False)
+    again = ids + plain[:8]
+    assert draft.generate_ids(again, 16) == fresh.generate_ids(again, 16)
+
+
 def test_cache_after_speculation_equals_plain(checkpoints):
     """The KV rows a run leaves (rejected rows rolled back, ring slots restored) are plain
     decoding's, bit for bit."""
@@ -179,9 +201,32 @@ def test_draft_length_measures_a_plain_step_first_and_weighs_drafting():
         length.update(4, 2, 5, 1.2e-3, 4e-3)
     assert abs(length.alpha - 2 / 3) < 0.01  # two kept of three tried (the fourth never was)
     assert length.choose(8) == 0
+    assert length.futile  # not even drafts all kept would pay: a draft token costs a step
     length.probe_every = length.probe_interval = 4
-    probes = [i for i in range(200) if length.choose(8)]  # probes, rarer while they do not pay
+    probes = [i for i in range(200) if length.choose(8)]  # seldom: every 16 x probe_every steps
+    assert len(probes) >= 2 and {b - a for a, b in zip(probes, probes[1:])} == {64}
+
+
+def test_draft_length_probes_rarer_while_probes_do_not_pay():
+    length = DraftLength(max_draft=8, adaptive=True, probe_every=4, costly_drafts=True)
+    for _ in range(30):  # cheap extra rows and drafts, but nothing kept
+        length.update(0, 0, 1, 1e-3, 0.0)
+        length.update(4, 0, 5, 1.2e-3, 1e-5)
+    assert length.choose(8) == 0 and not length.futile
+    probes = [i for i in range(200) if length.choose(8)]
     assert len(probes) >= 3 and probes[2] - probes[1] > probes[1] - probes[0]
+
+
+def test_draft_length_weighs_a_draft_step_timed_before_any_draft():
+    """A draft model's step timed at the prefill: one dearer than a plain step never drafts
+    (not even a first, short draft); a cheap one drafts once the plain step is measured."""
+    for draft_step, drafts in ((2e-3, False), (1e-4, True)):
+        length = DraftLength(max_draft=8, adaptive=True, probe_every=1000, costly_drafts=True)
+        length.drafted(draft_step)
+        for _ in range(DraftLength.WARM_UP):
+            assert length.choose(8) == 0
+            length.update(0, 0, 1, 1e-3, 0.0)
+        assert (length.choose(8) > 0) == drafts
 
 
 def test_bad_options(checkpoints, tmp_path):

@@ -6,7 +6,8 @@
   reach the end of the text). An index of every n-gram's latest end keeps a lookup O(max_ngram)
   per token.
 - ``ModelDrafter``: a smaller model with the same tokenizer decodes ahead on its own KV cache
-  (run by the same runtime); after a verification its cache is cut back to what was accepted.
+  (run by the same runtime): it prefills the prompt after the model's prefill, runs only the
+  positions its cache lacks, and after a verification its cache is cut back to what was accepted.
 
 A drafter's ``propose(context, rows, k, sampler)`` returns up to ``k`` token ids and, for each,
 the distribution over the lm head it was drawn from (None: a point mass on the token, as n-gram
@@ -15,6 +16,7 @@ drafts are); ``context`` holds the token ids so far, ``rows`` their lm head indi
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Optional, Sequence
 
@@ -66,6 +68,7 @@ class NgramDrafter:
 
 class ModelDrafter:
     name = "draft"
+    STEPS = 4  # positions to catch up that run as one-token steps (more: as a prefill)
 
     def __init__(self, target, draft):
         check_compatible(target, draft)
@@ -95,11 +98,51 @@ class ModelDrafter:
                 logits = m._forward([tokens[-1]], m.cache.length)[0]
         return tokens, dists
 
+    def start(self, context: Sequence[int]) -> Optional[float]:
+        """Before decoding (after the target's prefill): prefill the prompt into the draft's cache,
+        its last token by the one-token step (twice, the second time timed: a warm step), so the
+        first draft needs no catching up; the seconds of one draft step (None: a one-token prompt)."""
+        m = self.model
+        if len(context) < 2:
+            self.sync(context)
+            return None
+        m.prefill(list(context[:-1]))
+        n = len(context) - 1
+        m.cache.guard(n, 1)
+        m._forward([int(context[-1])], n)
+        m.cache.rollback(n)
+        t = time.perf_counter()
+        self._logits = m._forward([int(context[-1])], n)[0]
+        seconds = time.perf_counter() - t
+        self.synced = len(context)
+        return seconds
+
     def sync(self, context: Sequence[int]) -> None:
-        """Bring the draft's cache up to the context (the cached prefix reused: what was
-        accepted since its last draft is run: the model's own token while drafts go on, a
-        catching up after plain steps)."""
-        self._logits = self.model.prefill(list(context))
+        """Bring the draft's cache up to the context: only the positions it does not hold are run
+        (the model's own token while drafts go on, a catching up after plain steps), a few by the
+        one-token step, more as a prefill; a cache that went another way (or an empty one) is
+        prefilled anew."""
+        m, cache = self.model, self.model.cache
+        if self._logits is not None and self.synced == len(context) == cache.length:
+            return  # start() or the last sync left it there
+        held = cache.length
+        if held > len(context) or cache.ids[:held] != list(context[:held]):
+            held = next((i for i, (x, y) in enumerate(zip(cache.ids, context)) if x != y), min(held, len(context)))
+        held = min(held, len(context) - 1)
+        if held == 0 or (held < cache.length and any(cache.windows)):
+            self._logits = m.prefill(list(context))  # a ring cannot be cut back unguarded
+            self.synced = len(context)
+            return
+        cache.rollback(held)
+        new = [int(t) for t in context[held:]]
+        if len(new) <= self.STEPS:  # the one-token step: cheaper than a prefill's path for a few
+            for j, t in enumerate(new):
+                self._logits = m._forward([t], held + j)[0]
+        else:
+            prefilled = cache.prefilled  # rows after it came from decode steps: not a prefill's
+            self._logits = m.prefill_into(cache, context, held)[0]
+            if prefilled < held:  # the model's own prefix reuse stays exact
+                cache.prefilled = prefilled
         self.synced = len(context)
 
     def accepted(self, context: Sequence[int]) -> None:

@@ -13,8 +13,12 @@ sliding-window rings included (``KVCache.guard`` / ``rollback``).
 The draft length adapts: the acceptance rate (a running mean) and the measured cost of a
 verification of each length (and of drafting) give the expected tokens per second of each
 length; the best is taken, 0 (plain decode) when no length pays, with an occasional probe so the
-estimates follow the text. A sampled sequence's lengths follow its acceptance alone (costs
-guessed, not measured): its random draws, and so its text under a seed, do not depend on timings.
+estimates follow the text. A draft model prefills the prompt with the model's prefill (counted in
+its time) and times one step of its own there, so its cost is known before any draft; where
+drafting could not gain much even with every draft kept (a small model whose weights sit in the
+CPU's caches: a verification's extra rows and a draft token cost about a step), probes become
+rare. A sampled sequence's lengths follow its acceptance alone (costs guessed, not measured): its
+random draws, and so its text under a seed, do not depend on timings.
 
 ``Speculator`` is one sequence's part (drafter, draft length, judging the verification's rows):
 ``decode`` here runs one sequence, qlinear.llm.serve's scheduler verifies many in one batch.
@@ -106,22 +110,27 @@ class Speculator:
         self.sampler = sampler
         self.to_row = (lambda t: t) if target.lm_rows is None else {int(t): i for i, t in enumerate(target.lm_rows)}.get
         self.draft_seconds = 0.0  # of the last draft
-        self.drafting = False     # the last step drafted
+
+    def start(self, tokens: list) -> None:
+        """After the prefill, before the first draft: a draft model prefills the prompt into its
+        cache (no catching up at the first draft) and times one step of its own, so the draft
+        length weighs drafting's cost from the start."""
+        if hasattr(self.drafter, "start"):
+            seconds = self.drafter.start(tokens)
+            if seconds is not None:
+                self.length.drafted(seconds)
 
     def draft(self, tokens: list, rows: list, room: int) -> tuple[list, list]:
         """Up to ``room`` token ids to follow ``tokens`` (``rows``: their lm head indices), as many
         as the draft length chooses, and the distributions they were drawn from."""
         k = self.length.choose(room)
         t = time.perf_counter()
+        # a draft model's catching up (the tokens the model added since its last draft) is part
+        # of drafting's cost: the token after each verification, the text plain steps decoded
         if k and hasattr(self.drafter, "sync"):
             self.drafter.sync(tokens)
-        # catching up after plain steps is paid once, not per draft: out of drafting's cost;
-        # while drafts go on it is the token the model added, part of every draft
-        if not self.drafting:
-            t = time.perf_counter()
         drafts, dists = self.drafter.propose(tokens, rows, k, self.sampler) if k else ([], [])
         self.draft_seconds = time.perf_counter() - t
-        self.drafting = k > 0
         return drafts[:k], dists[:k]
 
     def verdicts(self, logits: np.ndarray, drafts: list, dists: list, rows: list) -> Iterator[tuple[bool, int]]:
@@ -156,6 +165,9 @@ def decode(model, logits: np.ndarray, ids: list, rows: list, max_new_tokens: int
     to_id = (lambda r: r) if model.lm_rows is None else (lambda r: int(model.lm_rows[r]))
     tokens = list(ids)
     st.finish_reason = "length"
+    clock = time.perf_counter()
+    speculator.start(tokens)  # a draft model's prefill: part of the prefill's time
+    st.prefill_s += time.perf_counter() - clock
     clock = time.perf_counter()
 
     def decided(row: int) -> bool:
@@ -194,6 +206,15 @@ def decode(model, logits: np.ndarray, ids: list, rows: list, max_new_tokens: int
             break
         if not drafts:
             drafts, dists = speculator.draft(tokens, rows, room)
+        if not drafts:  # a plain step: the one-token step, without a verification's bookkeeping
+            t = time.perf_counter()
+            out = model._forward([to_id(rows[-1])], start)[0]
+            speculator.length.update(0, 0, 1, time.perf_counter() - t, 0.0)
+            st.decode_steps += 1
+            st.step_tokens += 1
+            going = decided(sampler(out, rows))
+            yield from _drain(yielded)
+            continue
         drafts, dists = drafts[:room], dists[:room]
         block = [to_id(rows[-1])] + drafts
         cache.guard(start, len(block))

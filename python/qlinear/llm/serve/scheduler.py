@@ -185,6 +185,8 @@ class Scheduler:
                 seq.speculator = Speculator(spec, self.model, seq.sampler, draft)
             start = seq.cached_tokens = self.prefix.restore(seq.cache, seq.ids)
             logits = self.model.prefill_into(seq.cache, seq.ids, start, self.prefix)
+            if seq.speculator is not None:
+                seq.speculator.start(seq.tokens)  # a draft model prefills the prompt too
         except Exception as e:  # noqa: BLE001  (answered to the request; the server goes on)
             return self._finish(seq, "error", f"{type(e).__name__}: {e}")
         self._accept(seq, logits[0])
