@@ -78,6 +78,9 @@ class DraftLength:
             return max(k_max, 0)
         if self.timed and self.warming():
             return 0  # plain steps first: the cost every draft length is weighed against
+        if self.futile and self.plain_run + 1 < 16 * self.probe_every:
+            self.plain_run += 1  # no length can pay: plain steps until the next (rare) probe
+            return 0
         best = self.best(k_max)
         if best and self.costly_drafts and not self.recent_drafts:
             best = min(best, 2)  # the first draft measures drafting's cost: a short one
