@@ -107,10 +107,20 @@ def wide_target() -> Path:
     return out
 
 
+def gguf(hf: Path, quant: str = "Q4_0") -> Path:
+    """llama.cpp's file of a checkpoint (cached by name), made anew when the checkpoint is newer
+    than the cached files (a model trained again)."""
+    for q in ("F32", quant):
+        out = lc.CACHE / f"{hf.name}-{q}.gguf"
+        if out.exists() and out.stat().st_mtime < (hf / "model.safetensors").stat().st_mtime:
+            out.unlink()
+    return lc.checkpoint_gguf(hf, quant)
+
+
 def run_target(hf: Path, a, peers: bool) -> dict:
     """(task, threads, engine) -> runs, interleaved: every engine on each prompt in turn."""
-    gguf_t = lc.checkpoint_gguf(hf, "Q4_0") if peers else None
-    gguf_d = lc.checkpoint_gguf(DRAFT, "Q4_0") if peers else None
+    gguf_t = gguf(hf) if peers else None
+    gguf_d = gguf(DRAFT) if peers else None
     target = llm.load(gguf_t if peers else hf, bits=4, group_size=32, symmetric=True, progress=False)
     draft = llm.load(gguf_d if peers else DRAFT, bits=4, group_size=32, symmetric=True, progress=False)
     prompts = tasks(target.tokenizer)
