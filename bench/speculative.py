@@ -84,7 +84,7 @@ def llamacpp_run(tool: str, target: Path, draft: Path, prompt: str, tokens: int,
             "-c", "512", "--spec-draft-n-max", "8"] if tool == "llama-lookup" else \
            [str(lc.tool(tool)), "-m", str(target), "-md", str(draft), "-f", str(pf), "-n", str(tokens), "--temp", "0",
             "-t", str(threads), "-td", str(threads), "-c", "512", "--spec-draft-n-max", "8"]
-    for _ in range(3):  # its log thread now and then leaves out the closing lines: run again
+    for _ in range(6):  # its log thread now and then leaves out the closing lines: run again
         r = subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=600)
         text = r.stdout + r.stderr
         m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
