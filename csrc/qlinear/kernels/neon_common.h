@@ -279,6 +279,52 @@ struct SdotBlockDot {
         : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27",
           "v28", "v29", "v30", "v31");
 #undef QLINEAR_SDOT_Q
+    load_tail<TAIL>(w, tail);
+  }
+
+  // 64 k of one int8 row (512 weight bytes, 64 activation bytes), as gemv_step64_int4: the SDOTs of
+  // two gemv_step32 (int8) with one pointer and post-indexed loads.
+  template <int TAIL>
+  static inline void gemv_step64_int8(const uint8_t*& w, const int8_t*& x, int32x4_t (&s)[2][2],
+                                      uint16x8_t (&tail)[2]) {
+    static_assert(BITS == 8 && (TAIL == 0 || TAIL == 16 || TAIL == 32));
+    const uint8x16_t flip = vdupq_n_u8(0x80);
+    // 8 k (chunks of k 0-3 and k 4-7, rows 0-3 / 4-7 each) in A..D, x lanes L, L + 1 of X.
+#define QLINEAR_SDOT_8K(A, B, C, D, X, L0, L1)                                                  \
+    "eor  " A ".16b, " A ".16b, %[f].16b\n\t"                                                    \
+    "eor  " B ".16b, " B ".16b, %[f].16b\n\t"                                                    \
+    "eor  " C ".16b, " C ".16b, %[f].16b\n\t"                                                    \
+    "eor  " D ".16b, " D ".16b, %[f].16b\n\t"                                                    \
+    "sdot %[s00].4s, " A ".16b, " X ".4b[" L0 "]\n\t"                                           \
+    "sdot %[s01].4s, " B ".16b, " X ".4b[" L0 "]\n\t"                                           \
+    "sdot %[s10].4s, " C ".16b, " X ".4b[" L1 "]\n\t"                                           \
+    "sdot %[s11].4s, " D ".16b, " X ".4b[" L1 "]\n\t"
+#define QLINEAR_LD_A "ld1 {v16.16b-v19.16b}, [%[w]], #64\n\t"
+#define QLINEAR_LD_B "ld1 {v20.16b-v23.16b}, [%[w]], #64\n\t"
+    asm(QLINEAR_LD_A
+        "ld1 {v24.16b-v27.16b}, [%[x]], #64\n\t"
+        QLINEAR_LD_B
+        QLINEAR_SDOT_8K("v16", "v17", "v18", "v19", "v24", "0", "1") QLINEAR_LD_A
+        QLINEAR_SDOT_8K("v20", "v21", "v22", "v23", "v24", "2", "3") QLINEAR_LD_B
+        QLINEAR_SDOT_8K("v16", "v17", "v18", "v19", "v25", "0", "1") QLINEAR_LD_A
+        QLINEAR_SDOT_8K("v20", "v21", "v22", "v23", "v25", "2", "3") QLINEAR_LD_B
+        QLINEAR_SDOT_8K("v16", "v17", "v18", "v19", "v26", "0", "1") QLINEAR_LD_A
+        QLINEAR_SDOT_8K("v20", "v21", "v22", "v23", "v26", "2", "3") QLINEAR_LD_B
+        QLINEAR_SDOT_8K("v16", "v17", "v18", "v19", "v27", "0", "1")
+        QLINEAR_SDOT_8K("v20", "v21", "v22", "v23", "v27", "2", "3")
+        : [w] "+r"(w), [x] "+r"(x), [s00] "+w"(s[0][0]), [s01] "+w"(s[0][1]), [s10] "+w"(s[1][0]),
+          [s11] "+w"(s[1][1])
+        : [f] "w"(flip), "m"(*reinterpret_cast<const uint8_t(*)[512]>(w)),
+          "m"(*reinterpret_cast<const int8_t(*)[64]>(x))
+        : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27");
+#undef QLINEAR_SDOT_8K
+#undef QLINEAR_LD_A
+#undef QLINEAR_LD_B
+    load_tail<TAIL>(w, tail);
+  }
+
+  template <int TAIL>
+  static inline void load_tail(const uint8_t*& w, uint16x8_t (&tail)[2]) {
     if constexpr (TAIL == 16)
       asm("ldr %q[a], [%[w]], #16" : [w] "+r"(w), [a] "=w"(tail[0]) : "m"(*reinterpret_cast<const uint8_t(*)[16]>(w)));
     else if constexpr (TAIL == 32)
@@ -324,6 +370,9 @@ void sdot_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0,
         if constexpr (BITS == 4 && KB != 0 && KB % 64 == 0) {
           for (int kk = 0; kk + 64 < KB; kk += 64) Dot::template gemv_step64_int4<0>(w, x, s, tail);
           Dot::template gemv_step64_int4<ASYM ? 32 : 16>(w, x, s, tail);
+        } else if constexpr (BITS == 8 && KB != 0 && KB % 64 == 0) {
+          for (int kk = 0; kk + 64 < KB; kk += 64) Dot::template gemv_step64_int8<0>(w, x, s, tail);
+          Dot::template gemv_step64_int8<ASYM ? 32 : 16>(w, x, s, tail);
         } else {
           if constexpr (KB != 0) {
 #pragma GCC unroll 8
