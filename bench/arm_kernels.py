@@ -360,9 +360,11 @@ def qlinear_descriptors() -> list[tuple[str, str, int, str, str]]:
         for bits in (4, 8):
             # The i8mm level's GEMV is the dotprod level's SDOT kernel (same descriptor name),
             # compiled again in i8mm.cc: measured once, as the dotprod level's.
+            # The dot-product GEMV is its own function (sdot_gemv), the neon level's is panel_tile's.
             if level != "i8mm":
-                out.append((f"gemv_w{bits}a8_nr8_kr4_1x8_{level}", f"W{bits}A8 GEMV", bits, level,
-                            rf"^void {ns}gemv<[^,]*\b{cores[level]}, {bits}>\("))
+                entry = (rf"^void {ns}sdot_gemv<{bits}>\(" if level == "dotprod" else
+                         rf"^void {ns}gemv<[^,]*\b{cores[level]}, {bits}>\(")
+                out.append((f"gemv_w{bits}a8_nr8_kr4_1x8_{level}", f"W{bits}A8 GEMV", bits, level, entry))
             out.append((f"gemm_w{bits}a8_nr8_kr4_{{mr}}x8_{level}", f"W{bits}A8 GEMM", bits, level,
                         rf"^void {ns}gemm<[^,]*\b{cores[level]}, {bits}, \d+>\("))
     for bits in (4, 8):
@@ -403,8 +405,8 @@ def pick_loops(binary: Binary, entry: re.Pattern, float_path: bool, rows: int | 
         # An integer GEMV whose loop is the whole storage block (inner steps unrolled, the block's
         # int -> float epilogue inside): its loop at block 64 (8 rows x 64 k of multiply slots), the
         # asymmetric one (the longer), epilogue included.
-        blocks = [l for l in mac_loops_all(loops) if sum(macs(i) for i in l.insns) == 8 * 64
-                  and any(is_conversion(i) for i in l.insns)]
+        blocks = [l for l in mac_loops_all(loops) if any(is_conversion(i) for i in l.insns)
+                  and sum(macs(i) for i in l.insns if i.mnemonic in KEY_CLASSES[key_class(l)]) == 8 * 64]
         if blocks:
             return [max(blocks, key=lambda l: len(l.insns))], 1
     if not float_path:
@@ -493,8 +495,10 @@ def evaluate(k: Kernel, cpu: str, peaks: dict) -> dict | None:
         return None
     main = k.loops[-1]
     r = mca(asm_for_mca(main.insns), mcpu)
-    slots = sum(macs(i) for i in main.insns)
     cls = key_class(main)
+    # Multiply slots of the kernel's multiply class only (a GEMV block loop's epilogue FMLAs are not
+    # weight products).
+    slots = sum(macs(i) for i in main.insns if i.mnemonic in KEY_CLASSES[cls])
     peak_kind = cls
     if cls == "fmla":
         peak_kind = "fmla.8h" if any(".8h" in i.operands for i in main.insns if i.mnemonic == "fmla") else "fmla.4s"
