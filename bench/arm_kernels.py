@@ -611,13 +611,14 @@ def render(kernels: list[Kernel], results: dict, peaks: dict, args) -> list[str]
     cpus = args.cpus
     out = ["Estimates from llvm-mca's machine models (LLVM 19), not measurements on a phone: every load",
            "hits L1, no memory latency or bandwidth limit, no thermal or frequency limits, inner loops only",
-           "(the per-block epilogue, tails and threading left out).", ""]
+           "(tails and threading left out; the per-block epilogue too, except in the loops noted as one",
+           "64-k block per iteration, which include it).", ""]
     out.append("Cores: " + "; ".join(f"{c} ({CPUS[c][2]})" for c in cpus) + ".")
     out.append("Peak issue rates (instructions/cycle, llvm-mca on independent streams): " + "; ".join(
         f"{c}: " + ", ".join(f"{k} {peaks[(k, c)]:.2f}" for k in PEAK_STREAMS if (k, c) in peaks) for c in cpus) + ".")
     out.append("")
     out.append("### GEMM and GEMV inner loops: cycles per iteration / multiply-adds per cycle / share of the "
-               "core's issue rate of the multiply instruction")
+               "core's peak multiply-add rate (issue rate of the multiply instruction x its multiply-adds)")
     out.append("")
     out.append("| kernel | work | rows | loop insns | " + " | ".join(cpus) + " |")
     out.append("|---|---|---|---|" + "---|" * len(cpus))
