@@ -231,8 +231,12 @@ KEY_CLASSES = {
     "sdot": ("sdot", "udot", "usdot", "sudot"),
     "smmla": ("smmla", "ummla", "usmmla"),
     "fmla": ("fmla",),
-    "smull+sadalp": ("smull", "smull2", "sadalp"),
+    "smull+sadalp": ("smull", "smull2", "smlal", "smlal2", "sadalp"),
 }
+# Multiply-adds per instruction of a class at its peak stream: the share column is the loop's
+# multiply-adds per cycle against peak issue rate x this (SMULL + SADALP: 8 products per pair; a
+# loop that adds a second SMLAL's products before its SADALP can reach 100% with fewer SADALPs).
+PEAK_MACS = {"sdot": 16, "smmla": 32, "fmla.4s": 4, "fmla.8h": 8, "smull+sadalp": 4}
 
 
 def key_class(loop: Loop) -> str:
@@ -356,9 +360,11 @@ def qlinear_descriptors() -> list[tuple[str, str, int, str, str]]:
         for bits in (4, 8):
             # The i8mm level's GEMV is the dotprod level's SDOT kernel (same descriptor name),
             # compiled again in i8mm.cc: measured once, as the dotprod level's.
+            # The dot-product GEMV is its own function (sdot_gemv), the neon level's is panel_tile's.
             if level != "i8mm":
-                out.append((f"gemv_w{bits}a8_nr8_kr4_1x8_{level}", f"W{bits}A8 GEMV", bits, level,
-                            rf"^void {ns}gemv<[^,]*\b{cores[level]}, {bits}>\("))
+                entry = (rf"^void {ns}sdot_gemv<{bits}>\(" if level == "dotprod" else
+                         rf"^void {ns}gemv<[^,]*\b{cores[level]}, {bits}>\(")
+                out.append((f"gemv_w{bits}a8_nr8_kr4_1x8_{level}", f"W{bits}A8 GEMV", bits, level, entry))
             out.append((f"gemm_w{bits}a8_nr8_kr4_{{mr}}x8_{level}", f"W{bits}A8 GEMM", bits, level,
                         rf"^void {ns}gemm<[^,]*\b{cores[level]}, {bits}, \d+>\("))
     for bits in (4, 8):
@@ -377,6 +383,10 @@ def is_conversion(ins: Insn) -> bool:
     return ins.mnemonic in ("ucvtf", "scvtf") and ins.operands.startswith("v")
 
 
+def mac_loops_all(loops: list[Loop]) -> list[Loop]:
+    return [l for l in loops if sum(macs(i) for i in l.insns)]
+
+
 def pick_loops(binary: Binary, entry: re.Pattern, float_path: bool, rows: int | None = None) -> tuple[list[Loop], int]:
     """The kernel's loops: the innermost loop with the most multiply slots (a GEMM: of its widest row
     tile); float path: the dequantization loop (innermost loop with int->float conversions) too."""
@@ -391,6 +401,14 @@ def pick_loops(binary: Binary, entry: re.Pattern, float_path: bool, rows: int | 
         # (Loops of fewer than 8 multiply instructions are set-up code, not a row tile.)
         tiles = [l for l in mac_loops if l.count(*KEY_CLASSES[key_class(l)]) >= 8] or mac_loops
         main = min(tiles, key=lambda l: (sum(macs(i) for i in l.insns), len(l.insns)))
+    if not float_path and (rows or 1) == 1:
+        # An integer GEMV whose loop is the whole storage block (inner steps unrolled, the block's
+        # int -> float epilogue inside): its loop at block 64 (8 rows x 64 k of multiply slots), the
+        # asymmetric one (the longer), epilogue included.
+        blocks = [l for l in mac_loops_all(loops) if any(is_conversion(i) for i in l.insns)
+                  and sum(macs(i) for i in l.insns if i.mnemonic in KEY_CLASSES[key_class(l)]) == 8 * 64]
+        if blocks:
+            return [max(blocks, key=lambda l: len(l.insns))], 1
     if not float_path:
         return [main], rows or 1
     unpack = [l for l in loops if any(is_conversion(i) for i in l.insns) and any(store_bytes(i) for i in l.insns)]
@@ -417,7 +435,9 @@ def qlinear_kernels(binary: Binary) -> list[Kernel]:
         if desc.encode() + b"\0" not in rodata:
             raise RuntimeError(f"descriptor {desc} is not in {binary.path}: the script's list is out of date")
         loops, rows = pick_loops(binary, pattern, float_path, rows if not float_path else (1 if not gemm else 0))
-        out.append(Kernel("qlinear", desc, work, bits, rows, loops, needs_i8mm=level == "i8mm"))
+        note = ("one 64-k block per iteration, its int -> float epilogue included"
+                if not float_path and any(is_conversion(i) for i in loops[-1].insns) else "")
+        out.append(Kernel("qlinear", desc, work, bits, rows, loops, needs_i8mm=level == "i8mm", note=note))
     return out
 
 
@@ -475,14 +495,15 @@ def evaluate(k: Kernel, cpu: str, peaks: dict) -> dict | None:
         return None
     main = k.loops[-1]
     r = mca(asm_for_mca(main.insns), mcpu)
-    slots = sum(macs(i) for i in main.insns)
     cls = key_class(main)
+    # Multiply slots of the kernel's multiply class only (a GEMV block loop's epilogue FMLAs are not
+    # weight products).
+    slots = sum(macs(i) for i in main.insns if i.mnemonic in KEY_CLASSES[cls])
     peak_kind = cls
     if cls == "fmla":
         peak_kind = "fmla.8h" if any(".8h" in i.operands for i in main.insns if i.mnemonic == "fmla") else "fmla.4s"
-    key = main.count(*KEY_CLASSES[cls])
     res = {"cycles": r["cycles"], "insns": len(main.insns), "macs": slots / r["cycles"], "class": cls,
-           "issue": key / r["cycles"] / peaks[(peak_kind, cpu)]}
+           "issue": slots / r["cycles"] / (peaks[(peak_kind, cpu)] * PEAK_MACS[peak_kind])}
     if k.rows == 1 or "GEMV" in k.work:
         # Weight elements per iteration: multiply slots per activation row (an SMMLA computes 2 rows).
         per_row = 2 if cls == "smmla" else 1
@@ -590,13 +611,14 @@ def render(kernels: list[Kernel], results: dict, peaks: dict, args) -> list[str]
     cpus = args.cpus
     out = ["Estimates from llvm-mca's machine models (LLVM 19), not measurements on a phone: every load",
            "hits L1, no memory latency or bandwidth limit, no thermal or frequency limits, inner loops only",
-           "(the per-block epilogue, tails and threading left out).", ""]
+           "(tails and threading left out; the per-block epilogue too, except in the loops noted as one",
+           "64-k block per iteration, which include it).", ""]
     out.append("Cores: " + "; ".join(f"{c} ({CPUS[c][2]})" for c in cpus) + ".")
     out.append("Peak issue rates (instructions/cycle, llvm-mca on independent streams): " + "; ".join(
         f"{c}: " + ", ".join(f"{k} {peaks[(k, c)]:.2f}" for k in PEAK_STREAMS if (k, c) in peaks) for c in cpus) + ".")
     out.append("")
     out.append("### GEMM and GEMV inner loops: cycles per iteration / multiply-adds per cycle / share of the "
-               "core's issue rate of the multiply instruction")
+               "core's peak multiply-add rate (issue rate of the multiply instruction x its multiply-adds)")
     out.append("")
     out.append("| kernel | work | rows | loop insns | " + " | ".join(cpus) + " |")
     out.append("|---|---|---|---|" + "---|" * len(cpus))

@@ -1,19 +1,18 @@
 // ARMv8.0 Advanced SIMD kernels over the nr8_kr4 layout (no extension needed: NEON is part of
-// every aarch64 CPU). Integer core with SMULL (s8 x s8 -> s16, 8 products) and SADALP (pairs
-// into s32): per 32-byte chunk and activation row, 8 SMULL + 8 SADALP for 64 products. A pair of
-// rows shares an accumulator ([row a k0+k1, a k2+k3, row b ..]); blocks end with ADDP.
-// int4 nibbles are 0..15 (|product| <= 1905), int8 codes are flipped to code - 128 (<= 16256):
-// exact in s16.
+// every aarch64 CPU). Integer core with SMULL (s8 x s8 -> s16, 8 products), SMLAL (8 more products
+// added to them, s16) and SADALP (pairs into s32): per 8 k (two k-quads) and activation row, 4
+// SMULL + 4 SMLAL + 4 SADALP for 128 products. A pair of rows shares an accumulator ([row a
+// k0+k1, a k2+k3, row b ..]); blocks end with ADDP. int4 nibbles are 0..15 (|product| <= 1905),
+// int8 codes are flipped to code - 128 (<= 16256): the sum of two products (<= 32512) is exact in
+// s16.
 #define QLINEAR_ARM_LEVEL neon
 #include "neon_common.h"
 
 namespace qlinear {
 namespace {
 
-inline int8x8_t dup4(const int8_t* x) {
-  int32_t v;
-  std::memcpy(&v, x, 4);
-  return vreinterpret_s8_s32(vdup_n_s32(v));
+inline int8x16_t dup4(const int8_t* x) {  // the 4 bytes at x in every 32-bit lane (LD1R)
+  return vreinterpretq_s8_s32(vld1q_dup_s32(reinterpret_cast<const int32_t*>(x)));
 }
 
 template <int BITS, int MR>
@@ -22,11 +21,15 @@ struct SmullBlockDot {
     int32x4_t pair[MR][4];  // rows (0,1) (2,3) (4,5) (6,7)
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < 4; ++j) pair[i][j] = vdupq_n_s32(0);
-    const auto mac = [&](int i, int8x16_t w03, int8x16_t w47, int8x8_t x) {
-      pair[i][0] = vpadalq_s16(pair[i][0], vmull_s8(vget_low_s8(w03), x));
-      pair[i][1] = vpadalq_s16(pair[i][1], vmull_s8(vget_high_s8(w03), x));
-      pair[i][2] = vpadalq_s16(pair[i][2], vmull_s8(vget_low_s8(w47), x));
-      pair[i][3] = vpadalq_s16(pair[i][3], vmull_s8(vget_high_s8(w47), x));
+    // Two k-quads (a: x, b: y) of a row: pair += pairwise(a * x + b * y), the s16 sums exact.
+    // (x and y hold their 4 bytes in every lane, so the high halves need no extraction: SMULL2.)
+    const auto mac2 = [&](int i, int8x16_t a03, int8x16_t a47, int8x16_t b03, int8x16_t b47, int8x16_t x,
+                          int8x16_t y) {
+      const int8x8_t xl = vget_low_s8(x), yl = vget_low_s8(y);
+      pair[i][0] = vpadalq_s16(pair[i][0], vmlal_s8(vmull_s8(vget_low_s8(a03), xl), vget_low_s8(b03), yl));
+      pair[i][1] = vpadalq_s16(pair[i][1], vmlal_high_s8(vmull_high_s8(a03, x), b03, y));
+      pair[i][2] = vpadalq_s16(pair[i][2], vmlal_s8(vmull_s8(vget_low_s8(a47), xl), vget_low_s8(b47), yl));
+      pair[i][3] = vpadalq_s16(pair[i][3], vmlal_high_s8(vmull_high_s8(a47, x), b47, y));
     };
     if constexpr (BITS == 4) {
       const uint8x16_t low4 = vdupq_n_u8(0x0F);
@@ -34,17 +37,14 @@ struct SmullBlockDot {
         const uint8x16_t v0 = vld1q_u8(w), v1 = vld1q_u8(w + 16);
         const int8x16_t lo0 = vreinterpretq_s8_u8(vandq_u8(v0, low4)), lo1 = vreinterpretq_s8_u8(vandq_u8(v1, low4));
         const int8x16_t hi0 = vreinterpretq_s8_u8(vshrq_n_u8(v0, 4)), hi1 = vreinterpretq_s8_u8(vshrq_n_u8(v1, 4));
-        for (int i = 0; i < MR; ++i) {
-          mac(i, lo0, lo1, dup4(xq[i] + kk));
-          mac(i, hi0, hi1, dup4(xq[i] + kk + 4));
-        }
+        for (int i = 0; i < MR; ++i) mac2(i, lo0, lo1, hi0, hi1, dup4(xq[i] + kk), dup4(xq[i] + kk + 4));
       }
     } else {
       const uint8x16_t flip = vdupq_n_u8(0x80);
-      for (int64_t kk = 0; kk < block; kk += 4, w += 32) {
-        const int8x16_t w0 = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(w), flip));
-        const int8x16_t w1 = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(w + 16), flip));
-        for (int i = 0; i < MR; ++i) mac(i, w0, w1, dup4(xq[i] + kk));
+      const auto load = [&](const uint8_t* p) { return vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p), flip)); };
+      for (int64_t kk = 0; kk < block; kk += 8, w += 64) {  // chunks of k 0-3 and k 4-7
+        const int8x16_t a0 = load(w), a1 = load(w + 16), b0 = load(w + 32), b1 = load(w + 48);
+        for (int i = 0; i < MR; ++i) mac2(i, a0, a1, b0, b1, dup4(xq[i] + kk), dup4(xq[i] + kk + 4));
       }
     }
     for (int i = 0; i < MR; ++i) {

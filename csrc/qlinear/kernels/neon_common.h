@@ -159,9 +159,8 @@ void gemm(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p
 // code - 128 are both valid s8 operands. The integer sums are exact, so the order in which the
 // kernels add them (several accumulators, summed at the end) does not change a bit of the result.
 //
-// GEMV (MR = 1): 32 k per iteration (int4: 128 bytes, int8: 256 bytes of weights, loaded 64 at a
-// time), eight accumulators (k-quad lane x half) so that no SDOT waits for the previous one: at
-// four SIMD pipes (Cortex-X1 / Neoverse V1) a chain of SDOTs into one register would be latency-bound.
+// GEMV (MR = 1): sdot_gemv below, 32 k per step (int4: 128 bytes, int8: 256 bytes of weights,
+// loaded 64 at a time) into four accumulators (even / odd k-quad lane x half).
 //
 // GEMM (MR rows): 8 k per iteration; each unpacked weight operand (2 per 32-byte int4 chunk half,
 // 1 AND or USHR each; int8: 1 EOR) serves all MR rows, and each row's 8 activation bytes are one
@@ -203,38 +202,243 @@ struct SdotBlockDot {
   }
 
   static inline void gemv(const uint8_t* w, int64_t block, const int8_t* x, int32x4_t* out) {
-    int32x4_t s[4][2];  // [k-quad lane][half]
-    for (int l = 0; l < 4; ++l) s[l][0] = s[l][1] = vdupq_n_s32(0);
-    for (int64_t kk = 0; kk < block; kk += 32, x += 32) {
-      const int8x16x2_t xv = vld1q_s8_x2(x);
-      if constexpr (BITS == 4) {
-        const uint8x16_t low4 = vdupq_n_u8(0x0F);
-        for (int q = 0; q < 2; ++q, w += 64) {  // 16 k: two 32-byte chunks
-          const uint8x16x4_t v = vld1q_u8_x4(w);
-          for (int c = 0; c < 2; ++c)
-            for (int h = 0; h < 2; ++h) {
-              const uint8x16_t b = v.val[2 * c + h];
-              s[2 * c][h] = vdotq_laneq_s32(s[2 * c][h], vreinterpretq_s8_u8(vandq_u8(b, low4)), xv.val[q], 2 * c);
-              s[2 * c + 1][h] = vdotq_laneq_s32(s[2 * c + 1][h], vreinterpretq_s8_u8(vshrq_n_u8(b, 4)), xv.val[q], 2 * c + 1);
-            }
-        }
-      } else {
-        const uint8x16_t flip = vdupq_n_u8(0x80);
-        for (int q = 0; q < 4; ++q, w += 64) {  // 8 k: two 32-byte chunks of 4 k
-          const uint8x16x4_t v = vld1q_u8_x4(w);
-          for (int c = 0; c < 2; ++c)
-            for (int h = 0; h < 2; ++h) {
-              const int lane = 2 * (q % 2) + c;
-              s[lane][h] = vdotq_laneq_s32(s[lane][h], vreinterpretq_s8_u8(veorq_u8(v.val[2 * c + h], flip)),
-                                           xv.val[q / 2], lane);
-            }
-        }
+    int32x4_t s[2][2] = {{vdupq_n_s32(0), vdupq_n_s32(0)}, {vdupq_n_s32(0), vdupq_n_s32(0)}};
+    for (int64_t kk = 0; kk < block; kk += 32) gemv_step32(w, x, s);
+    for (int h = 0; h < 2; ++h) out[h] = vaddq_s32(s[0][h], s[1][h]);
+  }
+
+  // 32 k of one row: int4 128, int8 256 weight bytes from w and 32 activation bytes from x (both
+  // advanced past them), into s[c][h] (c: even / odd k-quad lane, h: rows 0-3 / 4-7), 16 SDOTs
+  // in four chains.
+  static inline void gemv_step32(const uint8_t*& w, const int8_t*& x, int32x4_t (&s)[2][2]) {
+    const int8x16x2_t xv = vld1q_s8_x2(x);
+    x += 32;
+    if constexpr (BITS == 4) {
+      const uint8x16_t low4 = vdupq_n_u8(0x0F);
+      for (int q = 0; q < 2; ++q, w += 64) {  // 16 k: two 32-byte chunks
+        const uint8x16x4_t v = vld1q_u8_x4(w);
+        for (int c = 0; c < 2; ++c)
+          for (int h = 0; h < 2; ++h) {
+            const uint8x16_t b = v.val[2 * c + h];
+            s[0][h] = vdotq_laneq_s32(s[0][h], vreinterpretq_s8_u8(vandq_u8(b, low4)), xv.val[q], 2 * c);
+            s[1][h] = vdotq_laneq_s32(s[1][h], vreinterpretq_s8_u8(vshrq_n_u8(b, 4)), xv.val[q], 2 * c + 1);
+          }
+      }
+    } else {
+      const uint8x16_t flip = vdupq_n_u8(0x80);
+      for (int q = 0; q < 4; ++q, w += 64) {  // 8 k: two 32-byte chunks of 4 k
+        const uint8x16x4_t v = vld1q_u8_x4(w);
+        for (int c = 0; c < 2; ++c)
+          for (int h = 0; h < 2; ++h)
+            s[c][h] = vdotq_laneq_s32(s[c][h], vreinterpretq_s8_u8(veorq_u8(v.val[2 * c + h], flip)),
+                                      xv.val[q / 2], 2 * (q % 2) + c);
       }
     }
-    for (int h = 0; h < 2; ++h) out[h] = vaddq_s32(vaddq_s32(s[0][h], s[1][h]), vaddq_s32(s[2][h], s[3][h]));
+  }
+
+  // 64 k of one int4 row (256 weight bytes, 64 activation bytes; both pointers advanced), the same
+  // SDOTs into the same four chains as two gemv_step32, written out so that one pointer walks the
+  // weights (post-indexed loads, no address arithmetic) and the activations are one load. TAIL 16 /
+  // 32: the block ends here, and its scales (and offsets) that follow the codes are loaded into
+  // tail[0] (and tail[1]) by the same pointer.
+  template <int TAIL>
+  static inline void gemv_step64_int4(const uint8_t*& w, const int8_t*& x, int32x4_t (&s)[2][2],
+                                      uint16x8_t (&tail)[2]) {
+    static_assert(BITS == 4 && (TAIL == 0 || TAIL == 16 || TAIL == 32));
+    const uint8x16_t low4 = vdupq_n_u8(0x0F);
+#define QLINEAR_SDOT_Q(A, B, C, D, X)                                                           \
+    "and  v28.16b, " A ".16b, %[m].16b\n\t"                                                      \
+    "ushr v29.16b, " A ".16b, #4\n\t"                                                            \
+    "and  v30.16b, " B ".16b, %[m].16b\n\t"                                                      \
+    "ushr v31.16b, " B ".16b, #4\n\t"                                                            \
+    "sdot %[s00].4s, v28.16b, " X ".4b[0]\n\t"                                                   \
+    "sdot %[s10].4s, v29.16b, " X ".4b[1]\n\t"                                                   \
+    "sdot %[s01].4s, v30.16b, " X ".4b[0]\n\t"                                                   \
+    "sdot %[s11].4s, v31.16b, " X ".4b[1]\n\t"                                                   \
+    "and  v28.16b, " C ".16b, %[m].16b\n\t"                                                      \
+    "ushr v29.16b, " C ".16b, #4\n\t"                                                            \
+    "and  v30.16b, " D ".16b, %[m].16b\n\t"                                                      \
+    "ushr v31.16b, " D ".16b, #4\n\t"                                                            \
+    "sdot %[s00].4s, v28.16b, " X ".4b[2]\n\t"                                                   \
+    "sdot %[s10].4s, v29.16b, " X ".4b[3]\n\t"                                                   \
+    "sdot %[s01].4s, v30.16b, " X ".4b[2]\n\t"                                                   \
+    "sdot %[s11].4s, v31.16b, " X ".4b[3]\n\t"
+    asm("ld1 {v16.16b-v19.16b}, [%[w]], #64\n\t"
+        "ld1 {v24.16b-v27.16b}, [%[x]], #64\n\t"
+        "ld1 {v20.16b-v23.16b}, [%[w]], #64\n\t"
+        QLINEAR_SDOT_Q("v16", "v17", "v18", "v19", "v24")
+        "ld1 {v16.16b-v19.16b}, [%[w]], #64\n\t"
+        QLINEAR_SDOT_Q("v20", "v21", "v22", "v23", "v25")
+        "ld1 {v20.16b-v23.16b}, [%[w]], #64\n\t"
+        QLINEAR_SDOT_Q("v16", "v17", "v18", "v19", "v26")
+        QLINEAR_SDOT_Q("v20", "v21", "v22", "v23", "v27")
+        : [w] "+r"(w), [x] "+r"(x), [s00] "+w"(s[0][0]), [s01] "+w"(s[0][1]), [s10] "+w"(s[1][0]),
+          [s11] "+w"(s[1][1])
+        : [m] "w"(low4), "m"(*reinterpret_cast<const uint8_t(*)[256]>(w)),
+          "m"(*reinterpret_cast<const int8_t(*)[64]>(x))
+        : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27",
+          "v28", "v29", "v30", "v31");
+#undef QLINEAR_SDOT_Q
+    load_tail<TAIL>(w, tail);
+  }
+
+  // 64 k of one int8 row (512 weight bytes, 64 activation bytes), as gemv_step64_int4: the SDOTs of
+  // two gemv_step32 (int8) with one pointer and post-indexed loads.
+  template <int TAIL>
+  static inline void gemv_step64_int8(const uint8_t*& w, const int8_t*& x, int32x4_t (&s)[2][2],
+                                      uint16x8_t (&tail)[2]) {
+    static_assert(BITS == 8 && (TAIL == 0 || TAIL == 16 || TAIL == 32));
+    const uint8x16_t flip = vdupq_n_u8(0x80);
+    // 8 k (chunks of k 0-3 and k 4-7, rows 0-3 / 4-7 each) in A..D, x lanes L, L + 1 of X.
+#define QLINEAR_SDOT_8K(A, B, C, D, X, L0, L1)                                                  \
+    "eor  " A ".16b, " A ".16b, %[f].16b\n\t"                                                    \
+    "eor  " B ".16b, " B ".16b, %[f].16b\n\t"                                                    \
+    "eor  " C ".16b, " C ".16b, %[f].16b\n\t"                                                    \
+    "eor  " D ".16b, " D ".16b, %[f].16b\n\t"                                                    \
+    "sdot %[s00].4s, " A ".16b, " X ".4b[" L0 "]\n\t"                                           \
+    "sdot %[s01].4s, " B ".16b, " X ".4b[" L0 "]\n\t"                                           \
+    "sdot %[s10].4s, " C ".16b, " X ".4b[" L1 "]\n\t"                                           \
+    "sdot %[s11].4s, " D ".16b, " X ".4b[" L1 "]\n\t"
+#define QLINEAR_LD_A "ld1 {v16.16b-v19.16b}, [%[w]], #64\n\t"
+#define QLINEAR_LD_B "ld1 {v20.16b-v23.16b}, [%[w]], #64\n\t"
+    asm(QLINEAR_LD_A
+        "ld1 {v24.16b-v27.16b}, [%[x]], #64\n\t"
+        QLINEAR_LD_B
+        QLINEAR_SDOT_8K("v16", "v17", "v18", "v19", "v24", "0", "1") QLINEAR_LD_A
+        QLINEAR_SDOT_8K("v20", "v21", "v22", "v23", "v24", "2", "3") QLINEAR_LD_B
+        QLINEAR_SDOT_8K("v16", "v17", "v18", "v19", "v25", "0", "1") QLINEAR_LD_A
+        QLINEAR_SDOT_8K("v20", "v21", "v22", "v23", "v25", "2", "3") QLINEAR_LD_B
+        QLINEAR_SDOT_8K("v16", "v17", "v18", "v19", "v26", "0", "1") QLINEAR_LD_A
+        QLINEAR_SDOT_8K("v20", "v21", "v22", "v23", "v26", "2", "3") QLINEAR_LD_B
+        QLINEAR_SDOT_8K("v16", "v17", "v18", "v19", "v27", "0", "1")
+        QLINEAR_SDOT_8K("v20", "v21", "v22", "v23", "v27", "2", "3")
+        : [w] "+r"(w), [x] "+r"(x), [s00] "+w"(s[0][0]), [s01] "+w"(s[0][1]), [s10] "+w"(s[1][0]),
+          [s11] "+w"(s[1][1])
+        : [f] "w"(flip), "m"(*reinterpret_cast<const uint8_t(*)[512]>(w)),
+          "m"(*reinterpret_cast<const int8_t(*)[64]>(x))
+        : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27");
+#undef QLINEAR_SDOT_8K
+#undef QLINEAR_LD_A
+#undef QLINEAR_LD_B
+    load_tail<TAIL>(w, tail);
+  }
+
+  template <int TAIL>
+  static inline void load_tail(const uint8_t*& w, uint16x8_t (&tail)[2]) {
+    if constexpr (TAIL == 16)
+      asm("ldr %q[a], [%[w]], #16" : [w] "+r"(w), [a] "=w"(tail[0]) : "m"(*reinterpret_cast<const uint8_t(*)[16]>(w)));
+    else if constexpr (TAIL == 32)
+      asm("ldp %q[a], %q[b], [%[w]], #32"
+          : [w] "+r"(w), [a] "=w"(tail[0]), [b] "=w"(tail[1])
+          : "m"(*reinterpret_cast<const uint8_t(*)[32]>(w)));
   }
 };
 
+// The dot-product levels' GEMV: every panel of [p0, p1) against each row of [m0, m1), one block
+// after another. Per block: four SDOT chains (at block 64 eight deep: the next block's chains are
+// independent of this one's epilogue, so an out-of-order core overlaps them), the activation row's
+// shifted sum (when its factor code_shift - zero_point is not 0) as the accumulators' initial value,
+// and one pointer walking the panel's codes, scales and offsets in storage order. KB: the block
+// length when fixed at compile time (the inner steps unrolled), 0 = g.block. SHIFTED / ASYM follow
+// from the weights: sum_shift = code_shift - zero_point is 0 for asymmetric int4 (0 - 0) and
+// symmetric int8 (128 - 128), so only symmetric int4 and asymmetric int8 read shifted_sum. The float
+// operations are those of panel_tile, in its order, so the result is the same to the bit.
+template <int BITS, int KB, bool ASYM>
+void sdot_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  using Dot = SdotBlockDot<BITS, 1>;
+  constexpr bool kShifted = (BITS == 4) != ASYM;
+  const WeightGeometry& g = *a.w;
+  const int64_t block = KB ? KB : g.block, nb = g.nblocks;
+  for (int64_t m = m0; m < m1; ++m) {
+    const float* sx0 = a.act.scale + m * nb;
+    const float* sxsum0 = a.act.scaled_sum + m * nb;
+    const int32_t* zsum0 = a.act.shifted_sum + m * nb;
+    float* out = a.y + m * a.ldy;
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint8_t* w = a.packed + p * g.panel_bytes;
+      const int8_t* x = a.act.q + m * a.act.ldq;
+      const float* sx = sx0;
+      const float* sxsum = sxsum0;
+      const int32_t* zsum = zsum0;
+      float32x4_t y0 = vdupq_n_f32(0.f), y1 = vdupq_n_f32(0.f);
+      for (int64_t b = 0; b < nb; ++b) {
+        int32x4_t s[2][2];
+        s[0][0] = kShifted ? vld1q_dup_s32(zsum++) : vdupq_n_s32(0);
+        s[0][1] = s[0][0];
+        s[1][0] = s[1][1] = vdupq_n_s32(0);
+        uint16x8_t tail[2];  // the block's scales (and offsets), fp16, after its codes
+        if constexpr (BITS == 4 && KB != 0 && KB % 64 == 0) {
+          for (int kk = 0; kk + 64 < KB; kk += 64) Dot::template gemv_step64_int4<0>(w, x, s, tail);
+          Dot::template gemv_step64_int4<ASYM ? 32 : 16>(w, x, s, tail);
+        } else if constexpr (BITS == 8 && KB != 0 && KB % 64 == 0) {
+          for (int kk = 0; kk + 64 < KB; kk += 64) Dot::template gemv_step64_int8<0>(w, x, s, tail);
+          Dot::template gemv_step64_int8<ASYM ? 32 : 16>(w, x, s, tail);
+        } else {
+          if constexpr (KB != 0) {
+#pragma GCC unroll 8
+            for (int kk = 0; kk < KB; kk += 32) Dot::gemv_step32(w, x, s);
+          } else {
+            for (int64_t kk = 0; kk < block; kk += 32) Dot::gemv_step32(w, x, s);
+          }
+          tail[0] = vld1q_u16(reinterpret_cast<const uint16_t*>(w));
+          if constexpr (ASYM) tail[1] = vld1q_u16(reinterpret_cast<const uint16_t*>(w + 16));
+          w += ASYM ? 32 : 16;
+        }
+        const float16x8_t sc = vreinterpretq_f16_u16(tail[0]);
+        const float s_x = *sx++;
+        y0 = vfmaq_f32(y0, vcvtq_f32_s32(vaddq_s32(s[0][0], s[1][0])), vmulq_n_f32(vcvt_f32_f16(vget_low_f16(sc)), s_x));
+        y1 = vfmaq_f32(y1, vcvtq_f32_s32(vaddq_s32(s[0][1], s[1][1])), vmulq_n_f32(vcvt_high_f32_f16(sc), s_x));
+        if constexpr (ASYM) {
+          const float16x8_t off = vreinterpretq_f16_u16(tail[1]);
+          const float xs = *sxsum++;
+          y0 = vfmaq_n_f32(y0, vcvt_f32_f16(vget_low_f16(off)), xs);
+          y1 = vfmaq_n_f32(y1, vcvt_high_f32_f16(off), xs);
+        }
+      }
+      const int64_t n0 = p * 8, rows = std::min<int64_t>(8, g.n - n0);
+      if (rows == 8) {
+        if (a.bias) {
+          y0 = vaddq_f32(y0, vld1q_f32(a.bias + n0));
+          y1 = vaddq_f32(y1, vld1q_f32(a.bias + n0 + 4));
+        }
+        vst1q_f32(out + n0, y0);
+        vst1q_f32(out + n0 + 4, y1);
+      } else {
+        float tmp[8];
+        vst1q_f32(tmp, y0);
+        vst1q_f32(tmp + 4, y1);
+        for (int64_t r = 0; r < rows; ++r) out[n0 + r] = a.bias ? tmp[r] + a.bias[n0 + r] : tmp[r];
+      }
+    }
+  }
+}
+
+template <int BITS>
+void sdot_gemv(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  const WeightGeometry& g = *a.w;
+  const auto run = [&](auto kb) {
+    constexpr int KB = decltype(kb)::value;
+    if (g.symmetric) sdot_gemv_impl<BITS, KB, false>(a, m0, m1, p0, p1);
+    else sdot_gemv_impl<BITS, KB, true>(a, m0, m1, p0, p1);
+  };
+  if (g.block == 64) run(Rows<64>{});
+  else if (g.block == 32) run(Rows<32>{});
+  else if (g.block == 128) run(Rows<128>{});
+  else run(Rows<0>{});
+}
+
+#endif  // __ARM_FEATURE_DOTPROD
+
+// The GEMV function of a level's integer core: panel_tile's, or the dot-product levels' own.
+template <template <int, int> class Dot, int BITS>
+struct GemvFor {
+  static constexpr Int8MatmulFn fn = gemv<Dot, BITS>;
+};
+#if defined(__ARM_FEATURE_DOTPROD)
+template <int BITS>
+struct GemvFor<SdotBlockDot, BITS> {
+  static constexpr Int8MatmulFn fn = sdot_gemv<BITS>;
+};
 #endif  // __ARM_FEATURE_DOTPROD
 
 // ---------------------------------------------------------------------------------------------
@@ -356,9 +560,9 @@ KernelTable make_table(Isa isa, const char* gemv_w4, const char* gemv_w8, const 
   constexpr int32_t kShift8 = 128;  // int8 codes flipped to code - 128 (s8 operands)
   KernelTable t{isa, LayoutId::nr8_kr4, quantize_acts, "quantize_acts_absmax_neon", prepare_float_acts, {}, {}, {}};
   t.int8 = {
-      {gemv_w4, gemv<GemvDot, 4>, 4, 1, 1, 1, 1},
+      {gemv_w4, GemvFor<GemvDot, 4>::fn, 4, 1, 1, 1, 1},
       {gemm_w4, gemm<GemmDot, 4, GemmRows>, 4, GemmRows, 1, 2},
-      {gemv_w8, gemv<GemvDot, 8>, 8, 1, 1, 1, 1, 1, kShift8},
+      {gemv_w8, GemvFor<GemvDot, 8>::fn, 8, 1, 1, 1, 1, 1, kShift8},
       {gemm_w8, gemm<GemmDot, 8, GemmRows>, 8, GemmRows, 1, 2, INT64_MAX, 1, kShift8},
   };
   t.float32 = {
