@@ -59,15 +59,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from moe import NAME, ROOT, checkpoint, converted  # noqa: E402  (bench/moe.py's model)
+from flash import read_bytes  # noqa: E402  (bench/flash.py: bytes this process read from disk)
 TRAINED = Path(__file__).resolve().parent.parent / "models" / "stdlib-qwen3moe"
 PROMPT, WARM = 8, 8
-
-
-def read_bytes() -> int:
-    for line in Path("/proc/self/io").read_text().splitlines():
-        if line.startswith("read_bytes:"):
-            return int(line.split()[1])
-    return 0
 
 
 def worker_qlinear(args) -> dict:
