@@ -353,6 +353,50 @@ def test_types_above_4_bits_are_requantized_to_int8(checkpoints, tmp_path):
     assert cos.mean() >= 0.999, cos.mean()
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q8_0])
+def test_quantized_embedding_rows_equal_ggufs_dequantize(checkpoints, tmp_path, qtype):
+    """Q4_0 / Q8_0 embedding rows come from one native call: the bits of gguf's own dequantize,
+    extreme scales (subnormal, the largest float16, negative zero) and every code included."""
+    from qlinear import _core
+
+    rng = np.random.default_rng(3)
+    table = encode(rng.standard_normal((40, 96)).astype(np.float32), qtype)   # 3 blocks per row
+    nb, block = 3, table.shape[1] // 3
+    scales = np.array([2.0 ** -24, 65504.0, -0.0, -3.5], np.float16).view(np.uint8).reshape(4, 2)
+    for r in range(4):
+        table[r, [b * block for b in range(nb)]] = scales[r, 0]
+        table[r, [b * block + 1 for b in range(nb)]] = scales[r, 1]
+    table[4, 2:block] = np.arange(block - 2, dtype=np.uint8) * (256 // (block - 2))   # codes across the range
+    ids = np.array([0, 1, 2, 3, 4, 39, 4, 17], np.int64)
+    got = _core.gguf_rows(table, qtype.name, ids)
+    want = quants.dequantize(table[ids], qtype).astype(np.float32)
+    assert got.shape == want.shape == (len(ids), 96)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+    path = write_gguf(checkpoints["qwen2"], tmp_path / "e.gguf", T.Q8_0, embd=qtype)
+    model = llm.load(path, act="float", progress=False)
+    assert model.info["embedding"] == qtype.name
+    reader = gguf.GGUFReader(str(path))
+    raw = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    rows = [0, 5, SHAPE["vocab_size"] - 1]
+    np.testing.assert_array_equal(model.embedding(rows), quants.dequantize(np.asarray(raw.data)[rows], qtype))
+
+    with pytest.raises(ValueError, match="Q4_K"):
+        _core.gguf_rows(table, "Q4_K", ids)
+    with pytest.raises(TypeError, match="uint8"):
+        _core.gguf_rows(table.astype(np.float32), qtype.name, ids)
+    with pytest.raises(ValueError, match="whole number"):
+        _core.gguf_rows(np.ascontiguousarray(table[:, :-1]), qtype.name, ids)
+    with pytest.raises(ValueError, match="outside"):
+        _core.gguf_rows(table, qtype.name, np.array([40], np.int64))
+    with pytest.raises(ValueError, match="outside"):
+        _core.gguf_rows(table, qtype.name, np.array([-1], np.int64))
+    with pytest.raises(TypeError, match="int64"):
+        _core.gguf_rows(table, qtype.name, ids.astype(np.int32))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model.embedding([SHAPE["vocab_size"]])
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_w4a8_generation_runs(files, arch):
     model = llm.load(files[arch, "Q4_0"], progress=False)

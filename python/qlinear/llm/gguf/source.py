@@ -25,6 +25,7 @@ from typing import Optional
 
 import numpy as np
 
+from ... import _core
 from ..._packed import PackedWeight, pack_quantized, pack_weight
 from ..runtime.embedding import EmbeddingFile, MemoryEmbedding, _check_ids
 from ..config import ModelConfig
@@ -235,6 +236,9 @@ class _QuantizedEmbedding:
         # the tensor (a view of the mapped file) and not the reader: its metadata (tens of
         # thousands of small objects for a vocabulary) is freed once the model is loaded
         self.path, self.t, self.vocab_size, self.hidden_size = f.path, t, vocab, hidden
+        self.table = np.asarray(t.data).reshape(vocab, -1)
+        # Q4_0 / Q8_0 rows by one native call (the numpy reference costs ~10x more per decode step)
+        self._native = t.tensor_type.name if t.tensor_type.name in ("Q4_0", "Q8_0") else None
 
     def raw(self) -> np.ndarray:
         """The whole table dequantized (for ``llm.convert``)."""
@@ -249,7 +253,9 @@ class _QuantizedEmbedding:
         from gguf import quants  # noqa: PLC0415
 
         ids = _check_ids(ids, self.vocab_size)
-        rows = np.asarray(self.t.data).reshape(self.vocab_size, -1)[ids]
+        if self._native:
+            return _core.gguf_rows(self.table, self._native, ids.astype(np.int64, copy=False))
+        rows = self.table[ids]
         return np.asarray(quants.dequantize(rows, self.t.tensor_type), np.float32).reshape(len(ids), -1)
 
 
