@@ -51,6 +51,9 @@ def _cases(uk, rng):
     for g in (32, 64, 128):
         for k in (g - 1, g, g + 1, 2 * g - 1, 2 * g, 2 * g + 1, g + 13):
             cases.append((m, nr + 1, k, g, bool(k % 2)))
+    # N over more than 8 panels (kernels that walk the panels in groups), about a row tile's M
+    m = _rows(uk)[min(len(_rows(uk)) - 1, uk["mr"] - 1)]
+    cases += [(m, 9 * nr + 3, 200, 64, False), (m, 9 * nr + 3, 300, None, True)]
     return cases
 
 
