@@ -66,50 +66,44 @@ template <int BITS, int NP>
 inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const int32x4_t (&init)[NP][4],
                       int32x4_t (&t)[NP][4]) {
   if constexpr (NP == 6) {
-    // The full tile in assembly (GCC 12 spills the intrinsics' 24 accumulators, and an asm
-    // statement takes at most 30 operands): tile (i, j) in v(4i + j), loaded from init and stored
-    // to t; per 8 k, the 4 weight operands (int4: USHR, AND, ZIP; int8: ZIP) in v30 v28 v31 v29,
-    // 3 LDPs of 2 activation pairs, 24 USMMLAs.
-#define QLINEAR_MMLA_PAIR(T0, T1, T2, T3, A)                                                    \
-    "usmmla " T0 ".4s, v30.16b, " A ".16b\n\t"                                                   \
-    "usmmla " T1 ".4s, v28.16b, " A ".16b\n\t"                                                   \
-    "usmmla " T2 ".4s, v31.16b, " A ".16b\n\t"                                                   \
-    "usmmla " T3 ".4s, v29.16b, " A ".16b\n\t"
+    // The full tile in assembly (GCC 12 spills the intrinsics' 24 accumulators): tile (i, j) in
+    // %[tij], 24 of the statement's 30 operands, loaded from init; per 8 k, the 4 weight operands
+    // (int4: USHR, AND, ZIP; int8: ZIP) in v30 v28 v31 v29, 3 LDPs of 2 activation pairs, 24
+    // USMMLAs.
+#define QLINEAR_MMLA_PAIR(I, A)                                                                 \
+    "usmmla %[t" I "0].4s, v30.16b, " A ".16b\n\t"                                               \
+    "usmmla %[t" I "1].4s, v28.16b, " A ".16b\n\t"                                               \
+    "usmmla %[t" I "2].4s, v31.16b, " A ".16b\n\t"                                               \
+    "usmmla %[t" I "3].4s, v29.16b, " A ".16b\n\t"
+#define QLINEAR_MMLA_INIT2(I, OFF)                                                              \
+    "ldp %q[t" I "0], %q[t" I "1], [%[i], #" OFF "]\n\t"                                         \
+    "ldp %q[t" I "2], %q[t" I "3], [%[i], #" OFF " + 32]\n\t"
 #define QLINEAR_MMLA_INIT                                                                       \
-    "ld1 {v0.4s-v3.4s}, [%[i]], #64\n\t"                                                         \
-    "ld1 {v4.4s-v7.4s}, [%[i]], #64\n\t"                                                         \
-    "ld1 {v8.4s-v11.4s}, [%[i]], #64\n\t"                                                        \
-    "ld1 {v12.4s-v15.4s}, [%[i]], #64\n\t"                                                       \
-    "ld1 {v16.4s-v19.4s}, [%[i]], #64\n\t"                                                       \
-    "ld1 {v20.4s-v23.4s}, [%[i]]\n\t"
+    QLINEAR_MMLA_INIT2("0", "0") QLINEAR_MMLA_INIT2("1", "64") QLINEAR_MMLA_INIT2("2", "128")    \
+    QLINEAR_MMLA_INIT2("3", "192") QLINEAR_MMLA_INIT2("4", "256") QLINEAR_MMLA_INIT2("5", "320")
 #define QLINEAR_MMLA_TILE                                                                       \
     "zip1 v30.4s, v26.4s, v28.4s\n\t" /* rows 0, 1 */                                           \
     "zip2 v28.4s, v26.4s, v28.4s\n\t" /* rows 2, 3 */                                           \
     "zip1 v31.4s, v27.4s, v29.4s\n\t" /* rows 4, 5 */                                           \
     "zip2 v29.4s, v27.4s, v29.4s\n\t" /* rows 6, 7 */                                           \
     "ldp q26, q27, [%[x]], #32\n\t"                                                              \
-    QLINEAR_MMLA_PAIR("v0", "v1", "v2", "v3", "v26") QLINEAR_MMLA_PAIR("v4", "v5", "v6", "v7", "v27") \
+    QLINEAR_MMLA_PAIR("0", "v26") QLINEAR_MMLA_PAIR("1", "v27")                                  \
     "ldp q26, q27, [%[x]], #32\n\t"                                                              \
-    QLINEAR_MMLA_PAIR("v8", "v9", "v10", "v11", "v26") QLINEAR_MMLA_PAIR("v12", "v13", "v14", "v15", "v27") \
+    QLINEAR_MMLA_PAIR("2", "v26") QLINEAR_MMLA_PAIR("3", "v27")                                  \
     "ldp q26, q27, [%[x]], #32\n\t"                                                              \
-    QLINEAR_MMLA_PAIR("v16", "v17", "v18", "v19", "v26") QLINEAR_MMLA_PAIR("v20", "v21", "v22", "v23", "v27") \
-    "subs %[n], %[n], #1\n\t"                                                                    \
-    "b.ne 1b\n\t"                                                                                \
-    "st1 {v0.4s-v3.4s}, [%[t]], #64\n\t"                                                         \
-    "st1 {v4.4s-v7.4s}, [%[t]], #64\n\t"                                                         \
-    "st1 {v8.4s-v11.4s}, [%[t]], #64\n\t"                                                        \
-    "st1 {v12.4s-v15.4s}, [%[t]], #64\n\t"                                                       \
-    "st1 {v16.4s-v19.4s}, [%[t]], #64\n\t"                                                       \
-    "st1 {v20.4s-v23.4s}, [%[t]]\n\t"
+    QLINEAR_MMLA_PAIR("4", "v26") QLINEAR_MMLA_PAIR("5", "v27")                                  \
+    "cmp %[x], %[e]\n\t"                                                                         \
+    "b.ne 1b\n\t"
 #define QLINEAR_MMLA_OPERANDS                                                                   \
-    : [w] "+r"(w), [x] "+r"(xp), [n] "+r"(steps), [i] "+r"(ip), [t] "+r"(tp), "=m"(t)            \
-    : "m"(init), "m"(*reinterpret_cast<const uint8_t(*)[]>(w)), "m"(*reinterpret_cast<const int8_t(*)[]>(xp)) \
-    : "cc", "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12",     \
-      "v13", "v14", "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", \
-      "v26", "v27", "v28", "v29", "v30", "v31"
-    int64_t steps = block / 8;
-    const int32x4_t* ip = &init[0][0];
-    int32x4_t* tp = &t[0][0];
+    : [w] "+r"(w), [x] "+r"(xp),                                                                 \
+      [t00] "=w"(t[0][0]), [t01] "=w"(t[0][1]), [t02] "=w"(t[0][2]), [t03] "=w"(t[0][3]),        \
+      [t10] "=w"(t[1][0]), [t11] "=w"(t[1][1]), [t12] "=w"(t[1][2]), [t13] "=w"(t[1][3]),        \
+      [t20] "=w"(t[2][0]), [t21] "=w"(t[2][1]), [t22] "=w"(t[2][2]), [t23] "=w"(t[2][3]),        \
+      [t30] "=w"(t[3][0]), [t31] "=w"(t[3][1]), [t32] "=w"(t[3][2]), [t33] "=w"(t[3][3]),        \
+      [t40] "=w"(t[4][0]), [t41] "=w"(t[4][1]), [t42] "=w"(t[4][2]), [t43] "=w"(t[4][3]),        \
+      [t50] "=w"(t[5][0]), [t51] "=w"(t[5][1]), [t52] "=w"(t[5][2]), [t53] "=w"(t[5][3])         \
+    : [e] "r"(xp + 16 * NP * block / 8), [i] "r"(&init[0][0])                                    \
+    : "cc", "memory", "v24", "v25", "v26", "v27", "v28", "v29", "v30", "v31"
     if constexpr (BITS == 4) {
       asm(QLINEAR_MMLA_INIT
           "movi v25.16b, #0x0f\n\t"
@@ -127,6 +121,7 @@ inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const i
           QLINEAR_MMLA_TILE QLINEAR_MMLA_OPERANDS);
     }
 #undef QLINEAR_MMLA_PAIR
+#undef QLINEAR_MMLA_INIT2
 #undef QLINEAR_MMLA_INIT
 #undef QLINEAR_MMLA_TILE
 #undef QLINEAR_MMLA_OPERANDS
