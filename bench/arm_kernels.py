@@ -354,19 +354,26 @@ class Kernel:
 def qlinear_descriptors() -> list[tuple[str, str, int, str, str]]:
     """(descriptor, work, bits, level, entry regex) for every ARM micro-kernel descriptor."""
     out = []
-    cores = {"neon": "SmullBlockDot", "dotprod": "SdotBlockDot", "i8mm": "SmmlaBlockDot"}
+    cores = {"neon": "SmullBlockDot", "dotprod": "SdotBlockDot"}
     for level in ("neon", "dotprod", "i8mm"):
         ns = re.escape(f"qlinear::arm::{level}::")
         for bits in (4, 8):
-            # The i8mm level's GEMV is the dotprod level's SDOT kernel (same descriptor name),
-            # compiled again in i8mm.cc: measured once, as the dotprod level's.
+            # The i8mm level's int4 GEMV is the dotprod level's SDOT kernel (same descriptor name),
+            # compiled again in i8mm.cc: measured once, as the dotprod level's; its int8 GEMV is the
+            # same function on USDOT (sdot_gemv<8, true>).
             # The dot-product GEMV is its own function (sdot_gemv), the neon level's is panel_tile's.
-            if level != "i8mm":
-                entry = (rf"^void {ns}sdot_gemv<{bits}>\(" if level == "dotprod" else
-                         rf"^void {ns}gemv<[^,]*\b{cores[level]}, {bits}>\(")
+            if level == "dotprod":
+                entry = rf"^void {ns}sdot_gemv<{bits}(, false)?>\("
+            elif level == "i8mm":
+                entry = rf"^void {ns}sdot_gemv<{bits}, true>\(" if bits == 8 else None
+            else:
+                entry = rf"^void {ns}gemv<[^,]*\b{cores[level]}, {bits}>\("
+            if entry:
                 out.append((f"gemv_w{bits}a8_nr8_kr4_1x8_{level}", f"W{bits}A8 GEMV", bits, level, entry))
-            out.append((f"gemm_w{bits}a8_nr8_kr4_{{mr}}x8_{level}", f"W{bits}A8 GEMM", bits, level,
-                        rf"^void {ns}gemm<[^,]*\b{cores[level]}, {bits}, \d+>\("))
+            # The i8mm GEMM is its own function (mmla_gemm, i8mm.cc), the others panel_tile's.
+            gemm = (r"^void qlinear::\(anonymous namespace\)::mmla_gemm<" + f"{bits}>\\(" if level == "i8mm" else
+                    rf"^void {ns}gemm<[^,]*\b{cores[level]}, {bits}, \d+>\(")
+            out.append((f"gemm_w{bits}a8_nr8_kr4_{{mr}}x8_{level}", f"W{bits}A8 GEMM", bits, level, gemm))
     for bits in (4, 8):
         for kind in ("gemv", "gemm"):
             out.append((f"{kind}_w{bits}f32_nr8_kr4_1x8_neon", f"W{bits} float32 {kind.upper()}", bits, "neon",

@@ -51,6 +51,9 @@ def _cases(uk, rng):
     for g in (32, 64, 128):
         for k in (g - 1, g, g + 1, 2 * g - 1, 2 * g, 2 * g + 1, g + 13):
             cases.append((m, nr + 1, k, g, bool(k % 2)))
+    # N over more than 8 panels (kernels that walk the panels in groups), about a row tile's M
+    m = _rows(uk)[min(len(_rows(uk)) - 1, uk["mr"] - 1)]
+    cases += [(m, 9 * nr + 3, 200, 64, False), (m, 9 * nr + 3, 300, None, True)]
     return cases
 
 
@@ -76,6 +79,31 @@ def test_ukernel_against_reference(uk):
             y = _core._run_ukernel(uk["isa"], "float16", uk["name"], x, pw._h, bias, pw._h.k)
             twin = _core.matmul_float16_twin(x, pw._h, bias, None, pw._h.k)
             np.testing.assert_array_equal(y, twin, err_msg=where)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_int8_kernels_agree_bit_for_bit(bits):
+    """Every int8-activation kernel of every SIMD level gives the same bits for the same request:
+    the integer sums are exact and the float epilogue is the same operations in the same order,
+    whatever the tile (a GEMV row by row, the GEMMs around their tile heights)."""
+    rng = np.random.default_rng(bits)
+    ks = [k for k in UKERNELS if k["family"] == "int8" and k["bits"] == bits and k["isa"] != "scalar"]
+    for sym, g, n, k in ((False, 64, 75, 200), (True, 32, 9, 300), (False, None, 17, 300), (True, 128, 8, 257)):
+        w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+        pw = qlinear.pack_weight(w, bits=bits, group_size=g, symmetric=sym)
+        for m in (2, 13, 25):
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            bias = rng.standard_normal(n).astype(np.float32)
+            for act_block in (pw._h.k, pw._h.block):
+                outs = {}
+                for uk in ks:
+                    rows = [x] if uk["m_max"] >= m else [x[i:i + 1] for i in range(m)]
+                    if all(uk["m_min"] <= len(r) <= uk["m_max"] and len(r) % uk["m_unit"] == 0 for r in rows):
+                        outs[_id(uk)] = np.concatenate(
+                            [_core._run_ukernel(uk["isa"], "int8", uk["name"], r, pw._h, bias, act_block) for r in rows])
+                first = next(iter(outs))
+                for name, y in outs.items():
+                    np.testing.assert_array_equal(y, outs[first], err_msg=f"{name} vs {first}: m={m} n={n} k={k} group={g}")
 
 
 def test_every_level_lists_its_kernels():

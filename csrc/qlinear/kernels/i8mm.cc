@@ -1,10 +1,19 @@
 // ARMv8.6 int8 matrix-multiply kernels over the nr8_kr4 layout (compiled with
 // -march=armv8.2-a+dotprod+i8mm in this file only; dispatch calls them only when getauxval
-// reports i8mm and asimddp). GEMM: SMMLA multiplies a 2 x 8 block of activations (two rows of x,
-// 8 consecutive k) by an 8 x 2 block of weights (two rows of W) into a 2 x 2 int32 tile. Zipping
-// the 32-bit lanes of a chunk's two k halves (int4: low and high nibbles; int8: two consecutive
-// chunks) gives exactly those weight operands, rows (0,1) (2,3) (4,5) (6,7). GEMV stays on SDOT
-// (a 2-row SMMLA would waste half of every product at M = 1). fp16 activations take
+// reports i8mm and asimddp). Both take the unsigned codes as stored (code_shift 0, as VPDPBUSD on
+// x86): USDOT / USMMLA multiply unsigned by signed bytes, so int8 codes need no flip.
+//
+// GEMV: the dot-product GEMV (neon_common.h), int8 with USDOT by element. (A 2-row USMMLA would
+// waste half of every product at M = 1.)
+//
+// GEMM: USMMLA multiplies an 8 x 2 block of weights (two rows of W, 8 k) by a 2 x 8 block of
+// activations (two rows of x, the same 8 k) into a 2 x 2 int32 tile. Zipping the 32-bit lanes of a
+// chunk's two k halves (int4: low and high nibbles; int8: two consecutive chunks) gives the weight
+// operands, rows (0,1) (2,3) (4,5) (6,7): the layout keeps 4 k of a row together, the instruction
+// takes 8, and no k order avoids the ZIP (any 8 bytes of one 16-byte half chunk hold two rows). A
+// tile of 12 rows amortizes each unpacked and zipped operand over 6 USMMLAs. The activations of a
+// tile's row pairs are interleaved once per block into the operand order (8 k of row 2i, then of
+// row 2i + 1: one load per operand) and serve a group of panels. fp16 activations take
 // kernels/fp16.cc's float path, as on the dotprod level.
 #define QLINEAR_ARM_LEVEL i8mm
 #include "neon_common.h"
@@ -12,68 +21,230 @@
 namespace qlinear {
 namespace {
 
-template <int BITS, int MR>
-struct SmmlaBlockDot {
-  static constexpr int kPairs = (MR + 1) / 2;  // an odd last row is paired with itself
+constexpr int kTileRows = 12;
+constexpr int kPanelGroup = 8;  // panels per packed block of activations
 
-  static inline void run(const uint8_t* w, int64_t block, const int8_t* const* xq, int32x4_t (*acc)[2]) {
-    int32x4_t tile[kPairs][4];  // [m pair][n pair]: (m n0, m n1, m' n0, m' n1)
-    for (int i = 0; i < kPairs; ++i)
-      for (int j = 0; j < 4; ++j) tile[i][j] = vdupq_n_s32(0);
-    const int8_t* x[2 * kPairs];
-    for (int i = 0; i < 2 * kPairs; ++i) x[i] = xq[std::min(i, MR - 1)];
-    const auto mma = [&](const int8x16_t (&b)[4], int64_t k) {
-      for (int i = 0; i < kPairs; ++i) {
-        const int8x16_t a = vcombine_s8(vld1_s8(x[2 * i] + k), vld1_s8(x[2 * i + 1] + k));
-        for (int j = 0; j < 4; ++j) tile[i][j] = vmmlaq_s32(tile[i][j], a, b[j]);
-      }
-    };
-    // Weight operands of 8 k from the two k halves of rows 0-3 (h0) and 4-7 (h1).
-    const auto operands = [](int8x16_t a03, int8x16_t b03, int8x16_t a47, int8x16_t b47, int8x16_t (&b)[4]) {
-      const auto zip = [](int8x16_t lo, int8x16_t hi, bool second) {
-        const uint32x4_t l = vreinterpretq_u32_s8(lo), h = vreinterpretq_u32_s8(hi);
-        return vreinterpretq_s8_u32(second ? vzip2q_u32(l, h) : vzip1q_u32(l, h));
-      };
-      b[0] = zip(a03, b03, false);
-      b[1] = zip(a03, b03, true);
-      b[2] = zip(a47, b47, false);
-      b[3] = zip(a47, b47, true);
-    };
-    int8x16_t b[4];
-    if constexpr (BITS == 4) {
-      const uint8x16_t low4 = vdupq_n_u8(0x0F);
-      for (int64_t kk = 0; kk < block; kk += 8, w += 32) {
-        const uint8x16_t v0 = vld1q_u8(w), v1 = vld1q_u8(w + 16);
-        operands(vreinterpretq_s8_u8(vandq_u8(v0, low4)), vreinterpretq_s8_u8(vshrq_n_u8(v0, 4)),
-                 vreinterpretq_s8_u8(vandq_u8(v1, low4)), vreinterpretq_s8_u8(vshrq_n_u8(v1, 4)), b);
-        mma(b, kk);
-      }
-    } else {
-      const uint8x16_t flip = vdupq_n_u8(0x80);
-      const auto load = [&](const uint8_t* p) { return vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p), flip)); };
-      for (int64_t kk = 0; kk < block; kk += 8, w += 64) {  // chunks c (k 0-3) and c + 1 (k 4-7)
-        operands(load(w), load(w + 32), load(w + 16), load(w + 48), b);
-        mma(b, kk);
-      }
+// The row pairs' activations of k [k0, k0 + block) as USMMLA operands: per 8 k, NP operands of
+// 16 bytes (row 2i's 8 k, then row 2i + 1's).
+template <int NP>
+inline void pack_pairs(const int8_t* const* x, int64_t k0, int64_t block, int8_t* out) {
+  for (int64_t kk = k0; kk < k0 + block; kk += 16, out += 32 * NP)
+    for (int i = 0; i < NP; ++i) {
+      const int64x2_t a = vreinterpretq_s64_s8(vld1q_s8(x[2 * i] + kk));
+      const int64x2_t b = vreinterpretq_s64_s8(vld1q_s8(x[2 * i + 1] + kk));
+      vst1q_s8(out + 16 * i, vreinterpretq_s8_s64(vzip1q_s64(a, b)));
+      vst1q_s8(out + 16 * (NP + i), vreinterpretq_s8_s64(vzip2q_s64(a, b)));
     }
-    for (int i = 0; i < MR; ++i) {  // row 2p: low 64 bits of each tile, row 2p + 1: high
-      const int p = i / 2;
-      const auto pick = [&](int32x4_t t01, int32x4_t t23) {
-        const int64x2_t a = vreinterpretq_s64_s32(t01), c = vreinterpretq_s64_s32(t23);
-        return vreinterpretq_s32_s64(i % 2 ? vzip2q_s64(a, c) : vzip1q_s64(a, c));
-      };
-      acc[i][0] = pick(tile[p][0], tile[p][1]);
-      acc[i][1] = pick(tile[p][2], tile[p][3]);
+}
+
+// The 4 weight operands of 8 k (rows (0,1) (2,3) (4,5) (6,7)), w advanced past them.
+template <int BITS>
+inline void weight_operands(const uint8_t*& w, uint8x16_t (&b)[4]) {
+  if constexpr (BITS == 4) {
+    const uint8x16x2_t v = vld1q_u8_x2(w);
+    w += 32;
+    for (int h = 0; h < 2; ++h) {
+      const uint32x4_t lo = vreinterpretq_u32_u8(vandq_u8(v.val[h], vdupq_n_u8(0x0F)));
+      const uint32x4_t hi = vreinterpretq_u32_u8(vshrq_n_u8(v.val[h], 4));
+      b[2 * h] = vreinterpretq_u8_u32(vzip1q_u32(lo, hi));
+      b[2 * h + 1] = vreinterpretq_u8_u32(vzip2q_u32(lo, hi));
+    }
+  } else {
+    const uint8x16x4_t v = vld1q_u8_x4(w);  // chunks of k 0-3 and k 4-7
+    w += 64;
+    for (int h = 0; h < 2; ++h) {
+      const uint32x4_t c0 = vreinterpretq_u32_u8(v.val[h]), c1 = vreinterpretq_u32_u8(v.val[2 + h]);
+      b[2 * h] = vreinterpretq_u8_u32(vzip1q_u32(c0, c1));
+      b[2 * h + 1] = vreinterpretq_u8_u32(vzip2q_u32(c0, c1));
     }
   }
-};
+}
+
+// One block of one panel against NP packed row pairs: t[i][j] = init[i][j] + the 2 x 2 tile
+// (weight rows 2j, 2j + 1) x (activation rows 2i, 2i + 1), lanes (2j 2i, 2j 2i+1, 2j+1 2i, 2j+1 2i+1).
+template <int BITS, int NP>
+inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const int32x4_t (&init)[NP][4],
+                      int32x4_t (&t)[NP][4]) {
+  if constexpr (NP == 6) {
+    // The full tile in assembly (GCC 12 spills the intrinsics' 24 accumulators): tile (i, j) in
+    // %[tij], 24 of the statement's 30 operands, loaded from init; per 8 k, the 4 weight operands
+    // (int4: USHR, AND, ZIP; int8: ZIP) in v30 v28 v31 v29, 3 LDPs of 2 activation pairs, 24
+    // USMMLAs.
+#define QLINEAR_MMLA_PAIR(I, A)                                                                 \
+    "usmmla %[t" I "0].4s, v30.16b, " A ".16b\n\t"                                               \
+    "usmmla %[t" I "1].4s, v28.16b, " A ".16b\n\t"                                               \
+    "usmmla %[t" I "2].4s, v31.16b, " A ".16b\n\t"                                               \
+    "usmmla %[t" I "3].4s, v29.16b, " A ".16b\n\t"
+#define QLINEAR_MMLA_INIT2(I, OFF)                                                              \
+    "ldp %q[t" I "0], %q[t" I "1], [%[i], #" OFF "]\n\t"                                         \
+    "ldp %q[t" I "2], %q[t" I "3], [%[i], #" OFF " + 32]\n\t"
+#define QLINEAR_MMLA_INIT                                                                       \
+    QLINEAR_MMLA_INIT2("0", "0") QLINEAR_MMLA_INIT2("1", "64") QLINEAR_MMLA_INIT2("2", "128")    \
+    QLINEAR_MMLA_INIT2("3", "192") QLINEAR_MMLA_INIT2("4", "256") QLINEAR_MMLA_INIT2("5", "320")
+#define QLINEAR_MMLA_TILE                                                                       \
+    "zip1 v30.4s, v26.4s, v28.4s\n\t" /* rows 0, 1 */                                           \
+    "zip2 v28.4s, v26.4s, v28.4s\n\t" /* rows 2, 3 */                                           \
+    "zip1 v31.4s, v27.4s, v29.4s\n\t" /* rows 4, 5 */                                           \
+    "zip2 v29.4s, v27.4s, v29.4s\n\t" /* rows 6, 7 */                                           \
+    "ldp q26, q27, [%[x]], #32\n\t"                                                              \
+    QLINEAR_MMLA_PAIR("0", "v26") QLINEAR_MMLA_PAIR("1", "v27")                                  \
+    "ldp q26, q27, [%[x]], #32\n\t"                                                              \
+    QLINEAR_MMLA_PAIR("2", "v26") QLINEAR_MMLA_PAIR("3", "v27")                                  \
+    "ldp q26, q27, [%[x]], #32\n\t"                                                              \
+    QLINEAR_MMLA_PAIR("4", "v26") QLINEAR_MMLA_PAIR("5", "v27")                                  \
+    "cmp %[x], %[e]\n\t"                                                                         \
+    "b.ne 1b\n\t"
+#define QLINEAR_MMLA_OPERANDS                                                                   \
+    : [w] "+r"(w), [x] "+r"(xp),                                                                 \
+      [t00] "=w"(t[0][0]), [t01] "=w"(t[0][1]), [t02] "=w"(t[0][2]), [t03] "=w"(t[0][3]),        \
+      [t10] "=w"(t[1][0]), [t11] "=w"(t[1][1]), [t12] "=w"(t[1][2]), [t13] "=w"(t[1][3]),        \
+      [t20] "=w"(t[2][0]), [t21] "=w"(t[2][1]), [t22] "=w"(t[2][2]), [t23] "=w"(t[2][3]),        \
+      [t30] "=w"(t[3][0]), [t31] "=w"(t[3][1]), [t32] "=w"(t[3][2]), [t33] "=w"(t[3][3]),        \
+      [t40] "=w"(t[4][0]), [t41] "=w"(t[4][1]), [t42] "=w"(t[4][2]), [t43] "=w"(t[4][3]),        \
+      [t50] "=w"(t[5][0]), [t51] "=w"(t[5][1]), [t52] "=w"(t[5][2]), [t53] "=w"(t[5][3])         \
+    : [e] "r"(xp + 16 * NP * block / 8), [i] "r"(&init[0][0])                                    \
+    : "cc", "memory", "v24", "v25", "v26", "v27", "v28", "v29", "v30", "v31"
+    if constexpr (BITS == 4) {
+      asm(QLINEAR_MMLA_INIT
+          "movi v25.16b, #0x0f\n\t"
+          "1:\n\t"
+          "ld1 {v26.16b, v27.16b}, [%[w]], #32\n\t"  // rows 0-3, 4-7: k 0-3 low, k 4-7 high nibbles
+          "ushr v28.16b, v26.16b, #4\n\t"
+          "ushr v29.16b, v27.16b, #4\n\t"
+          "and  v26.16b, v26.16b, v25.16b\n\t"
+          "and  v27.16b, v27.16b, v25.16b\n\t"
+          QLINEAR_MMLA_TILE QLINEAR_MMLA_OPERANDS);
+    } else {
+      asm(QLINEAR_MMLA_INIT
+          "1:\n\t"
+          "ld1 {v26.16b-v29.16b}, [%[w]], #64\n\t"  // k 0-3: rows 0-3, 4-7; k 4-7: rows 0-3, 4-7
+          QLINEAR_MMLA_TILE QLINEAR_MMLA_OPERANDS);
+    }
+#undef QLINEAR_MMLA_PAIR
+#undef QLINEAR_MMLA_INIT2
+#undef QLINEAR_MMLA_INIT
+#undef QLINEAR_MMLA_TILE
+#undef QLINEAR_MMLA_OPERANDS
+  } else {
+    for (int i = 0; i < NP; ++i)
+      for (int j = 0; j < 4; ++j) t[i][j] = init[i][j];
+    for (int64_t kk = 0; kk < block; kk += 8, xp += 16 * NP) {
+      uint8x16_t b[4];
+      weight_operands<BITS>(w, b);
+      for (int i = 0; i < NP; ++i) {
+        const int8x16_t a = vld1q_s8(xp + 16 * i);
+        for (int j = 0; j < 4; ++j) t[i][j] = vusmmlaq_s32(t[i][j], b[j], a);
+      }
+    }
+  }
+}
+
+// R rows (1..12) from row m against panels [p0, p1): per group of panels, per block, the rows'
+// activations packed once, then each panel's block. The float epilogue is panel_tile's, the same
+// operations on the same values, computed in the tiles' lane order (row pair x weight row pair)
+// and turned into rows at the end: per output, y = fma(y, float(acc + shifted_sum), scale * s_x),
+// then (asymmetric) y = fma(y, offset, scaled_sum).
+template <int BITS, int R>
+void mmla_rows(const Int8MatmulArgs& a, int64_t m, int64_t p0, int64_t p1) {
+  // Row pairs: an odd last row is paired with itself; 9 and 10 rows run the full tile (5 pairs
+  // would spill as intrinsics), the rows past R repeating the last.
+  constexpr int NP = R > 8 ? 6 : (R + 1) / 2;
+  const WeightGeometry& g = *a.w;
+  const int64_t nb = g.nblocks;
+  const int8_t* x[2 * NP];
+  int64_t at[2 * NP];  // the row's (row, block 0) entry of the per-block arrays
+  for (int i = 0; i < 2 * NP; ++i) {
+    const int64_t r = m + std::min(i, R - 1);
+    x[i] = a.act.q + r * a.act.ldq;
+    at[i] = r * nb;
+  }
+  alignas(16) int8_t xp[2 * NP * 256];  // one block (<= 256 k)
+  int32x4_t init[NP][4];                // the tiles' initial values: the rows' shifted sums
+  float32x4_t sx[NP], sxsum[NP] = {};   // per pair, in lane order
+  for (int i = 0; i < NP; ++i)
+    for (int j = 0; j < 4; ++j) init[i][j] = vdupq_n_s32(0);
+  for (int64_t pg = p0; pg < p1; pg += kPanelGroup) {
+    const int64_t np = std::min<int64_t>(kPanelGroup, p1 - pg);
+    float32x4_t y[kPanelGroup][NP][4];
+    for (int64_t q = 0; q < np; ++q)
+      for (int i = 0; i < NP; ++i)
+        for (int j = 0; j < 4; ++j) y[q][i][j] = vdupq_n_f32(0.f);
+    for (int64_t b = 0; b < nb; ++b) {
+      pack_pairs<NP>(x, b * g.block, g.block, xp);
+      for (int i = 0; i < NP; ++i) {
+        const int64_t r0 = at[2 * i] + b, r1 = at[2 * i + 1] + b;
+        const float s[4] = {a.act.scale[r0], a.act.scale[r1], a.act.scale[r0], a.act.scale[r1]};
+        sx[i] = vld1q_f32(s);
+        if (g.symmetric) {
+          const int32_t z[4] = {a.act.shifted_sum[r0], a.act.shifted_sum[r1], a.act.shifted_sum[r0], a.act.shifted_sum[r1]};
+          init[i][0] = init[i][1] = init[i][2] = init[i][3] = vld1q_s32(z);
+        } else {
+          const float ss[4] = {a.act.scaled_sum[r0], a.act.scaled_sum[r1], a.act.scaled_sum[r0], a.act.scaled_sum[r1]};
+          sxsum[i] = vld1q_f32(ss);
+        }
+      }
+      for (int64_t q = 0; q < np; ++q) {
+        const uint8_t* block = a.packed + (pg + q) * g.panel_bytes + b * g.block_bytes;
+        int32x4_t t[NP][4];
+        mma_block<BITS, NP>(block, xp, g.block, init, t);
+        // scales (offsets) in lane order: (s0 s0 s1 s1) (s2 s2 s3 s3) (s4 s4 s5 s5) (s6 s6 s7 s7)
+        const auto lanes = [](const uint8_t* p, float32x4_t (&v)[4]) {
+          const float32x4_t lo = arm::load_half4(p), hi = arm::load_half4(p + 8);
+          v[0] = vzip1q_f32(lo, lo), v[1] = vzip2q_f32(lo, lo), v[2] = vzip1q_f32(hi, hi), v[3] = vzip2q_f32(hi, hi);
+        };
+        float32x4_t scale[4], offset[4];
+        lanes(block + g.code_bytes, scale);
+        for (int i = 0; i < NP; ++i)
+          for (int j = 0; j < 4; ++j) y[q][i][j] = vfmaq_f32(y[q][i][j], vcvtq_f32_s32(t[i][j]), vmulq_f32(scale[j], sx[i]));
+        if (!g.symmetric) {
+          lanes(block + g.code_bytes + 16, offset);
+          for (int i = 0; i < NP; ++i)
+            for (int j = 0; j < 4; ++j) y[q][i][j] = vfmaq_f32(y[q][i][j], offset[j], sxsum[i]);
+        }
+      }
+    }
+    for (int64_t q = 0; q < np; ++q) {
+      const int64_t n0 = (pg + q) * 8, rows = std::min<int64_t>(8, g.n - n0);
+      for (int i = 0; i < R; ++i) {
+        const float32x4_t* v = y[q][i / 2];  // row 2p: lanes 0 and 2 of each tile, row 2p + 1: 1 and 3
+        float tmp[8];
+        vst1q_f32(tmp, i % 2 ? vuzp2q_f32(v[0], v[1]) : vuzp1q_f32(v[0], v[1]));
+        vst1q_f32(tmp + 4, i % 2 ? vuzp2q_f32(v[2], v[3]) : vuzp1q_f32(v[2], v[3]));
+        float* out = a.y + (m + i) * a.ldy + n0;
+        for (int64_t r = 0; r < rows; ++r) out[r] = a.bias ? tmp[r] + a.bias[n0 + r] : tmp[r];
+      }
+    }
+  }
+}
+
+template <int BITS>
+void mmla_gemm(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  for_row_tiles<kTileRows>(m0, m1, [&](auto rows, int64_t m) { mmla_rows<BITS, decltype(rows)::value>(a, m, p0, p1); });
+}
+
+KernelTable make_i8mm_table() {
+  KernelTable t{Isa::i8mm, LayoutId::nr8_kr4, arm::quantize_acts, "quantize_acts_absmax_neon", arm::prepare_float_acts,
+                {}, {}, {}};
+  // code_shift 0: the codes as stored (USDOT / USMMLA); int4 on SDOT, whose nibbles need no shift either.
+  t.int8 = {
+      {"gemv_w4a8_nr8_kr4_1x8_dotprod", arm::sdot_gemv<4>, 4, 1, 1, 1, 1},
+      {"gemm_w4a8_nr8_kr4_12x8_i8mm", mmla_gemm<4>, 4, kTileRows, 1, 2},
+      {"gemv_w8a8_nr8_kr4_1x8_i8mm", arm::sdot_gemv<8, true>, 8, 1, 1, 1, 1},
+      {"gemm_w8a8_nr8_kr4_12x8_i8mm", mmla_gemm<8>, 8, kTileRows, 1, 2},
+  };
+  t.float32 = {  // as every ARM level (make_table)
+      {"gemv_w4f32_nr8_kr4_1x8_neon", arm::float_matmul<4>, 4, 1, 1, 1, 1},
+      {"gemm_w4f32_nr8_kr4_1x8_neon", arm::float_matmul<4>, 4, 1, 1, 2},
+      {"gemv_w8f32_nr8_kr4_1x8_neon", arm::float_matmul<8>, 8, 1, 1, 1, 1},
+      {"gemm_w8f32_nr8_kr4_1x8_neon", arm::float_matmul<8>, 8, 1, 1, 2},
+  };
+  return with_fp16_float_path(t);
+}
 
 }  // namespace
 
 const KernelTable& i8mm_kernels() {
-  static const KernelTable table = with_fp16_float_path(arm::make_table<arm::SdotBlockDot, SmmlaBlockDot, 4>(
-      Isa::i8mm, "gemv_w4a8_nr8_kr4_1x8_dotprod", "gemv_w8a8_nr8_kr4_1x8_dotprod",
-      "gemm_w4a8_nr8_kr4_4x8_i8mm", "gemm_w8a8_nr8_kr4_4x8_i8mm"));
+  static const KernelTable table = make_i8mm_table();
   return table;
 }
 

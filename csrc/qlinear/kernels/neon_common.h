@@ -209,7 +209,8 @@ struct SdotBlockDot {
 
   // 32 k of one row: int4 128, int8 256 weight bytes from w and 32 activation bytes from x (both
   // advanced past them), into s[c][h] (c: even / odd k-quad lane, h: rows 0-3 / 4-7), 16 SDOTs
-  // in four chains.
+  // in four chains. US (int8, i8mm only): USDOT takes the unsigned codes as stored, no flip.
+  template <bool US = false>
   static inline void gemv_step32(const uint8_t*& w, const int8_t*& x, int32x4_t (&s)[2][2]) {
     const int8x16x2_t xv = vld1q_s8_x2(x);
     x += 32;
@@ -229,9 +230,14 @@ struct SdotBlockDot {
       for (int q = 0; q < 4; ++q, w += 64) {  // 8 k: two 32-byte chunks of 4 k
         const uint8x16x4_t v = vld1q_u8_x4(w);
         for (int c = 0; c < 2; ++c)
-          for (int h = 0; h < 2; ++h)
-            s[c][h] = vdotq_laneq_s32(s[c][h], vreinterpretq_s8_u8(veorq_u8(v.val[2 * c + h], flip)),
-                                      xv.val[q / 2], 2 * (q % 2) + c);
+          for (int h = 0; h < 2; ++h) {
+            const int lane = 2 * (q % 2) + c;
+            if constexpr (US)
+              s[c][h] = vusdotq_laneq_s32(s[c][h], v.val[2 * c + h], xv.val[q / 2], lane);
+            else
+              s[c][h] = vdotq_laneq_s32(s[c][h], vreinterpretq_s8_u8(veorq_u8(v.val[2 * c + h], flip)),
+                                        xv.val[q / 2], lane);
+          }
       }
     }
   }
@@ -283,41 +289,56 @@ struct SdotBlockDot {
   }
 
   // 64 k of one int8 row (512 weight bytes, 64 activation bytes), as gemv_step64_int4: the SDOTs of
-  // two gemv_step32 (int8) with one pointer and post-indexed loads.
-  template <int TAIL>
+  // two gemv_step32 (int8) with one pointer and post-indexed loads. US: USDOT on the codes as
+  // stored (i8mm), 41 instructions instead of 73.
+  template <int TAIL, bool US = false>
   static inline void gemv_step64_int8(const uint8_t*& w, const int8_t*& x, int32x4_t (&s)[2][2],
                                       uint16x8_t (&tail)[2]) {
     static_assert(BITS == 8 && (TAIL == 0 || TAIL == 16 || TAIL == 32));
-    const uint8x16_t flip = vdupq_n_u8(0x80);
     // 8 k (chunks of k 0-3 and k 4-7, rows 0-3 / 4-7 each) in A..D, x lanes L, L + 1 of X.
-#define QLINEAR_SDOT_8K(A, B, C, D, X, L0, L1)                                                  \
-    "eor  " A ".16b, " A ".16b, %[f].16b\n\t"                                                    \
-    "eor  " B ".16b, " B ".16b, %[f].16b\n\t"                                                    \
-    "eor  " C ".16b, " C ".16b, %[f].16b\n\t"                                                    \
-    "eor  " D ".16b, " D ".16b, %[f].16b\n\t"                                                    \
-    "sdot %[s00].4s, " A ".16b, " X ".4b[" L0 "]\n\t"                                           \
-    "sdot %[s01].4s, " B ".16b, " X ".4b[" L0 "]\n\t"                                           \
-    "sdot %[s10].4s, " C ".16b, " X ".4b[" L1 "]\n\t"                                           \
-    "sdot %[s11].4s, " D ".16b, " X ".4b[" L1 "]\n\t"
+#define QLINEAR_DOT_8K(A, B, C, D, X, L0, L1)                                                   \
+    QLINEAR_FLIP(A) QLINEAR_FLIP(B) QLINEAR_FLIP(C) QLINEAR_FLIP(D)                              \
+    QLINEAR_DOT " %[s00].4s, " A ".16b, " X ".4b[" L0 "]\n\t"                                   \
+    QLINEAR_DOT " %[s01].4s, " B ".16b, " X ".4b[" L0 "]\n\t"                                   \
+    QLINEAR_DOT " %[s10].4s, " C ".16b, " X ".4b[" L1 "]\n\t"                                   \
+    QLINEAR_DOT " %[s11].4s, " D ".16b, " X ".4b[" L1 "]\n\t"
 #define QLINEAR_LD_A "ld1 {v16.16b-v19.16b}, [%[w]], #64\n\t"
 #define QLINEAR_LD_B "ld1 {v20.16b-v23.16b}, [%[w]], #64\n\t"
-    asm(QLINEAR_LD_A
-        "ld1 {v24.16b-v27.16b}, [%[x]], #64\n\t"
-        QLINEAR_LD_B
-        QLINEAR_SDOT_8K("v16", "v17", "v18", "v19", "v24", "0", "1") QLINEAR_LD_A
-        QLINEAR_SDOT_8K("v20", "v21", "v22", "v23", "v24", "2", "3") QLINEAR_LD_B
-        QLINEAR_SDOT_8K("v16", "v17", "v18", "v19", "v25", "0", "1") QLINEAR_LD_A
-        QLINEAR_SDOT_8K("v20", "v21", "v22", "v23", "v25", "2", "3") QLINEAR_LD_B
-        QLINEAR_SDOT_8K("v16", "v17", "v18", "v19", "v26", "0", "1") QLINEAR_LD_A
-        QLINEAR_SDOT_8K("v20", "v21", "v22", "v23", "v26", "2", "3") QLINEAR_LD_B
-        QLINEAR_SDOT_8K("v16", "v17", "v18", "v19", "v27", "0", "1")
-        QLINEAR_SDOT_8K("v20", "v21", "v22", "v23", "v27", "2", "3")
-        : [w] "+r"(w), [x] "+r"(x), [s00] "+w"(s[0][0]), [s01] "+w"(s[0][1]), [s10] "+w"(s[1][0]),
-          [s11] "+w"(s[1][1])
-        : [f] "w"(flip), "m"(*reinterpret_cast<const uint8_t(*)[512]>(w)),
-          "m"(*reinterpret_cast<const int8_t(*)[64]>(x))
-        : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27");
-#undef QLINEAR_SDOT_8K
+#define QLINEAR_BODY                                                                            \
+    QLINEAR_LD_A                                                                                 \
+    "ld1 {v24.16b-v27.16b}, [%[x]], #64\n\t"                                                     \
+    QLINEAR_LD_B                                                                                 \
+    QLINEAR_DOT_8K("v16", "v17", "v18", "v19", "v24", "0", "1") QLINEAR_LD_A                     \
+    QLINEAR_DOT_8K("v20", "v21", "v22", "v23", "v24", "2", "3") QLINEAR_LD_B                     \
+    QLINEAR_DOT_8K("v16", "v17", "v18", "v19", "v25", "0", "1") QLINEAR_LD_A                     \
+    QLINEAR_DOT_8K("v20", "v21", "v22", "v23", "v25", "2", "3") QLINEAR_LD_B                     \
+    QLINEAR_DOT_8K("v16", "v17", "v18", "v19", "v26", "0", "1") QLINEAR_LD_A                     \
+    QLINEAR_DOT_8K("v20", "v21", "v22", "v23", "v26", "2", "3") QLINEAR_LD_B                     \
+    QLINEAR_DOT_8K("v16", "v17", "v18", "v19", "v27", "0", "1")                                  \
+    QLINEAR_DOT_8K("v20", "v21", "v22", "v23", "v27", "2", "3")
+#define QLINEAR_OUT                                                                             \
+    : [w] "+r"(w), [x] "+r"(x), [s00] "+w"(s[0][0]), [s01] "+w"(s[0][1]), [s10] "+w"(s[1][0]),   \
+      [s11] "+w"(s[1][1])
+#define QLINEAR_IN "m"(*reinterpret_cast<const uint8_t(*)[512]>(w)), "m"(*reinterpret_cast<const int8_t(*)[64]>(x))
+#define QLINEAR_CLOBBER : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27"
+    if constexpr (US) {
+#define QLINEAR_FLIP(R)
+#define QLINEAR_DOT "usdot"
+      asm(QLINEAR_BODY QLINEAR_OUT : QLINEAR_IN QLINEAR_CLOBBER);
+#undef QLINEAR_FLIP
+#undef QLINEAR_DOT
+    } else {
+#define QLINEAR_FLIP(R) "eor  " R ".16b, " R ".16b, %[f].16b\n\t"
+#define QLINEAR_DOT "sdot"
+      asm(QLINEAR_BODY QLINEAR_OUT : [f] "w"(vdupq_n_u8(0x80)), QLINEAR_IN QLINEAR_CLOBBER);
+#undef QLINEAR_FLIP
+#undef QLINEAR_DOT
+    }
+#undef QLINEAR_OUT
+#undef QLINEAR_IN
+#undef QLINEAR_CLOBBER
+#undef QLINEAR_BODY
+#undef QLINEAR_DOT_8K
 #undef QLINEAR_LD_A
 #undef QLINEAR_LD_B
     load_tail<TAIL>(w, tail);
@@ -334,6 +355,25 @@ struct SdotBlockDot {
   }
 };
 
+// *p++, with POST as one post-indexed load: GCC 12 indexes the per-block streams (scales, sums)
+// from a counter instead, one more instruction per block. Taken where USDOT runs (out-of-order
+// i8mm cores); on the in-order Cortex-A55 (dotprod, no i8mm) the compiler's placement of its own
+// loads is 1% faster in llvm-mca's model than the asm's, for that instruction more.
+template <bool POST>
+inline float load_next(const float*& p) {
+  if constexpr (!POST) return *p++;
+  float v;
+  asm("ldr %s[v], [%[p]], #4" : [v] "=w"(v), [p] "+r"(p) : "m"(*p));
+  return v;
+}
+template <bool POST>
+inline int32x4_t load_next_dup(const int32_t*& p) {
+  if constexpr (!POST) return vld1q_dup_s32(p++);
+  int32x4_t v;
+  asm("ld1r {%[v].4s}, [%[p]], #4" : [v] "=w"(v), [p] "+r"(p) : "m"(*p));
+  return v;
+}
+
 // The dot-product levels' GEMV: every panel of [p0, p1) against each row of [m0, m1), one block
 // after another. Per block: four SDOT chains (at block 64 eight deep: the next block's chains are
 // independent of this one's epilogue, so an out-of-order core overlaps them), the activation row's
@@ -341,12 +381,15 @@ struct SdotBlockDot {
 // and one pointer walking the panel's codes, scales and offsets in storage order. KB: the block
 // length when fixed at compile time (the inner steps unrolled), 0 = g.block. SHIFTED / ASYM follow
 // from the weights: sum_shift = code_shift - zero_point is 0 for asymmetric int4 (0 - 0) and
-// symmetric int8 (128 - 128), so only symmetric int4 and asymmetric int8 read shifted_sum. The float
-// operations are those of panel_tile, in its order, so the result is the same to the bit.
-template <int BITS, int KB, bool ASYM>
+// symmetric int8 (128 - 128), so only symmetric int4 and asymmetric int8 read shifted_sum. US (int8
+// on the i8mm level): USDOT on the codes as stored, code_shift 0, so symmetric int8 reads it instead
+// (-128 * sum, as VPDPBUSD on x86). The float operations are those of panel_tile, in its order, so
+// the result is the same to the bit.
+template <int BITS, int KB, bool ASYM, bool US>
 void sdot_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
   using Dot = SdotBlockDot<BITS, 1>;
-  constexpr bool kShifted = (BITS == 4) != ASYM;
+  constexpr int kCodeShift = BITS == 8 && !US ? 128 : 0, kZeroPoint = ASYM ? 0 : (BITS == 4 ? 8 : 128);
+  constexpr bool kShifted = kCodeShift != kZeroPoint;
   const WeightGeometry& g = *a.w;
   const int64_t block = KB ? KB : g.block, nb = g.nblocks;
   for (int64_t m = m0; m < m1; ++m) {
@@ -361,9 +404,12 @@ void sdot_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0,
       const float* sxsum = sxsum0;
       const int32_t* zsum = zsum0;
       float32x4_t y0 = vdupq_n_f32(0.f), y1 = vdupq_n_f32(0.f);
-      for (int64_t b = 0; b < nb; ++b) {
+      for (const float* const sx_end = sx + nb; sx != sx_end;) {
+        // the block's activation scale (and scaled sum) first: asm loads stay where they are written
+        const float s_x = load_next<US>(sx);
+        const float xs = ASYM ? load_next<US>(sxsum) : 0.f;
         int32x4_t s[2][2];
-        s[0][0] = kShifted ? vld1q_dup_s32(zsum++) : vdupq_n_s32(0);
+        s[0][0] = kShifted ? load_next_dup<US>(zsum) : vdupq_n_s32(0);
         s[0][1] = s[0][0];
         s[1][0] = s[1][1] = vdupq_n_s32(0);
         uint16x8_t tail[2];  // the block's scales (and offsets), fp16, after its codes
@@ -371,26 +417,24 @@ void sdot_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0,
           for (int kk = 0; kk + 64 < KB; kk += 64) Dot::template gemv_step64_int4<0>(w, x, s, tail);
           Dot::template gemv_step64_int4<ASYM ? 32 : 16>(w, x, s, tail);
         } else if constexpr (BITS == 8 && KB != 0 && KB % 64 == 0) {
-          for (int kk = 0; kk + 64 < KB; kk += 64) Dot::template gemv_step64_int8<0>(w, x, s, tail);
-          Dot::template gemv_step64_int8<ASYM ? 32 : 16>(w, x, s, tail);
+          for (int kk = 0; kk + 64 < KB; kk += 64) Dot::template gemv_step64_int8<0, US>(w, x, s, tail);
+          Dot::template gemv_step64_int8<ASYM ? 32 : 16, US>(w, x, s, tail);
         } else {
           if constexpr (KB != 0) {
 #pragma GCC unroll 8
-            for (int kk = 0; kk < KB; kk += 32) Dot::gemv_step32(w, x, s);
+            for (int kk = 0; kk < KB; kk += 32) Dot::template gemv_step32<US>(w, x, s);
           } else {
-            for (int64_t kk = 0; kk < block; kk += 32) Dot::gemv_step32(w, x, s);
+            for (int64_t kk = 0; kk < block; kk += 32) Dot::template gemv_step32<US>(w, x, s);
           }
           tail[0] = vld1q_u16(reinterpret_cast<const uint16_t*>(w));
           if constexpr (ASYM) tail[1] = vld1q_u16(reinterpret_cast<const uint16_t*>(w + 16));
           w += ASYM ? 32 : 16;
         }
         const float16x8_t sc = vreinterpretq_f16_u16(tail[0]);
-        const float s_x = *sx++;
         y0 = vfmaq_f32(y0, vcvtq_f32_s32(vaddq_s32(s[0][0], s[1][0])), vmulq_n_f32(vcvt_f32_f16(vget_low_f16(sc)), s_x));
         y1 = vfmaq_f32(y1, vcvtq_f32_s32(vaddq_s32(s[0][1], s[1][1])), vmulq_n_f32(vcvt_high_f32_f16(sc), s_x));
         if constexpr (ASYM) {
           const float16x8_t off = vreinterpretq_f16_u16(tail[1]);
-          const float xs = *sxsum++;
           y0 = vfmaq_n_f32(y0, vcvt_f32_f16(vget_low_f16(off)), xs);
           y1 = vfmaq_n_f32(y1, vcvt_high_f32_f16(off), xs);
         }
@@ -413,13 +457,15 @@ void sdot_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0,
   }
 }
 
-template <int BITS>
+// US: USDOT for int8 (i8mm levels only; the descriptor's code_shift is then 0).
+template <int BITS, bool US = false>
 void sdot_gemv(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  static_assert(!US || BITS == 8, "int4 nibbles are valid s8 operands already");
   const WeightGeometry& g = *a.w;
   const auto run = [&](auto kb) {
     constexpr int KB = decltype(kb)::value;
-    if (g.symmetric) sdot_gemv_impl<BITS, KB, false>(a, m0, m1, p0, p1);
-    else sdot_gemv_impl<BITS, KB, true>(a, m0, m1, p0, p1);
+    if (g.symmetric) sdot_gemv_impl<BITS, KB, false, US>(a, m0, m1, p0, p1);
+    else sdot_gemv_impl<BITS, KB, true, US>(a, m0, m1, p0, p1);
   };
   if (g.block == 64) run(Rows<64>{});
   else if (g.block == 32) run(Rows<32>{});
