@@ -365,7 +365,9 @@ def qlinear_descriptors() -> list[tuple[str, str, int, str, str]]:
                 entry = (rf"^void {ns}sdot_gemv<{bits}>\(" if level == "dotprod" else
                          rf"^void {ns}gemv<[^,]*\b{cores[level]}, {bits}>\(")
                 out.append((f"gemv_w{bits}a8_nr8_kr4_1x8_{level}", f"W{bits}A8 GEMV", bits, level, entry))
+            # The dotprod level's GEMM is its own function (sdot_gemm: 24-row tiles, then gemm's).
             out.append((f"gemm_w{bits}a8_nr8_kr4_{{mr}}x8_{level}", f"W{bits}A8 GEMM", bits, level,
+                        rf"^void {ns}(\(anonymous namespace\)::)?sdot_gemm<{bits}>\(" if level == "dotprod" else
                         rf"^void {ns}gemm<[^,]*\b{cores[level]}, {bits}, \d+>\("))
     for bits in (4, 8):
         for kind in ("gemv", "gemm"):
