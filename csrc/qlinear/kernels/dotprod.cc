@@ -14,10 +14,11 @@ namespace {
 // The GEMM's main tile: 24 activation rows x one panel (8 outputs), run as two passes of 24 rows x
 // 4 outputs (the panel's half chunks). Each unpacked weight operand (int4: AND or USHR, int8: EOR
 // per 16 bytes) then serves 24 SDOTs instead of 8 (the 8x8 tile) or 12 (a 12x8 tile): 48 SDOTs and
-// 2 unpacking instructions per 8 k, the 24 s32 accumulators filling v8-v31's worth of registers.
-// The rows' activations are first copied into kTileRows-row groups (kPack below), so that one
-// pointer with immediate offsets reads them: 24 row pointers do not fit in the general registers,
-// and post-indexed loads cost an issue slot each on in-order cores.
+// 2 unpacking instructions per 8 k (MNN's 12x8 tile: 24 + 2 per 4 k). The 24 accumulators leave
+// 8 vector registers, hence inline assembly with the allocation written out (block24). The rows'
+// activations are first copied in row-pair order (pack_rows24), so that one pointer with
+// immediate offsets reads them: 24 row pointers do not fit in the general registers, and a
+// post-indexed load's write-back stalls an in-order core (cortex-a55).
 constexpr int kTileRows = 24;
 constexpr int64_t kSlabK = 512;  // k per activation copy: 24 x 512 bytes, in L1 across the panels
 
@@ -29,7 +30,7 @@ inline void pack_rows24(const Int8MatmulArgs& a, int64_t m, int64_t k0, int64_t 
     const int8_t* r0 = a.act.q + (m + 2 * j) * a.act.ldq + k0;
     const int8_t* r1 = r0 + a.act.ldq;
     int8_t* dst = out + 16 * j;
-    for (int64_t kk = 0; kk < len; kk += 16, dst += 2 * 16 * 12) {  // len: whole blocks, 32 | len
+    for (int64_t kk = 0; kk < len; kk += 16, dst += 2 * 192) {  // len: whole blocks, 32 | len
       const int64x2_t v0 = vreinterpretq_s64_s8(vld1q_s8(r0 + kk)), v1 = vreinterpretq_s64_s8(vld1q_s8(r1 + kk));
       vst1q_s8(dst, vreinterpretq_s8_s64(vzip1q_s64(v0, v1)));
       vst1q_s8(dst + 192, vreinterpretq_s8_s64(vzip2q_s64(v0, v1)));
