@@ -57,8 +57,8 @@ inline void block24(const uint8_t* w, const int8_t* x, int64_t iters, const int3
 #define Q24_LO(C0, C1, C2, C3, A, B) Q24_S(C0, "v1", A, 0) Q24_S(C1, "v1", A, 2) Q24_S(C2, "v1", B, 0) Q24_S(C3, "v1", B, 2)
 #define Q24_HI(C0, C1, C2, C3, A, B) Q24_S(C0, "v2", A, 1) Q24_S(C1, "v2", A, 3) Q24_S(C2, "v2", B, 1) Q24_S(C3, "v2", B, 3)
 #define Q24_LD(A, B, OFF) "ldr q" #A ", [x11, #" #OFF "]\n\tldr q" #B ", [x11, #" #OFF "+16]\n\t"
-  // The 24 rows in 6 groups of 4; G(g) = that group's SDOTs with the next group's loads between
-  // its two halves (int8: the operand v2 is flipped after group 0's first half).
+  // The 24 rows in 6 groups of 4, each group's SDOTs with the next group's loads between its k 0-3
+  // and k 4-7 halves (int8: FIRST flips the operand v2 after group 0's first half).
 #define Q24_GROUPS(FIRST, LAST)                                                          \
   Q24_LO(c0, c1, c2, c3, 3, 4) FIRST Q24_LD(5, 6, 32) Q24_HI(c0, c1, c2, c3, 3, 4)                \
   Q24_LO(c4, c5, c6, c7, 5, 6) Q24_LD(3, 4, 64) Q24_HI(c4, c5, c6, c7, 5, 6)                      \
