@@ -370,8 +370,10 @@ def qlinear_descriptors() -> list[tuple[str, str, int, str, str]]:
                 entry = rf"^void {ns}gemv<[^,]*\b{cores[level]}, {bits}>\("
             if entry:
                 out.append((f"gemv_w{bits}a8_nr8_kr4_1x8_{level}", f"W{bits}A8 GEMV", bits, level, entry))
-            # The i8mm GEMM is its own function (mmla_gemm, i8mm.cc), the others panel_tile's.
+            # The i8mm GEMM is its own function (mmla_gemm, i8mm.cc), the dotprod level's too
+            # (sdot_gemm: 24-row tiles, then gemm's), the neon level's panel_tile's.
             gemm = (r"^void qlinear::\(anonymous namespace\)::mmla_gemm<" + f"{bits}>\\(" if level == "i8mm" else
+                    rf"^void {ns}(\(anonymous namespace\)::)?sdot_gemm<{bits}>\(" if level == "dotprod" else
                     rf"^void {ns}gemm<[^,]*\b{cores[level]}, {bits}, \d+>\(")
             out.append((f"gemm_w{bits}a8_nr8_kr4_{{mr}}x8_{level}", f"W{bits}A8 GEMM", bits, level, gemm))
     for bits in (4, 8):

@@ -57,28 +57,45 @@ def _cases(uk, rng):
     return cases
 
 
+def _check(uk, rng, m, n, k, g, symmetric):
+    w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+    pw = qlinear.pack_weight(w, bits=uk["bits"], group_size=g, symmetric=symmetric)
+    x = rng.standard_normal((m, k)).astype(np.float16 if uk["family"] == "float16" else np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if m % 2 else None
+    where = f"m={m} n={n} k={k} group={g} symmetric={symmetric}"
+    if uk["family"] == "int8":
+        per_row = (m + n) % 2 == 0
+        act_block = pw._h.k if per_row else pw._h.block
+        y = _core._run_ukernel(uk["isa"], "int8", uk["name"], x, pw._h, bias, act_block)
+        assert y.shape == (m, n), where
+        assert_close_to_reference(y, x, pw, bias=bias, act_block=None if per_row else pw._h.block)
+    elif uk["family"] == "float32":
+        y = _core._run_ukernel(uk["isa"], "float32", uk["name"], x, pw._h, bias, pw._h.k)
+        assert_float_path_close(y, x, pw, bias=bias)
+    else:  # FP16 arithmetic: step for step its scalar twin
+        y = _core._run_ukernel(uk["isa"], "float16", uk["name"], x, pw._h, bias, pw._h.k)
+        twin = _core.matmul_float16_twin(x, pw._h, bias, None, pw._h.k)
+        np.testing.assert_array_equal(y, twin, err_msg=where)
+
+
 @pytest.mark.parametrize("uk", UKERNELS, ids=_id)
 def test_ukernel_against_reference(uk):
     rng = np.random.default_rng(zlib.crc32(_id(uk).encode()))
     for m, n, k, g, symmetric in _cases(uk, rng):
-        w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
-        pw = qlinear.pack_weight(w, bits=uk["bits"], group_size=g, symmetric=symmetric)
-        x = rng.standard_normal((m, k)).astype(np.float16 if uk["family"] == "float16" else np.float32)
-        bias = rng.standard_normal(n).astype(np.float32) if m % 2 else None
-        where = f"m={m} n={n} k={k} group={g} symmetric={symmetric}"
-        if uk["family"] == "int8":
-            per_row = (m + n) % 2 == 0
-            act_block = pw._h.k if per_row else pw._h.block
-            y = _core._run_ukernel(uk["isa"], "int8", uk["name"], x, pw._h, bias, act_block)
-            assert y.shape == (m, n), where
-            assert_close_to_reference(y, x, pw, bias=bias, act_block=None if per_row else pw._h.block)
-        elif uk["family"] == "float32":
-            y = _core._run_ukernel(uk["isa"], "float32", uk["name"], x, pw._h, bias, pw._h.k)
-            assert_float_path_close(y, x, pw, bias=bias)
-        else:  # FP16 arithmetic: step for step its scalar twin
-            y = _core._run_ukernel(uk["isa"], "float16", uk["name"], x, pw._h, bias, pw._h.k)
-            twin = _core.matmul_float16_twin(x, pw._h, bias, None, pw._h.k)
-            np.testing.assert_array_equal(y, twin, err_msg=where)
+        _check(uk, rng, m, n, k, g, symmetric)
+
+
+@pytest.mark.parametrize("uk", [u for u in UKERNELS if u["m_max"] > 1], ids=_id)
+def test_gemm_row_tiles_over_long_k(uk):
+    """GEMMs at M around the row tiles of every level (4, 8, 12, 24 rows and their tails), K
+    several times the block and past 512 (the dotprod GEMM packs its rows' activations 512 k at a
+    time and carries the sums from one such slab to the next), odd N."""
+    rng = np.random.default_rng(zlib.crc32(("long_k " + _id(uk)).encode()))
+    ms = [m for m in (2, 11, 12, 13, 23, 24, 25, 49) if uk["m_min"] <= m <= uk["m_max"] and m % uk["m_unit"] == 0]
+    shapes = [(1100, 32), (1025, 64), (1300, None), (641, 128)]
+    for i, m in enumerate(ms):
+        k, g = shapes[i % len(shapes)]
+        _check(uk, rng, m, [9, 17][i % 2], k, g, bool(i % 3))
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -116,7 +116,64 @@ inline void block_row(const float16_t* w, const float16_t* x, int64_t block, flo
   }
 }
 
-// Every block of a panel is dequantized once and used by all rows of x (GEMV: one row).
+// Four activation rows against one dequantized block: block_row's operations for each row, in
+// its order, the rows sharing the weight loads. One row is 4 chains of 8 dependent FMLAs per chunk
+// (latency-bound); four rows are 16 chains, enough to keep two FMLA pipes busy. Written as
+// assembly per chunk of 32 k, registers explicit: accumulators v16-v31 (row i, k mod 4 = l in
+// v(16 + 4i + l)), the rows' 8 k in v0-v3 (the by-element operand must be in v0-v15), the 8 weight
+// vectors of those k in v4-v7 (two loads of four), and the fp32 block sums in the 8 operands
+// (v8-v15, what is left). Per chunk: 128 FMLAs, then per row (a0 + a1) + (a2 + a3), FCVTL / FCVTL2
+// and two FADDs into the block sums. The accumulators start from zeros loaded from memory (the
+// load pipes have room; MOVI would take a vector slot).
+inline void block_rows4(const float16_t* w, const float16_t* const* x, int64_t block, float32x4_t (&sum)[4][2]) {
+  alignas(16) static const float16_t kZero[8] = {};
+  float32x4_t s00 = vdupq_n_f32(0.f), s01 = s00, s10 = s00, s11 = s00, s20 = s00, s21 = s00, s30 = s00, s31 = s00;
+#define H4_Z(A) "ldr q" #A ", [%[z]]\n\t"
+#define H4_X(J) "ldr q0, [%[x0], #" #J "*16]\n\tldr q1, [%[x1], #" #J "*16]\n\t"  \
+                "ldr q2, [%[x2], #" #J "*16]\n\tldr q3, [%[x3], #" #J "*16]\n\t"
+#define H4_W(OFF) "ldr q4, [%[w], #" #OFF "]\n\tldr q5, [%[w], #" #OFF "+16]\n\t" \
+                  "ldr q6, [%[w], #" #OFF "+32]\n\tldr q7, [%[w], #" #OFF "+48]\n\t"
+#define H4_F1(A, W, X, H) "fmla v" #A ".8h, v" #W ".8h, v" #X ".h[" #H "]\n\t"
+#define H4_F(A, B, C, D, W, H) H4_F1(A, W, 0, H) H4_F1(B, W, 1, H) H4_F1(C, W, 2, H) H4_F1(D, W, 3, H)
+#define H4_K8(J, OFF, OFF2)                                                                    \
+  H4_X(J) H4_W(OFF) H4_F(16, 20, 24, 28, 4, 0) H4_F(17, 21, 25, 29, 5, 1)                      \
+  H4_F(18, 22, 26, 30, 6, 2) H4_F(19, 23, 27, 31, 7, 3)                                         \
+  H4_W(OFF2) H4_F(16, 20, 24, 28, 4, 4) H4_F(17, 21, 25, 29, 5, 5)                             \
+  H4_F(18, 22, 26, 30, 6, 6) H4_F(19, 23, 27, 31, 7, 7)
+#define H4_FLUSH(A, B, C, D, S0, S1)                                                         \
+  "fadd v" #A ".8h, v" #A ".8h, v" #B ".8h\n\tfadd v" #C ".8h, v" #C ".8h, v" #D ".8h\n\t" \
+  "fadd v" #A ".8h, v" #A ".8h, v" #C ".8h\n\t"                                          \
+  "fcvtl v" #B ".4s, v" #A ".4h\n\tfcvtl2 v" #D ".4s, v" #A ".8h\n\t"                    \
+  "fadd %[" #S0 "].4s, %[" #S0 "].4s, v" #B ".4s\n\tfadd %[" #S1 "].4s, %[" #S1 "].4s, v" #D ".4s\n\t"
+  const float16_t *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
+  using Chunk = const float16_t(*)[kChunk];
+  for (int64_t c = 0; c < block; c += kChunk, w += 8 * kChunk, x0 += kChunk, x1 += kChunk, x2 += kChunk, x3 += kChunk) {
+    asm(H4_Z(16) H4_Z(17) H4_Z(18) H4_Z(19) H4_Z(20) H4_Z(21) H4_Z(22) H4_Z(23)
+        H4_Z(24) H4_Z(25) H4_Z(26) H4_Z(27) H4_Z(28) H4_Z(29) H4_Z(30) H4_Z(31)
+        H4_K8(0, 0, 64) H4_K8(1, 128, 192) H4_K8(2, 256, 320) H4_K8(3, 384, 448)
+        H4_FLUSH(16, 17, 18, 19, s00, s01) H4_FLUSH(20, 21, 22, 23, s10, s11)
+        H4_FLUSH(24, 25, 26, 27, s20, s21) H4_FLUSH(28, 29, 30, 31, s30, s31)
+        : [s00] "+w"(s00), [s01] "+w"(s01), [s10] "+w"(s10), [s11] "+w"(s11),
+          [s20] "+w"(s20), [s21] "+w"(s21), [s30] "+w"(s30), [s31] "+w"(s31)
+        : [w] "r"(w), [x0] "r"(x0), [x1] "r"(x1), [x2] "r"(x2), [x3] "r"(x3), [z] "r"(kZero),
+          "m"(*reinterpret_cast<const float16_t(*)[8 * kChunk]>(w)), "m"(*Chunk(x0)), "m"(*Chunk(x1)),
+          "m"(*Chunk(x2)), "m"(*Chunk(x3)), "m"(kZero)
+        : "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v16", "v17", "v18", "v19", "v20", "v21",
+          "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29", "v30", "v31");
+  }
+  sum[0][0] = s00, sum[0][1] = s01, sum[1][0] = s10, sum[1][1] = s11;
+  sum[2][0] = s20, sum[2][1] = s21, sum[3][0] = s30, sum[3][1] = s31;
+#undef H4_Z
+#undef H4_X
+#undef H4_W
+#undef H4_F1
+#undef H4_F
+#undef H4_K8
+#undef H4_FLUSH
+}
+
+// Every block of a panel is dequantized once and used by all rows of x, four at a time (block_rows4),
+// the rows left one at a time (GEMV: one row).
 template <int BITS>
 void half_matmul(const HalfMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
   static_assert(kChunk % 8 == 0 && kAccs == 4, "block_row's shape");
@@ -131,16 +188,27 @@ void half_matmul(const HalfMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, in
       const BlockConstants c = block_constants<BITS>(g, block);
       dequantize_block<BITS>(g, block, c, wbuf);
       const bool last = b + 1 == g.nblocks;
-      for (int64_t m = m0; m < m1; ++m) {
-        float32x4_t sum[2];
-        block_row(wbuf, xs + m * a.ldx + b * g.block, g.block, sum);
-        const float xun = a.xunscale[m * g.nblocks + b];
+      const float* xun = a.xunscale + b;
+      const auto flush = [&](int64_t m, const float32x4_t (&sum)[2]) {
         float* out = a.y + m * a.ldy + n0;
         float y[8] = {};
         if (b > 0) std::copy(out, out + rows, y);
-        vst1q_f32(y, vfmaq_f32(vld1q_f32(y), sum[0], vmulq_n_f32(c.unscale[0], xun)));
-        vst1q_f32(y + 4, vfmaq_f32(vld1q_f32(y + 4), sum[1], vmulq_n_f32(c.unscale[1], xun)));
+        vst1q_f32(y, vfmaq_f32(vld1q_f32(y), sum[0], vmulq_n_f32(c.unscale[0], xun[m * g.nblocks])));
+        vst1q_f32(y + 4, vfmaq_f32(vld1q_f32(y + 4), sum[1], vmulq_n_f32(c.unscale[1], xun[m * g.nblocks])));
         for (int64_t r = 0; r < rows; ++r) out[r] = last && a.bias ? y[r] + a.bias[n0 + r] : y[r];
+      };
+      int64_t m = m0;
+      for (; m + 4 <= m1; m += 4) {
+        const float16_t* x[4];
+        for (int i = 0; i < 4; ++i) x[i] = xs + (m + i) * a.ldx + b * g.block;
+        float32x4_t sum[4][2];
+        block_rows4(wbuf, x, g.block, sum);
+        for (int i = 0; i < 4; ++i) flush(m + i, sum[i]);
+      }
+      for (; m < m1; ++m) {
+        float32x4_t sum[2];
+        block_row(wbuf, xs + m * a.ldx + b * g.block, g.block, sum);
+        flush(m, sum);
       }
     }
   }
