@@ -5,7 +5,8 @@ run alone, and against the block-by-block Python path, on one model at one conte
     python bench/decode_step.py /tmp/m --threads 1 --positions 64
 
 Prints the median time of a step, of the same step's matmuls alone (the GEMVs of every layer
-and the lm head, same inputs, same buffers) and of the Python path, and the share of the step
+and the lm head, same inputs, same buffers), of ``model._forward`` (the step with the embedding
+lookup and the cache's bookkeeping, as generation runs it) and of the Python path, and the share of the step
 spent outside the matmuls, two ways: the step against its matmuls run alone, and the step's
 own clock around each matmul call (both figures from the same steps, so a busy machine shifts
 them less). Rounds are interleaved so that load disturbs them alike; the figures are still
@@ -36,6 +37,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
 
     from qlinear import _core, cpu_info, llm
+    from qlinear.llm.runtime.layers import decode_step
 
     model = llm.load(args.model, bits=args.bits, act=args.act, threads=args.threads,
                      max_context=args.positions + args.steps + 8, progress=False)
@@ -48,7 +50,7 @@ def main(argv=None) -> None:
         model.cache.length = n
     else:
         model.prefill([int(t) for t in rng.integers(0, hi, args.positions)])
-    step = llm.layers.decode_step(model.blocks, model.norm, model.lm_head, model.cache)
+    step = decode_step(model.blocks, model.norm, model.lm_head, model.cache)
     if step is None:
         raise SystemExit("this model keeps float weights: no compiled step")
     tokens = [int(t) for t in rng.integers(0, hi, args.steps)]
@@ -70,6 +72,12 @@ def main(argv=None) -> None:
             step.run_matmuls()
         return (time.perf_counter() - t0) / len(embeds)
 
+    def forward():   # what a generation step runs: the embedding lookup, the step, the bookkeeping
+        t0 = time.perf_counter()
+        for i, t in enumerate(tokens):
+            model._forward([t], pos0 + i)
+        return (time.perf_counter() - t0) / len(tokens)
+
     def python_path():
         model.compiled_decode = False
         try:
@@ -80,12 +88,13 @@ def main(argv=None) -> None:
         finally:
             model.compiled_decode = True
 
-    compiled(), matmuls(), python_path()  # warm up (pages, pool, caches)
+    compiled(), matmuls(), forward(), python_path()  # warm up (pages, pool, caches)
     inside.clear()
-    times = {"step": [], "matmuls": [], "python": []}
+    times = {"step": [], "matmuls": [], "forward": [], "python": []}
     for _ in range(args.rounds):
         times["step"].append(compiled())
         times["matmuls"].append(matmuls())
+        times["forward"].append(forward())
         times["python"].append(python_path())
     med = {k: statistics.median(v) for k, v in times.items()}
     outside = (med["step"] - med["matmuls"]) / med["step"]
@@ -96,6 +105,7 @@ def main(argv=None) -> None:
           f"{model.config.num_layers} layers, context {args.positions}, bits {args.bits}, act {args.act}")
     print(f"compiled step   {med['step'] * 1e3:7.3f} ms  ({1 / med['step']:6.1f} steps/s)")
     print(f"matmuls alone   {med['matmuls'] * 1e3:7.3f} ms")
+    print(f"model._forward  {med['forward'] * 1e3:7.3f} ms  (the step with the embedding lookup and bookkeeping)")
     print(f"python path     {med['python'] * 1e3:7.3f} ms  ({1 / med['python']:6.1f} steps/s)")
     print(f"outside the matmuls: {outside * 100:.1f}% of the compiled step (step vs matmuls alone), "
           f"{clocked * 100:.1f}% (clocked inside the step, median of {len(inside)} steps)")
