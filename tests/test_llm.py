@@ -141,6 +141,47 @@ def test_disk_embedding_equals_memory(checkpoints):
         disk.embedding([1024])
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_disk_embedding_rows_are_the_files_widened(tmp_path, dtype):
+    """Rows read by one native call (pread, then bfloat16 / float16 widened exactly), at an
+    offset into the file; a file truncated after opening is a ValueError naming it."""
+    from qlinear import _core
+    from qlinear.llm.runtime.embedding import DiskEmbedding
+
+    rng = np.random.default_rng(7)
+    table = rng.standard_normal((50, 24)).astype(np.float32) * np.float32(100)
+    table[0, :4] = [0.0, -0.0, np.inf, 1e-7]   # 1e-7: a float16 subnormal
+    if dtype == "bfloat16":
+        stored = (table.view(np.uint32) >> 16).astype(np.uint16)
+        want = (stored.astype(np.uint32) << 16).view(np.float32)
+    elif dtype == "float16":
+        stored = table.astype(np.float16)
+        want = stored.astype(np.float32)
+    else:
+        stored = want = table
+    path = tmp_path / "e.bin"
+    path.write_bytes(b"x" * 13 + stored.tobytes())
+    emb = DiskEmbedding(path, 13, 50, 24, dtype)
+    ids = [0, 49, 7, 7, 31]
+    got = emb(ids)
+    assert got.dtype == np.float32 and got.shape == (5, 24)
+    np.testing.assert_array_equal(got.view(np.uint32), np.ascontiguousarray(want[ids]).view(np.uint32))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        emb([50])
+    with open(path, "r+b") as f:
+        f.truncate(13 + 40 * stored.nbytes // 50)
+    assert emb([39]).shape == (1, 24)
+    with pytest.raises(ValueError, match=r"e\.bin: short read"):
+        emb([45])
+    with pytest.raises(ValueError, match="bfloat16, float16 or float32"):
+        _core.file_rows(0, 0, 1, 1, "int8", np.zeros(1, np.int64))
+    with pytest.raises(TypeError, match="int64"):
+        _core.file_rows(0, 0, 1, 1, dtype, np.zeros(1, np.int32))
+    emb.close()
+    with pytest.raises(ValueError, match="closed"):
+        emb([0])
+
+
 def test_slim_vocab(checkpoints, tmp_path):
     full = llm.load(checkpoints["qwen2"], bits=8, progress=False)
     keep = list(range(0, 1024, 3))

@@ -81,6 +81,6 @@ void register_decoder(py::module_& m);   // decoder.cc: norms, activations, atte
 void register_decode_step(py::module_& m);  // decode_step.cc: DecodeStep and decode_step
 void register_moe(py::module_& m);       // moe.cc: MoeLayer (routed experts), moe_route
 void register_runtime(py::module_& m);   // runtime.cc: threads, CPU, ISA level, memory bandwidth
-void register_gguf(py::module_& m);      // gguf.cc: rows of GGUF-quantized tables (embeddings)
+void register_embedding_rows(py::module_& m);  // embedding_rows.cc: a token's embedding row in one call
 
 }  // namespace qlinear::bindings

@@ -16,5 +16,5 @@ PYBIND11_MODULE(_core, m) {
   qlinear::bindings::register_moe(m);  // before decode_step: its layers may hold a MoeLayer
   qlinear::bindings::register_decode_step(m);
   qlinear::bindings::register_runtime(m);
-  qlinear::bindings::register_gguf(m);
+  qlinear::bindings::register_embedding_rows(m);
 }

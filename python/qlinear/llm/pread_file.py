@@ -21,6 +21,11 @@ class PreadFile:
             raise ValueError(f"{self.path}: short read of {length} bytes at {offset} (truncated?)")
         return data
 
+    def fileno(self) -> int:
+        if self._fd is None:
+            raise ValueError(f"{self.path}: the file is closed")
+        return self._fd
+
     def close(self) -> None:
         fd, self._fd = getattr(self, "_fd", None), None
         if fd is not None:
