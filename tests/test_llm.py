@@ -290,6 +290,17 @@ def test_converted_file_corruption_is_detected(checkpoints, tmp_path):
         llm.load(out)
 
 
+def test_bench_decode_step_runs(checkpoints):
+    """bench/decode_step.py (where a decode step's time goes) on a small model: every line printed."""
+    import pathlib
+    script = pathlib.Path(__file__).resolve().parents[1] / "bench" / "decode_step.py"
+    r = subprocess.run([sys.executable, str(script), str(checkpoints["qwen2"]), "--positions", "8", "--steps", "2",
+                        "--rounds", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    for line in ("compiled step", "matmuls alone", "model._forward", "python path", "outside the matmuls"):
+        assert line in r.stdout, r.stdout
+
+
 def test_cli_generate_bench_convert(checkpoints, tmp_path):
     src = str(checkpoints["qwen2"])
     run = lambda *a: subprocess.run([sys.executable, "-m", "qlinear.llm", *a], capture_output=True,  # noqa: E731
