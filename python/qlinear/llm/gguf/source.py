@@ -250,11 +250,11 @@ class _QuantizedEmbedding:
         return self
 
     def __call__(self, ids) -> np.ndarray:
-        from gguf import quants  # noqa: PLC0415
-
         ids = _check_ids(ids, self.vocab_size)
         if self._native:
             return _core.gguf_rows(self.table, self._native, ids.astype(np.int64, copy=False))
+        from gguf import quants  # noqa: PLC0415
+
         rows = self.table[ids]
         return np.asarray(quants.dequantize(rows, self.t.tensor_type), np.float32).reshape(len(ids), -1)
 

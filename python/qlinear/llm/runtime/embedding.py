@@ -78,10 +78,11 @@ class DiskEmbedding:
         ids = _check_ids(ids, self.vocab_size)
         # one native call (pread and the exact widening): numpy's per-call costs dominate a
         # decode step's one row, its caches emptied by the step's weight stream
+        fd = self._file.fileno()
         try:
-            return _core.file_rows(self._file.fileno(), self.offset, self.vocab_size, self.hidden_size,
-                                   self.dtype, ids.astype(np.int64, copy=False))
-        except ValueError as e:
+            return _core.file_rows(fd, self.offset, self.vocab_size, self.hidden_size, self.dtype,
+                                   ids.astype(np.int64, copy=False))
+        except ValueError as e:   # a short read: the file was truncated after it was opened
             raise ValueError(f"{self.path}: {e}") from None
 
     def close(self) -> None:
