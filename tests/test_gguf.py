@@ -397,6 +397,56 @@ def test_quantized_embedding_rows_equal_ggufs_dequantize(checkpoints, tmp_path, 
         model.embedding([SHAPE["vocab_size"]])
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q8_0])
+def test_pack_gguf_rows_equal_packing_the_moved_codes(qtype):
+    """GGUF rows moved straight into a packed weight (flash reads of stacked experts), one call
+    per row range at any offset (odd, inside a panel): the bytes pack_quantized makes of the codes
+    and scales decoded here from the blocks' documented layout (Q4_0: d, then byte j's low nibble
+    is value j, its high nibble value j + 16, code q; Q8_0: d, then int8 q, code q + 128)."""
+    from qlinear import _core
+
+    rng = np.random.default_rng(7)
+    bits, size = (4, 18) if qtype == T.Q4_0 else (8, 34)
+    for n, k, cuts in ((1, 32, [0]), (13, 96, [0, 5, 11]), (40, 64, [0, 8, 17, 39]), (9, 288, [0, 1])):
+        raw = encode(rng.standard_normal((n, k)).astype(np.float32) * 3, qtype).reshape(n, k // 32, size)
+        raw[0, 0, :2] = np.array([65504.0], np.float16).view(np.uint8)   # the largest scale, moved as is
+        d = raw[..., :2].copy().view(np.float16)[..., 0]
+        q = raw[..., 2:]
+        codes = np.concatenate([q & 15, q >> 4], -1) if bits == 4 else q ^ 0x80
+        want = _core.pack_quantized(codes.reshape(n, k), d, None, bits, 32, True)
+        buf = np.full(want.nbytes, 0, np.uint8)
+        dst = _core.PackedWeightHandle(buf, n, k, bits, 32, True, "nr8_kr4")
+        flat = raw.reshape(n, -1)
+        for a, b in zip(cuts, cuts[1:] + [n]):
+            _core.pack_gguf_rows(np.ascontiguousarray(flat[a:b]), qtype.name, dst, a)
+        np.testing.assert_array_equal(buf, np.frombuffer(want.buffer, np.uint8))
+
+    def small(bits=bits, group=32, symmetric=True, writeable=True):   # an empty [8, 64] packed weight
+        nbytes = (64 // group) * (8 * group * bits // 8 + 16 * (1 if symmetric else 2))   # blocks of one panel
+        buf = np.zeros(nbytes, np.uint8)
+        buf.flags.writeable = writeable
+        return _core.PackedWeightHandle(buf, 8, 64, bits, group, symmetric, "nr8_kr4")
+
+    flat = encode(rng.standard_normal((8, 64)).astype(np.float32), qtype)
+    dst = _core.PackedWeightHandle(np.zeros(want.nbytes, np.uint8), 9, 288, bits, 32, True, "nr8_kr4")
+    with pytest.raises(ValueError, match="Q4_0 or Q8_0"):
+        _core.pack_gguf_rows(flat, "Q4_K", small())
+    with pytest.raises(TypeError, match="uint8"):
+        _core.pack_gguf_rows(flat.astype(np.int16), qtype.name, small())
+    with pytest.raises(ValueError, match="group 32"):
+        _core.pack_gguf_rows(flat, qtype.name, small(group=64))
+    with pytest.raises(ValueError, match="group 32"):
+        _core.pack_gguf_rows(flat, qtype.name, small(symmetric=False))
+    with pytest.raises(ValueError, match="group 32"):
+        _core.pack_gguf_rows(flat, qtype.name, small(bits=12 - bits))
+    with pytest.raises(ValueError, match="blocks of"):
+        _core.pack_gguf_rows(flat, qtype.name, dst)   # rows of 64 values into a weight of K 288
+    with pytest.raises(ValueError, match="outside the weight's 8"):
+        _core.pack_gguf_rows(flat, qtype.name, small(), 1)
+    with pytest.raises(ValueError, match="read-only"):
+        _core.pack_gguf_rows(flat, qtype.name, small(writeable=False))
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_w4a8_generation_runs(files, arch):
     model = llm.load(files[arch, "Q4_0"], progress=False)

@@ -37,6 +37,7 @@ class PackedWeightHandle {
   }
   const WeightGeometry& geom() const { return geom_; }
   const uint8_t* data() const { return data_; }
+  bool writable() const { return !view_->readonly; }
   py::object owner() const { return owner_; }
 
  private:

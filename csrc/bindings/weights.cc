@@ -1,10 +1,11 @@
-// Binds the packed weights: the PackedWeightHandle class, quantize_and_pack, pack_quantized and
-// unpack.
+// Binds the packed weights: the PackedWeightHandle class, quantize_and_pack, pack_quantized,
+// pack_gguf_rows and unpack.
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "bindings/bindings.h"
+#include "qlinear/embedding_rows.h"
 #include "qlinear/layout.h"
 #include "qlinear/pack.h"
 
@@ -82,6 +83,21 @@ PackedWeightHandle pack_quantized(py::array codes_in, py::array scale_in, py::ob
   return PackedWeightHandle(g, packed);
 }
 
+// GGUF Q4_0 / Q8_0 rows (uint8 [rows, bytes per row]) into rows [row0, row0 + rows) of a packed
+// weight's own buffer, in place.
+void pack_gguf_rows(const py::array& src, const std::string& type, PackedWeightHandle& dst, int64_t row0) {
+  const GgufBlockInfo* t = find_gguf_block(type);
+  if (!t) throw py::value_error("pack_gguf_rows moves Q4_0 or Q8_0 rows, not '" + type + "'");
+  if (dtype_num(src) != 2 /* uint8 */ || src.ndim() != 2 || !(src.flags() & py::array::c_style))
+    throw py::type_error("src must be a C-contiguous uint8 array [rows, bytes per row]");
+  const WeightGeometry& g = dst.geom();
+  pack_gguf_rows_check(g, *t, src.shape(0), row0, src.shape(1));
+  if (!dst.writable()) throw py::value_error("the packed weight's buffer is read-only");
+  const auto* s = static_cast<const uint8_t*>(src.data());
+  py::gil_scoped_release release;
+  qlinear::pack_gguf_rows(g, *t, s, src.shape(0), row0, const_cast<uint8_t*>(dst.data()));
+}
+
 py::tuple unpack(const PackedWeightHandle& w) {
   const WeightGeometry& g = w.geom();
   py::array_t<uint8_t> codes({g.n, g.k});
@@ -120,6 +136,9 @@ void register_weights(py::module_& m) {
         py::arg("symmetric"), py::arg("layout") = "");
   m.def("pack_quantized", &pack_quantized, py::arg("codes"), py::arg("scale"), py::arg("offset"),
         py::arg("bits"), py::arg("group_size"), py::arg("symmetric"), py::arg("layout") = "");
+  m.def("pack_gguf_rows", &pack_gguf_rows, py::arg("src"), py::arg("type"), py::arg("dst"), py::arg("row0") = 0,
+        "Moves GGUF Q4_0 / Q8_0 rows (uint8 [rows, bytes per row]) into rows [row0, row0 + rows) of the "
+        "packed weight dst (symmetric, group 32, int4 / int8), in place; no rounding.");
   m.def("unpack", &unpack);
 }
 

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
+#include "embedding_rows.h"  // GgufBlockInfo
 #include "layout_access.h"  // read_code (unpack_weight)
 #include "threadpool.h"
 
@@ -125,6 +127,50 @@ void unpack_weight(const WeightGeometry& g, const uint8_t* packed, QuantizedWeig
           if (!g.symmetric) std::memcpy(out.offset + n * g.ngroups + j, scales + g.nr + r, 2);
           else out.offset[n * g.ngroups + j] = 0;
         }
+      }
+    }
+  });
+}
+
+void pack_gguf_rows_check(const WeightGeometry& g, const GgufBlockInfo& type, int64_t rows, int64_t row0,
+                          int64_t row_bytes) {
+  const int bits = type.type == GgufBlock::q4_0 ? 4 : 8;
+  const std::string what = bits == 4 ? "Q4_0" : "Q8_0";
+  if (g.bits != bits || !g.symmetric || g.group_size != 32 || g.block != 32)
+    throw std::invalid_argument(what + " rows go into a symmetric int" + std::to_string(bits) +
+                                " weight of group 32, not int" + std::to_string(g.bits) + " group " +
+                                std::to_string(g.group_size) + (g.symmetric ? " symmetric" : " asymmetric"));
+  if (row_bytes != g.k / 32 * type.bytes || g.k % 32)
+    throw std::invalid_argument("a row of " + std::to_string(g.k) + " values is " + std::to_string(g.k / 32) +
+                                " " + what + " blocks of " + std::to_string(type.bytes) + " bytes, got " +
+                                std::to_string(row_bytes) + " bytes");
+  if (rows < 0 || row0 < 0 || row0 + rows > g.n)
+    throw std::invalid_argument("rows [" + std::to_string(row0) + ", " + std::to_string(row0 + rows) +
+                                ") are outside the weight's " + std::to_string(g.n));
+}
+
+void pack_gguf_rows(const WeightGeometry& g, const GgufBlockInfo& type, const uint8_t* src, int64_t rows,
+                    int64_t row0, uint8_t* packed) {
+  const bool q4 = type.type == GgufBlock::q4_0;
+  ThreadPool::global().parallel_for(rows, 64, [&](int64_t r0, int64_t r1) {
+    uint8_t codes[32];
+    for (int64_t i = r0; i < r1; ++i) {
+      const int64_t n = row0 + i, p = n / g.nr;
+      const int r = static_cast<int>(n % g.nr);
+      const uint8_t* s = src + i * g.nblocks * type.bytes;
+      for (int64_t b = 0; b < g.nblocks; ++b, s += type.bytes) {
+        uint8_t* block = packed + p * g.panel_bytes + b * g.block_bytes;
+        const uint8_t* q = s + 2;
+        if (q4) {
+          for (int j = 0; j < 16; ++j) {  // value j: low nibble of byte j, value j + 16: its high nibble
+            codes[j] = q[j] & 0x0F;
+            codes[j + 16] = q[j] >> 4;
+          }
+        } else {
+          for (int j = 0; j < 32; ++j) codes[j] = q[j] ^ 0x80;  // int8 q as q + 128
+        }
+        write_row_codes(g, codes, 32, r, block);
+        std::memcpy(block + g.code_bytes + 2 * r, s, 2);  // d: the scale, as stored (float16)
       }
     }
   });

@@ -28,4 +28,18 @@ void pack_weight(const WeightGeometry& g, const QuantizedWeight& in, uint8_t* pa
 // The inverse of pack_weight.
 void unpack_weight(const WeightGeometry& g, const uint8_t* packed, QuantizedWeight out);
 
+struct GgufBlockInfo;  // embedding_rows.h
+
+// Rows [row0, row0 + rows) of the packed weight g (symmetric, group 32, int4 for Q4_0 / int8 for
+// Q8_0) from `rows` rows of GGUF blocks at src (g.k / 32 blocks a row): the codes moved as
+// docs/llm.md's GGUF section describes (Q4_0's nibble q is our code q, Q8_0's q our q + 128; the
+// float16 d our scale), so the packed rows equal pack_weight's of the same codes. Other rows are
+// left as they are (a weight fused from several tensors is packed by one call per tensor). The
+// caller checks the geometry (pack_gguf_rows_check).
+void pack_gguf_rows(const WeightGeometry& g, const GgufBlockInfo& type, const uint8_t* src, int64_t rows,
+                    int64_t row0, uint8_t* packed);
+// Throws std::invalid_argument naming what does not fit: bits, group, symmetry, rows, k.
+void pack_gguf_rows_check(const WeightGeometry& g, const GgufBlockInfo& type, int64_t rows, int64_t row0,
+                          int64_t row_bytes);
+
 }  // namespace qlinear
