@@ -147,3 +147,83 @@ def test_lfu_keeps_the_most_needed_experts_where_lru_cycles(models):
         with pytest.raises(ValueError, match="policy must be one of lru, lfu"):
             m.flash.experts.policy = "fifo"
     assert rates["lru"] < 0.05 < 0.3 < rates["lfu"]
+
+
+# -- llama.cpp's GGUF file itself: experts read from its stacked ffn_*_exps tensors -------------
+
+@pytest.fixture(scope="module")
+def gguf_models(tmp_path_factory):
+    pytest.importorskip("gguf")
+    from test_gguf import SHAPE, T, write_gguf
+
+    d = tmp_path_factory.mktemp("flash_moe_gguf")
+    out = {}
+    for arch in ("qwen3_moe", "olmoe", "mixtral"):
+        experts = {"num_local_experts" if arch == "mixtral" else "num_experts": 8}
+        ck = make_checkpoint(d / f"{arch}-ck", arch=arch, seed=5, norm_noise=0.1, num_experts_per_tok=2,
+                             **experts, **{**SHAPE, "num_hidden_layers": 3})
+        for qtype in (T.Q4_0, T.Q8_0):
+            out[arch, qtype.name] = write_gguf(ck, d / f"{arch}-{qtype.name}.gguf", qtype)
+        if arch == "qwen3_moe":   # one layer's down experts of another type
+            out["mixed"] = write_gguf(ck, d / "mixed.gguf", T.Q4_0, types={"blk.1.ffn_down_exps.weight": T.Q8_0})
+            out["dense-ck"] = ck
+    return out
+
+
+@pytest.mark.parametrize("arch, qtype", [("qwen3_moe", "Q4_0"), ("qwen3_moe", "Q8_0"), ("olmoe", "Q4_0"),
+                                         ("mixtral", "Q8_0")])
+@pytest.mark.parametrize("slots, prefetch", [(None, "none"), (2, "router"), (1, "none"), (5, "none")])
+def test_gguf_experts_read_from_the_file_equal_its_in_memory_load(gguf_models, arch, qtype, slots, prefetch):
+    """memory='flash' on llama.cpp's file itself: each expert read from its three stacked tensors
+    and its codes moved into a slot as the in-memory load moves them: the same logits and tokens
+    bit for bit, whatever the cache's size (one slot: fewer than a layer's experts)."""
+    path = gguf_models[arch, qtype]
+    ref = llm.load(path, progress=False, max_context=256)
+    want, want_gen = ref.logits(IDS), ref.generate_ids(IDS[:6], 10)
+    with flash(path, slots, prefetch=prefetch) as m:
+        assert m.info["memory"] == "flash" and m.info["flash_experts"]
+        np.testing.assert_array_equal(m.logits(IDS), want)
+        m.reset()
+        assert m.generate_ids(IDS[:6], 10) == want_gen
+        m.flash.experts.drain()
+        st = m.flash.stats
+        assert st["misses"] > 0 and st["bytes"] == m.flash.bytes_read
+        assert st["bytes"] == (st["misses"] + st["prefetched"]) * st["read_bytes"]
+        if slots is None:
+            assert st["misses"] + st["prefetched"] <= st["experts"] == 3 * 8
+
+
+def test_gguf_flash_refuses_what_it_cannot_read(gguf_models, tmp_path):
+    with pytest.raises(ValueError, match="mix Q4_0 and Q8_0"):
+        flash(gguf_models["mixed"])
+    from test_gguf import SHAPE, T, write_gguf
+
+    dense = make_checkpoint(tmp_path / "dense", arch="qwen2", **SHAPE)
+    with pytest.raises(ValueError, match="has none; stream a dense model's FFNs from a converted file"):
+        llm.load(write_gguf(dense, tmp_path / "dense.gguf", T.Q4_0), memory="flash", progress=False)
+    path = gguf_models["qwen3_moe", "Q4_0"]
+    with pytest.raises(ValueError, match=r"too small .* 2 expert slots"):
+        flash(path, budget=1)
+    bad = tmp_path / "trunc.gguf"   # cut inside the last layer's experts
+    bad.write_bytes(path.read_bytes()[:-8192])
+    with pytest.raises(ValueError, match="outside the file|truncated"):
+        flash(bad)
+
+
+def test_gguf_file_truncated_while_running_is_named(gguf_models, tmp_path):
+    """The file cut after loading: the read of a missing expert fails with the file named, and
+    the slots and the staging buffers are given back."""
+    path = tmp_path / "m.gguf"
+    shutil.copy(gguf_models["qwen3_moe", "Q4_0"], path)
+    with flash(path, 2, prefetch="none") as m:
+        m.logits(IDS[:4])
+        with open(path, "r+b") as fh:
+            fh.truncate(path.stat().st_size // 2)
+        with pytest.raises(ValueError, match="short read|changed on disk"):
+            m.reset()
+            m.logits(IDS)
+        assert all(s.pins == 0 for s in m.flash.experts.slots)
+        for s in m.flash.experts.slots:   # reads still in flight end too
+            if s.job is not None:
+                s.job._done.wait()
+        assert m.flash.files._staging.qsize() == m.config.experts_per_token

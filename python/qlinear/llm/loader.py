@@ -61,7 +61,8 @@ def load(path, bits: Optional[int] = 4, group_size: Optional[int] = 64, act: str
     ``qlinear-llm train-predictor``; only predicted-active FFN neuron bundles are read, those
     active in the last ``window`` tokens kept in memory (``sparsity``). Routed experts (Qwen3-MoE,
     OLMoE) are read on demand into an expert cache sized by ``memory_budget_mb``
-    (``flash.experts``; ``model.flash.stats``: its hit rate and bytes read).
+    (``flash.experts``; ``model.flash.stats``: its hit rate and bytes read), also from llama.cpp's
+    GGUF file itself (Q4_0 / Q8_0 experts).
     """
     t0 = time.perf_counter()
     if threads is not None:

@@ -98,11 +98,11 @@ def cost_model(model, throughput: float, measured_tok_s: Optional[float] = None,
 def moe_cost_model(model, throughput: float, measured_tok_s: Optional[float] = None,
                    decode_bytes_per_token: Optional[float] = None) -> str:
     """A flash MoE model's (``flash.experts``): a token reads its experts that miss the cache,
-    misses x expert bytes; routing that picks experts uniformly at random hits a cache of S of
+    misses x the bytes an expert reads; routing that picks experts uniformly at random hits a cache of S of
     the L x E experts at rate S / (L x E)."""
     fl, cfg = model.flash, model.config
     st, L, E, k = fl.stats, cfg.num_layers, cfg.num_experts, cfg.experts_per_token
-    xb, held = st["expert_bytes"], st["slots"] / (L * E)
+    xb, held = st["read_bytes"], st["slots"] / (L * E)
     uniform = L * k * (1 - held) * xb
     per_token = uniform if decode_bytes_per_token is None else decode_bytes_per_token
     mb = lambda n: f"{n / 2**20:.1f} MB"  # noqa: E731

@@ -1,8 +1,8 @@
 """Routed experts read from the model file on demand (``memory="flash"`` for MoE models).
 
-A converted file stores each expert's gate_up right before its down (``layers.N.experts.E.*``):
-one expert is one ``preadv`` of one contiguous range (a gap between the two, if any, is read into
-a scratch buffer). ``ExpertCache`` holds N slots, each a preallocated (gate_up, down) pair of
+Where the experts are in the file (``expert_files``): a converted file stores each expert's
+gate_up right before its down (one ``preadv`` an expert); a GGUF file stacks them per layer (three
+reads an expert, whose codes are moved into place as they arrive). ``ExpertCache`` holds N slots, each a preallocated (gate_up, down) pair of
 packed buffers; an expert not in a slot is read into a slot that no running expert pins, the
 one whose expert was needed least often since load, ties to the least recently used
 (``policy="lfu"``, the default; "lru": the least recently used). A trained router's 4 layers x
@@ -27,54 +27,13 @@ from typing import Optional
 import numpy as np
 
 from . import layout as flash_layout
+from .expert_files import ExpertFile, GGUFExpertFile
 from .reader import FlashReader
 from ..runtime.layers import Linear, rms_norm
 from ..runtime.moe import MoeBlock
 
-PARTS = ("gate_up", "down")
 PREFETCH = ("router", "none")
 POLICIES = ("lru", "lfu")
-MAX_GAP = 4096   # a gap between an expert's gate_up and down read along rather than a second read
-
-
-class ExpertFile:
-    """Where each (layer, expert)'s gate_up and down are in the model file, and their geometry."""
-
-    def __init__(self, path, entries: dict, cfg, file_size: int):
-        self.path, self.L, self.E = str(path), cfg.num_layers, cfg.num_experts
-        self.names, geoms, self.ranges = set(), set(), {}
-        for i in range(self.L):
-            for e in range(self.E):
-                ents = []
-                for p in PARTS:
-                    n = f"layers.{i}.experts.{e}.{p}"
-                    if n not in entries or entries[n].get("kind", "packed") != "packed":
-                        raise ValueError(f"{path}: no packed expert weight {n!r} "
-                                         "(memory='flash' needs quantized expert weights)")
-                    self.names.add(n)
-                    ents.append(entries[n])
-                geoms.add(tuple(flash_layout.Geometry.of_entry(x) for x in ents))
-                (gs, gn), (ds, dn) = ((x["start"], x["nbytes"]) for x in ents)
-                if max(gs + gn, ds + dn) > file_size:
-                    raise ValueError(f"{path}: layer {i} expert {e} ends at byte {max(gs + gn, ds + dn)}, past the "
-                                     f"end of the file ({file_size} bytes): the file is truncated")
-                self.ranges[i, e] = (gs, ds)
-        if len(geoms) != 1:
-            raise ValueError(f"{path}: the experts are quantized differently; memory='flash' reads one geometry")
-        self.gate_up, self.down = geoms.pop()
-        if any(g.nbytes != n for g, n in zip((self.gate_up, self.down), (gn, dn))):
-            raise ValueError(f"{path}: expert sizes do not match their geometry")
-        self.expert_bytes = self.gate_up.nbytes + self.down.nbytes
-        gaps = {ds - gs - self.gate_up.nbytes for gs, ds in self.ranges.values()}
-        self.gap = gaps.pop() if len(gaps) == 1 and 0 <= min(gaps or {0}) <= MAX_GAP else None
-        self.scratch = np.empty(self.gap or 0, np.uint8)   # the gap's bytes land here (not kept)
-
-    def reads(self, layer: int, expert: int, gate_up: np.ndarray, down: np.ndarray) -> list:
-        gs, ds = self.ranges[layer, expert]
-        if self.gap is None:   # apart in the file: two reads
-            return [(gs, [memoryview(gate_up)]), (ds, [memoryview(down)])]
-        mid = [memoryview(self.scratch)] if self.gap else []
-        return [(gs, [memoryview(gate_up), *mid, memoryview(down)])]
 
 
 @dataclass
@@ -94,7 +53,7 @@ class ExpertStats:
 
 
 class _Slot:
-    def __init__(self, files: ExpertFile, act: str, act_block: int):
+    def __init__(self, files: "ExpertFile | GGUFExpertFile", act: str, act_block: int):
         self.gate_up_buf = np.zeros(files.gate_up.nbytes, np.uint8)
         self.down_buf = np.zeros(files.down.nbytes, np.uint8)
         self.linears = (Linear(flash_layout.packed(self.gate_up_buf, files.gate_up), None, act, act_block),
@@ -108,7 +67,7 @@ class _Slot:
 class ExpertCache:
     """``slots`` experts held in memory, read by ``reader``; ``policy`` picks whom to evict."""
 
-    def __init__(self, reader: FlashReader, files: ExpertFile, slots: int, act: str, act_block: int,
+    def __init__(self, reader: FlashReader, files: "ExpertFile | GGUFExpertFile", slots: int, act: str, act_block: int,
                  prefetch: str = "none", policy: str = "lfu"):
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"expert slots must be an int >= 1, got {slots!r}")
@@ -165,9 +124,9 @@ class ExpertCache:
         if slot.job is not None:   # an unused prefetch's read may still run into this slot
             slot.job.wait()
         slot.key, slot.prefetched = key, prefetch
-        slot.job = self.reader.submit(self.files.reads(*key, slot.gate_up_buf, slot.down_buf))
+        slot.job = self.reader.submit(*self.files.read_job(*key, slot.gate_up_buf, slot.down_buf))
         self.where[key] = slot
-        self.stats.bytes += self.files.expert_bytes
+        self.stats.bytes += self.files.read_bytes
         return slot
 
     def request(self, layer: int, experts) -> dict:

@@ -177,7 +177,14 @@ def load_flash(d: Path, opts: Options, max_context: int, memory_budget_mb: Optio
                reader_threads: Optional[int] = None, predictor=None, window: int = 5,
                expert_slots: Optional[int] = None) -> Model:
     """A Model over the converted model in ``d`` whose FFN weights (or routed experts: ``expert_slots``
-    of them held, else as many as ``memory_budget_mb`` holds) are read per forward."""
+    of them held, else as many as ``memory_budget_mb`` holds) are read per forward; or over
+    llama.cpp's GGUF file ``d`` of a MoE model, its routed experts read from it."""
+    from ..gguf import source as gguf_source
+    if gguf_source.is_gguf(d):
+        if predictor is not None:
+            raise ValueError(f"{d}: a predictor applies to a converted model's dense FFNs, not to a GGUF file")
+        from .moe_loader import load_flash_moe_gguf
+        return load_flash_moe_gguf(d, opts, max_context, memory_budget_mb, reader_threads, expert_slots)
     if not converted_source.is_converted(d):
         raise ValueError(f"{d}: memory='flash' needs a converted model file "
                          f"({converted_source.MODEL_FILE}, written by qlinear-llm convert)")

@@ -3,7 +3,8 @@ norms, routers, lm head and KV cache resident, the embedding rows read as needed
 (``DiskEmbedding``), the experts read from the file into an expert cache (``flash.experts``)
 whose size comes from ``memory_budget_mb``: what the budget holds after the resident part and
 the process's reserve (``plan.PROCESS_RESERVE``), at least experts_per_token slots (one layer's
-experts for one token); every expert without a budget."""
+experts for one token); every expert without a budget. The file: a converted model, or llama.cpp's
+GGUF file itself (Q4_0 / Q8_0 experts, read from their stacked tensors: ``expert_files``)."""
 
 from __future__ import annotations
 
@@ -20,23 +21,26 @@ from ..converted import source as converted_source
 from ..options import Options
 from ..runtime.model import Model
 from . import layout as flash_layout
-from .experts import ExpertCache, ExpertFile, flash_block
+from ..gguf import source as gguf_source
+from ..gguf.config import read_config
+from ..gguf.file import GGUFFile
+from .expert_files import ExpertFile, GGUFExpertFile
+from .experts import ExpertCache, flash_block
 from .plan import PROCESS_RESERVE, MemoryPlan, kv_cache_bytes
 from .reader import FlashReader, read_plan
 from .resident import resident_source
 
 
-def moe_plan(entries: dict, files: ExpertFile, cfg, max_context: int, slots: int) -> MemoryPlan:
-    """What stays in memory: everything but the experts and the embedding, the KV cache, the
-    RoPE tables and ``slots`` expert slots (under ``ffn_buffers``)."""
-    resident = sum(e["nbytes"] for n, e in entries.items()
-                   if n not in files.names and n != converted_source.EMBEDDING and n != "lm_rows")
+def moe_plan(resident: int, files, cfg, max_context: int, slots: int) -> MemoryPlan:
+    """What stays in memory: ``resident`` bytes (everything but the experts and the embedding),
+    the KV cache, the RoPE tables and ``slots`` expert slots with the file's staging buffers
+    (under ``ffn_buffers``)."""
     positions = min(max_context, cfg.max_position_embeddings)
     rope = 2 * positions * (cfg.head_dim // 2) * 4
-    return MemoryPlan(resident, kv_cache_bytes(cfg, positions), slots * files.expert_bytes, rope)
+    return MemoryPlan(resident, kv_cache_bytes(cfg, positions), slots * files.expert_bytes + files.staging_bytes, rope)
 
 
-def expert_slots(entries: dict, files: ExpertFile, cfg, max_context: int, budget_mb: Optional[float],
+def expert_slots(resident: int, files, cfg, max_context: int, budget_mb: Optional[float],
                  slots: Optional[int], path) -> int:
     """The expert cache's size: ``slots`` if given, else what ``budget_mb`` holds (all the
     experts without a budget). A budget that does not hold the resident part, the reserve and
@@ -49,7 +53,7 @@ def expert_slots(entries: dict, files: ExpertFile, cfg, max_context: int, budget
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"expert_slots must be an int >= 1, got {slots!r}")
         slots = min(slots, total)
-    base = moe_plan(entries, files, cfg, max_context, 0)
+    base = moe_plan(resident, files, cfg, max_context, 0)
     if budget_mb is None:
         return total if slots is None else slots
     room = budget_mb * 2**20 - base.total - PROCESS_RESERVE
@@ -71,10 +75,40 @@ def load_flash_moe(d: Path, opts: Options, max_context: int, entries: dict, cfg,
     """A Model over the converted MoE model in ``d`` whose experts are read on demand."""
     path = d / converted_source.MODEL_FILE
     files = ExpertFile(path, entries, cfg, os.path.getsize(path))
-    n = expert_slots(entries, files, cfg, max_context, memory_budget_mb, slots, path)
-    plan = moe_plan(entries, files, cfg, max_context, n)
+    resident = sum(e["nbytes"] for n, e in entries.items()
+                   if n not in files.names and n != converted_source.EMBEDDING and n != "lm_rows")
+    n = expert_slots(resident, files, cfg, max_context, memory_budget_mb, slots, path)
     source = resident_source(d, opts, entries, files.names)
-    tensors = source.tensors
+    return _model(path, source, files, n, moe_plan(resident, files, cfg, max_context, n), opts, max_context,
+                  reader_threads, prefetch)
+
+
+def load_flash_moe_gguf(p: Path, opts: Options, max_context: int, memory_budget_mb: Optional[float] = None,
+                        reader_threads: Optional[int] = None, slots: Optional[int] = None,
+                        prefetch: str = "none") -> Model:
+    """A Model over llama.cpp's GGUF file ``p`` of a MoE model (Q4_0 / Q8_0 experts), its experts
+    read from that file on demand (``expert_files.GGUFExpertFile``)."""
+    f = GGUFFile(p)
+    cfg = read_config(f)
+    if not cfg.num_experts:
+        raise ValueError(f"{p}: memory='flash' reads the routed experts of a GGUF file, and this {cfg.arch} model "
+                         "has none; stream a dense model's FFNs from a converted file (llm.convert)")
+    files = GGUFExpertFile(f, cfg, staging=cfg.experts_per_token)
+    embd = "token_embd.weight"
+    resident = sum(int(t.n_bytes) for n, t in f.tensors.items()
+                   if n not in files.names and (n != embd or cfg.tie_word_embeddings))
+    n = expert_slots(resident, files, cfg, max_context, memory_budget_mb, slots, p)
+    del f
+    source = gguf_source.read(p, opts, progress_bar=False, routed_experts=False)
+    return _model(p, source, files, n, moe_plan(resident, files, cfg, max_context, n), opts, max_context,
+                  reader_threads, prefetch)
+
+
+def _model(path: Path, source, files, n: int, plan: MemoryPlan, opts: Options, max_context: int,
+           reader_threads: Optional[int], prefetch: str) -> Model:
+    """The model of ``source`` (its tensors but the experts), the experts read from ``path`` into
+    an expert cache of ``n`` slots."""
+    cfg, tensors = source.config, source.tensors
     # one placeholder of each shape stands for every expert, so that build_model builds the rest
     ph = (flash_layout.packed(np.zeros(files.gate_up.nbytes, np.uint8), files.gate_up),
           flash_layout.packed(np.zeros(files.down.nbytes, np.uint8), files.down))
@@ -111,7 +145,7 @@ class FlashMoeInfo:
     """What a flash MoE model reads: for ``model.flash.stats``, the cost model and the benchmarks."""
 
     reader: FlashReader
-    files: ExpertFile
+    files: "ExpertFile | GGUFExpertFile"
     experts: ExpertCache
     plan: MemoryPlan
 
@@ -121,6 +155,9 @@ class FlashMoeInfo:
 
     @property
     def stats(self) -> dict:
-        """The expert cache's hits, misses, hit rate, prefetches and bytes read."""
+        """The expert cache's hits, misses, hit rate, prefetches and bytes read; the bytes of an
+        expert in a slot (expert_bytes) and read from the file (read_bytes: equal for a converted
+        file)."""
         return {**self.experts.stats.as_dict(), "slots": len(self.experts.slots),
-                "experts": self.files.L * self.files.E, "expert_bytes": self.files.expert_bytes}
+                "experts": self.files.L * self.files.E, "expert_bytes": self.files.expert_bytes,
+                "read_bytes": self.files.read_bytes}

@@ -19,7 +19,7 @@ import os
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 IOV_MAX = 1024          # iovecs per preadv (Linux's limit)
 CHUNK_BYTES = 4 << 20   # a large read is split into reads of this size, for reads in flight
@@ -94,10 +94,12 @@ class ReadStats:
 
 
 class Job:
-    """Reads submitted together; ``wait()`` returns when all are done (or raises the error)."""
+    """Reads submitted together; ``wait()`` returns when all are done (or raises the error).
+    ``after(ok)``: run by the worker that finishes the last read, before the job is done (e.g.
+    moving what was read into place; ok: every read succeeded)."""
 
-    def __init__(self, reads: list):
-        self.reads = reads
+    def __init__(self, reads: list, after: Optional[Callable[[bool], None]] = None):
+        self.reads, self.after = reads, after
         self._left = len(reads)
         self._lock = threading.Lock()
         self._done = threading.Event()
@@ -179,10 +181,10 @@ class FlashReader:
             raise ValueError(f"{self.path}: the model file changed on disk while the model was running "
                              f"(size {self.identity[0]} -> {now[0]} bytes); reload it")
 
-    def submit(self, reads: list) -> Job:
+    def submit(self, reads: list, after: Optional[Callable[[bool], None]] = None) -> Job:
         if self.fd is None:
             raise ValueError(f"{self.path}: the model is closed")
-        job = Job(reads)
+        job = Job(reads, after)
         with self._stats_lock:
             self.stats.jobs += 1
         for r in reads:
@@ -214,6 +216,11 @@ class FlashReader:
                         self.check_unchanged()
                     except ValueError as e:
                         job.error = e
+                if job.after is not None:
+                    try:
+                        job.after(job.error is None)
+                    except (ValueError, TypeError) as e:
+                        job.error = job.error or (e if isinstance(e, ValueError) else ValueError(f"{self.path}: {e}"))
                 job._done.set()
 
     @property

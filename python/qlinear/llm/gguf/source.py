@@ -51,7 +51,9 @@ def is_gguf(p: Path) -> bool:
         return fh.read(4) == MAGIC
 
 
-def read(p: Path, opts: Options, progress_bar: bool = True) -> Source:
+def read(p: Path, opts: Options, progress_bar: bool = True, routed_experts: bool = True) -> Source:
+    """``routed_experts=False``: a MoE model's experts are left out (read from the file on demand
+    by ``memory="flash"``), their routers kept."""
     f = GGUFFile(p)
     cfg = read_config(f)
     tokenizer, info = read_tokenizer(f)
@@ -71,7 +73,7 @@ def read(p: Path, opts: Options, progress_bar: bool = True) -> Source:
             tensors[o + "qkv.bias"] = np.concatenate([w.vector(n + ".bias", r, h) for n, r, h in qkv])
         tensors[o + "o"] = w.fused(o + "o", [(b + "attn_output.weight", (H, cfg.q_size), None)])
         if cfg.num_experts:
-            tensors.update(w.experts(b, o))
+            tensors.update(w.experts(b, o) if routed_experts else {o + "router": w.router(b)})
         else:
             gate_up = [(b + "ffn_gate.weight", (I, H), None), (b + "ffn_up.weight", (I, H), None)]
             if b + "ffn_gate.weight" not in f.tensors and cfg.arch == "phi3":  # ffn_up: gate, then up
@@ -135,7 +137,7 @@ class _Weights:
         ``ffn_{gate,up,down}_exps``, codes moved as for dense weights."""
         cfg, H = self.cfg, self.cfg.hidden_size
         E, M = cfg.num_experts, cfg.moe_intermediate_size
-        out = {o + "router": np.array(self.f.dequantize(self.f.tensor(b + "ffn_gate_inp.weight", (E, H))))}
+        out = {o + "router": self.router(b)}
         stacks = {part: self._stacked(f"{b}ffn_{part}_exps.weight", shape)
                   for part, shape in (("gate", (E, M, H)), ("up", (E, M, H)), ("down", (E, H, M)))}
         for e in range(E):
@@ -144,6 +146,10 @@ class _Weights:
             out[f"{o}experts.{e}.down"] = self._fuse(f"{o}experts.{e}.down", [stacks["down"](e)],
                                                      [f"{b}ffn_down_exps.weight[{e}]"])
         return out
+
+    def router(self, b: str) -> np.ndarray:
+        cfg = self.cfg
+        return np.array(self.f.dequantize(self.f.tensor(b + "ffn_gate_inp.weight", (cfg.num_experts, cfg.hidden_size))))
 
     def _stacked(self, name: str, shape: tuple):
         """expert -> its part of a [experts, rows, k] tensor, as ``_part`` gives a 2-D one."""
