@@ -7,13 +7,15 @@ The model: the synthetic Qwen3-MoE of bench/moe.py (Qwen2.5-0.5B's attention, 24
 experts of width 608 per layer, top 4, vocabulary 4096; 1.3B weights; random weights), its
 checkpoint written once into $QLINEAR_BENCH_MODELS (default ~/.cache/qlinear-bench). llama.cpp
 (built by `python bench/llamacpp_vs.py --build`) reads the Q4_0 GGUF its own converter and
-llama-quantize make of the checkpoint (bench/llamacpp_vs.py's `checkpoint_gguf`). memory="flash"
-reads a converted qlinear file, so qlinear runs either the checkpoint converted with
-`llm.convert(bits=4, group_size=32, symmetric=True)` (Q4_0's weights: symmetric int4 in groups of
-32, a float16 scale as Q4_0's; the same checkpoint at the same bits, not the same file), or with
---from-gguf llama.cpp's Q4_0 file converted (`llm.convert` keeps its codes: the same weights).
+llama-quantize make of the checkpoint (bench/llamacpp_vs.py's `checkpoint_gguf`). qlinear runs
+with --same-file that very GGUF file (memory="flash" reads its experts from the stacked
+ffn_*_exps tensors and moves their codes into its expert cache), with --from-gguf that file
+converted by `llm.convert` (its codes kept: the same weights, experts stored whole), else the
+checkpoint converted with `llm.convert(bits=4, group_size=32, symmetric=True)` (Q4_0's weights:
+symmetric int4 in groups of 32, a float16 scale as Q4_0's; the same checkpoint at the same bits).
 
     python bench/moe_flash.py [--limit-mb N] [--decode-tokens 32] [--threads 2] [--read-ahead-kb 128] [--keep]
+    python bench/moe_flash.py --same-file      # qlinear on llama.cpp's Q4_0 file itself
     python bench/moe_flash.py --from-gguf      # qlinear on llama.cpp's Q4_0 file, converted (codes kept)
 
 Each run is a fresh process inside the cgroup, the page cache dropped first (echo 3 >
@@ -26,7 +28,7 @@ on it), so a third run draws each token's experts at random instead (the routers
 no prefetch): the cache's random-routing case, not llama.cpp's workload. llama.cpp:
 `llama-bench -p 8 -n N -r 1 -lm mmap`, with its Q4_0 repacking (tensors copied out of the
 mapping into its own memory) and without. The bound: read throughput / bytes read per token,
-the read throughput measured inside the cgroup on the qlinear file with the flash reader
+the read throughput measured inside the cgroup on the file qlinear reads, with the flash reader
 (sequential 4 MiB reads; reads of one expert each at the experts' offsets in random order; and
 the same reads a layer's top-k at a time, each group waited for before the next starts, as a
 decode token reads with random routing and nothing in the cache, less its compute; 4 threads, no
@@ -106,33 +108,51 @@ def worker_throughput(args) -> dict:
     from qlinear._format import tensor_entries
     from qlinear.llm.config import ModelConfig
     from qlinear.llm.flash.cost import drop_file_cache, read_throughput
-    from qlinear.llm.flash.experts import ExpertFile
+    from qlinear.llm.flash.expert_files import ExpertFile, GGUFExpertFile
     from qlinear.llm.flash.reader import CHUNK_BYTES, FlashReader, ReadPlan
+    from qlinear.llm.gguf.config import read_config
+    from qlinear.llm.gguf.file import GGUFFile
 
-    path = Path(args.model) / "model.qlinear"
+    path = Path(args.model)
+    if path.is_dir():   # a converted model: each expert one range
+        path = path / "model.qlinear"
+        entries, meta = tensor_entries(path)
+        cfg = ModelConfig.from_dict(meta["config"], str(path))
+        files = ExpertFile(path, entries, cfg, os.path.getsize(path))
+        keys = list(files.ranges)
+        bufs = [(np.empty(files.gate_up.nbytes, np.uint8), np.empty(files.down.nbytes, np.uint8)) for _ in range(8)]
+        expert_reads = lambda key, j: files.reads(*key, *bufs[j % 8])  # noqa: E731
+    else:   # llama.cpp's GGUF file: each expert three slices of its layer's stacked tensors
+        f = GGUFFile(path)
+        cfg = read_config(f)
+        files = GGUFExpertFile(f, cfg, staging=0)
+        keys = [(i, e) for i in range(files.L) for e in range(files.E)]
+        bufs = [np.empty(files.read_bytes, np.uint8) for _ in range(8)]
+
+        def expert_reads(key, j):
+            out, at = [], 0
+            for offset, size, _ in files.ranges[key[0]]:
+                out.append((offset + key[1] * size, [memoryview(bufs[j % 8][at:at + size])]))
+                at += size
+            return out
     plan = ReadPlan(False, 4, CHUNK_BYTES)
     seq = read_throughput(path, plan=plan)
-    entries, meta = tensor_entries(path)
-    cfg = ModelConfig.from_dict(meta["config"], str(path))
-    files = ExpertFile(path, entries, cfg, os.path.getsize(path))
-    keys = list(files.ranges)
     order = np.random.default_rng(0).permutation(len(keys))
-    bufs = [(np.empty(files.gate_up.nbytes, np.uint8), np.empty(files.down.nbytes, np.uint8)) for _ in range(8)]
-    reads = [r for j, i in enumerate(order) for r in files.reads(*keys[i], *bufs[j % 8])]
+    reads = [r for j, i in enumerate(order) for r in expert_reads(keys[i], j)]
     drop_file_cache(path)
     reader = FlashReader(path, plan)
     try:
         t0 = time.perf_counter()
         reader.submit(reads).wait()
-        rand = len(keys) * files.expert_bytes / (time.perf_counter() - t0)
+        rand = len(keys) * files.read_bytes / (time.perf_counter() - t0)
         # a decode token's pattern without its compute: each layer's k experts (other ones) read
         # at once and waited for before the next layer's start
         drop_file_cache(path)
         k = cfg.experts_per_token
         t0 = time.perf_counter()
         for g in range(0, len(keys) - k + 1, k):
-            reader.submit([r for j, i in enumerate(order[g:g + k]) for r in files.reads(*keys[i], *bufs[j])]).wait()
-        bursts = (len(keys) // k) * k * files.expert_bytes / (time.perf_counter() - t0)
+            reader.submit([r for j, i in enumerate(order[g:g + k]) for r in expert_reads(keys[i], j)]).wait()
+        bursts = (len(keys) // k) * k * files.read_bytes / (time.perf_counter() - t0)
     finally:
         reader.close()
     return {"sequential": seq, "experts_random": rand, "layer_bursts": bursts}
@@ -183,7 +203,7 @@ def trained_hit_rates(tmp: Path) -> list:
             for pos, t in enumerate(ids):   # one token per forward: decode's pattern of lookups
                 m._forward([t], pos)
             st, cfg = m.flash.stats, m.config
-            row += [st["hit_rate"], st["bytes"] / len(ids) / st["expert_bytes"], st["prefetched"], st["prefetch_used"]]
+            row += [st["hit_rate"], st["bytes"] / len(ids) / st["read_bytes"], st["prefetched"], st["prefetch_used"]]
             m.close()
         rows.append((*row, uniform_lru_hit_rate(cfg.num_layers, cfg.num_experts, cfg.experts_per_token, slots, len(ids))))
     return rows
@@ -216,6 +236,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--keep", action="store_true", help="keep the files this run made")
     p.add_argument("--skip-llamacpp", action="store_true")
+    p.add_argument("--same-file", action="store_true",
+                   help="qlinear runs llama.cpp's Q4_0 file itself (its experts read from the stacked tensors)")
     p.add_argument("--from-gguf", action="store_true",
                    help="qlinear runs llama.cpp's Q4_0 file converted (llm.convert keeps its codes) instead of the checkpoint's")
     p.add_argument("--read-ahead-kb", type=int, default=None,
@@ -263,28 +285,31 @@ def run(args, lv, tmp: Path) -> None:
     import platform
     model = converted()
     have_llamacpp = lv.tool("llama-bench").exists() and not args.skip_llamacpp
-    gguf = lv.checkpoint_gguf(checkpoint(), "Q4_0", pre="qwen2") if have_llamacpp else None
+    need_gguf = have_llamacpp or args.same_file or args.from_gguf
+    gguf = lv.checkpoint_gguf(checkpoint(), "Q4_0", pre="qwen2") if need_gguf and lv.tool("llama-quantize").exists() else None
+    if (args.from_gguf or args.same_file) and gguf is None:
+        raise SystemExit("--from-gguf / --same-file need llama.cpp's GGUF file (python bench/llamacpp_vs.py --build)")
     if args.from_gguf:   # llama.cpp's file converted: its Q4_0 codes moved, the same weights
-        if gguf is None:
-            raise SystemExit("--from-gguf needs llama.cpp's GGUF file (python bench/llamacpp_vs.py --build)")
         from qlinear import llm
         model = llm.convert(gguf, tmp / "from-gguf", progress=False)
-    qsize = (model / "model.qlinear").stat().st_size
+    qfile = gguf if args.same_file else model / "model.qlinear"
+    qsize = qfile.stat().st_size
     sizes = [qsize] + ([gguf.stat().st_size] if gguf else [])
     limit = int(args.limit_mb * 2**20) if args.limit_mb else min(sizes) // 2
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor())
     print(f"CPU {cpu}, {os.cpu_count()} cores, {args.threads} threads")
     print(f"qlinear file {qsize / 2**20:.0f} MB ("
-          + (f"{gguf.name} converted: its Q4_0 codes" if args.from_gguf else f"int4 g32 symmetric, converted from {NAME}") + ")"
+          + (f"{gguf.name} itself: the same file as llama.cpp's" if args.same_file else
+             f"{gguf.name} converted: its Q4_0 codes" if args.from_gguf else f"int4 g32 symmetric, converted from {NAME}") + ")"
           + (f"; llama.cpp file {gguf.stat().st_size / 2**20:.0f} MB ({gguf.name}, Q4_0, the same checkpoint)" if gguf else
-             "; llama.cpp: not built (python bench/llamacpp_vs.py --build)"))
+             "; llama.cpp: skipped" if args.skip_llamacpp else "; llama.cpp: not built (python bench/llamacpp_vs.py --build)"))
     print(f"memory limit {limit / 2**20:.0f} MB (RSS + page cache; the qlinear file is {qsize / limit:.2f}x it)")
-    me = [sys.executable, __file__, "--model", str(model), "--threads", str(args.threads),
+    me = [sys.executable, __file__, "--model", str(gguf if args.same_file else model), "--threads", str(args.threads),
           "--decode-tokens", str(args.decode_tokens)]
     # a virtual machine's disk may be served from its host's page cache (bench/flash.py): one pass
     # over each file first, so that no run pays the host's first reads
-    for f in [model / "model.qlinear"] + ([gguf] if gguf else []):
+    for f in {qfile, *([gguf] if gguf else [])}:
         with open(f, "rb", buffering=0) as fh:
             while fh.read(16 << 20):
                 pass
@@ -302,7 +327,7 @@ def run(args, lv, tmp: Path) -> None:
                                                                 "--budget-mb", str(limit / 2**20)])
         rows[f"qlinear flash, prefetch={pf}" + (", random routing" if routing == "random" else "")] = ({**json.loads(r.stdout.strip().splitlines()[-1]), "cgroup_peak_mb": peak}
                                                  if r.returncode == 0 else {"error": r.stderr[-500:], "cgroup_peak_mb": peak})
-    for repack in (1, 0) if gguf else ():
+    for repack in (1, 0) if have_llamacpp else ():
         rows[f"llama.cpp mmap, repack={repack}"] = llamacpp_run(limit, gguf, args.decode_tokens, args.threads, repack)
     print(f"\n| engine | decode tok/s | expert cache (slots of experts) | hit rate | MB read per token | "
           f"bound: seq. / random-expert / layer-burst throughput / bytes per token | % of bounds | peak RSS MB | "

@@ -144,6 +144,8 @@ void pack_gguf_rows_check(const WeightGeometry& g, const GgufBlockInfo& type, in
     throw std::invalid_argument("a row of " + std::to_string(g.k) + " values is " + std::to_string(g.k / 32) +
                                 " " + what + " blocks of " + std::to_string(type.bytes) + " bytes, got " +
                                 std::to_string(row_bytes) + " bytes");
+  if (g.kr != 4) throw std::invalid_argument("pack_gguf_rows writes layouts of 4 k per row and chunk, not " +
+                                            std::string(layout_info(g.layout).name));
   if (rows < 0 || row0 < 0 || row0 + rows > g.n)
     throw std::invalid_argument("rows [" + std::to_string(row0) + ", " + std::to_string(row0 + rows) +
                                 ") are outside the weight's " + std::to_string(g.n));
@@ -152,28 +154,40 @@ void pack_gguf_rows_check(const WeightGeometry& g, const GgufBlockInfo& type, in
 void pack_gguf_rows(const WeightGeometry& g, const GgufBlockInfo& type, const uint8_t* src, int64_t rows,
                     int64_t row0, uint8_t* packed) {
   const bool q4 = type.type == GgufBlock::q4_0;
-  ThreadPool::global().parallel_for(rows, 64, [&](int64_t r0, int64_t r1) {
-    uint8_t codes[32];
-    for (int64_t i = r0; i < r1; ++i) {
-      const int64_t n = row0 + i, p = n / g.nr;
-      const int r = static_cast<int>(n % g.nr);
-      const uint8_t* s = src + i * g.nblocks * type.bytes;
-      for (int64_t b = 0; b < g.nblocks; ++b, s += type.bytes) {
-        uint8_t* block = packed + p * g.panel_bytes + b * g.block_bytes;
-        const uint8_t* q = s + 2;
-        if (q4) {
-          for (int j = 0; j < 16; ++j) {  // value j: low nibble of byte j, value j + 16: its high nibble
-            codes[j] = q[j] & 0x0F;
-            codes[j + 16] = q[j] >> 4;
-          }
-        } else {
-          for (int j = 0; j < 32; ++j) codes[j] = q[j] ^ 0x80;  // int8 q as q + 128
+  const int64_t chunk_bytes = int64_t(g.nr) * g.kr;  // kr == 4 (pack_gguf_rows_check)
+  // On the calling thread: flash's reader threads move experts side by side, and the pool's
+  // workers, woken for so little, would spin on the cores the decode step needs.
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t n = row0 + i, p = n / g.nr;
+    const int r = static_cast<int>(n % g.nr);
+    const uint8_t* s = src + i * g.nblocks * type.bytes;
+    for (int64_t b = 0; b < g.nblocks; ++b, s += type.bytes) {
+      uint8_t* block = packed + p * g.panel_bytes + b * g.block_bytes;
+      const uint8_t* q = s + 2;
+      uint8_t* out = block + r * g.kr;
+      std::memcpy(block + g.code_bytes + 2 * r, s, 2);  // d: the scale, as stored (float16)
+      // 4 bytes at a time: one 32-bit lane is one row's 4 bytes of a chunk
+      static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "lanes hold bytes in memory order");
+      uint32_t lane[8];
+      std::memcpy(lane, q, q4 ? 16 : 32);
+      if (q4) {
+        // chunk c holds k 8c .. 8c + 7 as bytes code(8c + j) | code(8c + 4 + j) << 4 (layout.h);
+        // byte j of Q4_0 holds values j (low nibble) and j + 16 (high nibble)
+        constexpr uint32_t kLow = 0x0F0F0F0Fu;
+        for (int c = 0; c < 2; ++c) {
+          const uint32_t a = lane[2 * c], h = lane[2 * c + 1];
+          const uint32_t lo = (a & kLow) | ((h & kLow) << 4), hi = ((a >> 4) & kLow) | (h & ~kLow);
+          std::memcpy(out + c * chunk_bytes, &lo, 4);
+          std::memcpy(out + (c + 2) * chunk_bytes, &hi, 4);
         }
-        write_row_codes(g, codes, 32, r, block);
-        std::memcpy(block + g.code_bytes + 2 * r, s, 2);  // d: the scale, as stored (float16)
+      } else {  // chunk c holds k 4c .. 4c + 3; int8 q as q + 128
+        for (int c = 0; c < 8; ++c) {
+          const uint32_t v = lane[c] ^ 0x80808080u;
+          std::memcpy(out + c * chunk_bytes, &v, 4);
+        }
       }
     }
-  });
+  }
 }
 
 }  // namespace qlinear

@@ -35,7 +35,7 @@ struct GgufBlockInfo;  // embedding_rows.h
 // docs/llm.md's GGUF section describes (Q4_0's nibble q is our code q, Q8_0's q our q + 128; the
 // float16 d our scale), so the packed rows equal pack_weight's of the same codes. Other rows are
 // left as they are (a weight fused from several tensors is packed by one call per tensor). The
-// caller checks the geometry (pack_gguf_rows_check).
+// caller checks the geometry (pack_gguf_rows_check; layouts of kr 4).
 void pack_gguf_rows(const WeightGeometry& g, const GgufBlockInfo& type, const uint8_t* src, int64_t rows,
                     int64_t row0, uint8_t* packed);
 // Throws std::invalid_argument naming what does not fit: bits, group, symmetry, rows, k.
