@@ -67,9 +67,10 @@ inline void weight_operands(const uint8_t*& w, uint8x16_t (&b)[4]) {
 }
 
 // Panels [p, p + np) as USMMLA operands: per panel (8 x padded K bytes), per 8 k, the 4 operands
-// of weight_operands (64 bytes). Loads and stores of single registers (LDP / STP pairs): in the V1
-// model an ST1 of 4 registers makes this loop 3.0 cycles per 8 k, STPs 2.0. Not inlined: its own
-// symbol, so that bench/arm_kernels.py finds and prices its loop.
+// of weight_operands (64 bytes). Loads and stores of single registers (LDP / STP pairs) and the
+// geometry in locals: in the V1 model LD1 / ST1 of 4 registers make this loop 2.7 cycles per 8 k
+// (3.0 with g.block reloaded each time: out may alias it), STPs 2.0. Not inlined: its own symbol,
+// so that bench/arm_kernels.py finds and prices its loop.
 template <int BITS>
 __attribute__((noinline)) void stage_panels(const WeightGeometry& g, const uint8_t* packed, int64_t p, int64_t np,
                                             uint8_t* out) {
