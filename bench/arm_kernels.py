@@ -8,6 +8,12 @@ several core models. MNN 3.6.1's hand-written aarch64 kernels for the same work 
 in its wheel's engine library (its loops by their local labels, e.g. L8LoopSz_TILE_12) and measured
 the same way, in the same table.
 
+A GEMM that first stages its weight panels per call (the i8mm level: stage_panels, its own
+symbol) has its tile loop measured as the others, the staging loop priced too (cycles per 8 k of a
+panel), and a further table gives the two together: multiply-adds per cycle at M rows per call,
+the staging pass shared by the call's M / rows tiles. The loop its calls of fewer rows run
+(operands zipped in the loop, no staging) is a row of its own.
+
 Per kernel and core model it prints: cycles per loop iteration, multiply-adds per cycle, the share
 of the core's issue rate of the kernel's multiply instruction (SDOT, SMMLA, FMLA, or for the plain
 NEON level SMULL + SADALP) -- the peak itself measured by llvm-mca on a stream of independent such
@@ -349,6 +355,8 @@ class Kernel:
     loops: list[Loop]    # [main multiply loop] or [unpack loop, multiply loop] (float path)
     needs_i8mm: bool = False
     note: str = ""
+    stage: Loop | None = None  # the per-call staging pass of the weight panels (its loop), if any
+    stage_min_rows: int = 0    # the fewest rows of a call that stages
 
 
 def qlinear_descriptors() -> list[tuple[str, str, int, str, str]]:
@@ -446,7 +454,19 @@ def qlinear_kernels(binary: Binary) -> list[Kernel]:
         loops, rows = pick_loops(binary, pattern, float_path, rows if not float_path else (1 if not gemm else 0))
         note = ("one 64-k block per iteration, its int -> float epilogue included"
                 if not float_path and any(is_conversion(i) for i in loops[-1].insns) else "")
-        out.append(Kernel("qlinear", desc, work, bits, rows, loops, needs_i8mm=level == "i8mm", note=note))
+        k = Kernel("qlinear", desc, work, bits, rows, loops, needs_i8mm=level == "i8mm", note=note)
+        if gemm and level == "i8mm":
+            # mmla_gemm stages its panels when the call has enough rows (int8 > 2 tiles, int4 > 1.5),
+            # and the staged tile loop is then the one picked above; calls of fewer rows run the
+            # loop that zips the operands itself (mmla_rows<bits, 12, false>), shown as its own row.
+            stage = innermost(binary.loops(re.compile(rf"stage_panels<{bits}>\("), follow_calls=False))
+            k.stage = max(stage, key=lambda l: sum(store_bytes(i) for i in l.insns))
+            k.stage_min_rows = (2 * rows if bits == 8 else 3 * rows // 2) + 1
+            k.note = f"staged panels: calls of >= {k.stage_min_rows} rows"
+            zipped, _ = pick_loops(binary, re.compile(rf"mmla_rows<{bits}, {rows}, false>\("), False, rows)
+            out.append(Kernel("qlinear", f"{desc}: mmla_rows<{bits}, {rows}, false>", work, bits, rows, zipped, needs_i8mm=True,
+                              note=f"calls of < {k.stage_min_rows} rows: operands zipped in the loop"))
+        out.append(k)
     return out
 
 
@@ -513,6 +533,16 @@ def evaluate(k: Kernel, cpu: str, peaks: dict) -> dict | None:
         peak_kind = "fmla.8h" if any(".8h" in i.operands for i in main.insns if i.mnemonic == "fmla") else "fmla.4s"
     res = {"cycles": r["cycles"], "insns": len(main.insns), "macs": slots / r["cycles"], "class": cls,
            "issue": slots / r["cycles"] / (peaks[(peak_kind, cpu)] * PEAK_MACS[peak_kind])}
+    if k.stage is not None:
+        # The staging pass: cycles per staged byte (one byte per weight, 64 per 8 k of a panel),
+        # charged once per call and shared by its row tiles: per tile iteration (slots / rows weights
+        # of the panel), stage x weights x rows / M at M rows per call (M fractional: per row).
+        rs = mca(asm_for_mca(k.stage.insns), mcpu)
+        per_byte = rs["cycles"] / sum(store_bytes(i) for i in k.stage.insns)
+        weights = slots / k.rows
+        res["stage_cycles_8k"] = per_byte * 64
+        res["stage_macs"] = {m: slots / (r["cycles"] + per_byte * weights * k.rows / m)
+                             for m in (k.stage_min_rows, 64, 256)}
     if k.rows == 1 or "GEMV" in k.work:
         # Weight elements per iteration: multiply slots per activation row (an SMMLA computes 2 rows).
         per_row = 2 if cls == "smmla" else 1
@@ -639,6 +669,23 @@ def render(kernels: list[Kernel], results: dict, peaks: dict, args) -> list[str]
             cells.append("no i8mm" if r is None else f"{r['cycles']:.2f} / {r['macs']:.1f} / {100 * r['issue']:.0f}%")
         name = f"{k.source}: `{k.name}`" + (f" ({k.note})" if k.note else "")
         out.append(f"| {name} | {k.work} | {k.rows} | {len(k.loops[-1].insns)} | " + " | ".join(cells) + " |")
+    staged = [k for k in order if k.stage is not None]
+    if staged:
+        out.append("")
+        out.append("### GEMMs on staged panels, the staging pass included: staging cycles per 8 k of a panel / "
+                   "multiply-adds per cycle at M rows per call (the pass's cost shared by M / rows tiles; "
+                   "M per row, so fractional tiles)")
+        out.append("")
+        ms = list(results[(staged[0].name, next(c for c in cpus if results[(staged[0].name, c)]))]["stage_macs"])
+        out.append("| kernel | work | " + " | ".join(cpus) + " |")
+        out.append("|---|---|" + "---|" * len(cpus))
+        for k in staged:
+            cells = []
+            for c in cpus:
+                r = results[(k.name, c)]
+                cells.append("no i8mm" if r is None else f"{r['stage_cycles_8k']:.2f} / " + " / ".join(
+                    f"M={m}: {v:.1f}" for m, v in r["stage_macs"].items()))
+            out.append(f"| qlinear: `{k.name}` | {k.work} | " + " | ".join(cells) + " |")
     out.append("")
     out.append(f"### GEMV weight streaming: weight bytes per cycle / instructions per weight byte / GB/s at the "
                f"clock given (a phone core's DRAM bandwidth is assumed ~{args.bandwidth:g} GB/s)")

@@ -98,6 +98,19 @@ def test_gemm_row_tiles_over_long_k(uk):
         _check(uk, rng, m, [9, 17][i % 2], k, g, bool(i % 3))
 
 
+@pytest.mark.parametrize("uk", [u for u in UKERNELS if u["m_max"] > 1 and u["family"] == "int8"], ids=_id)
+def test_gemm_staged_panels(uk):
+    """GEMMs of several row tiles per call (the i8mm GEMM stages its panels, 4 at a time, from 19
+    rows on for int4 and 25 for int8): M at and past those counts with a short last tile, N over
+    several staging groups with a partial last one, every block size, K past one block."""
+    rng = np.random.default_rng(zlib.crc32(("staged " + _id(uk)).encode()))
+    ms = [m for m in (13, 19, 25, 37, 61) if uk["m_min"] <= m <= uk["m_max"] and m % uk["m_unit"] == 0]
+    shapes = [(200, 64, False), (257, 128, True), (96, 32, False), (300, None, True), (520, 256, False)]
+    for i, m in enumerate(ms):
+        for j, (k, g, sym) in enumerate(shapes):
+            _check(uk, rng, m, [77, 33][(i + j) % 2], k, g, sym)
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_int8_kernels_agree_bit_for_bit(bits):
     """Every int8-activation kernel of every SIMD level gives the same bits for the same request:
@@ -108,7 +121,7 @@ def test_int8_kernels_agree_bit_for_bit(bits):
     for sym, g, n, k in ((False, 64, 75, 200), (True, 32, 9, 300), (False, None, 17, 300), (True, 128, 8, 257)):
         w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
         pw = qlinear.pack_weight(w, bits=bits, group_size=g, symmetric=sym)
-        for m in (2, 13, 25):
+        for m in (2, 13, 25, 37):
             x = rng.standard_normal((m, k)).astype(np.float32)
             bias = rng.standard_normal(n).astype(np.float32)
             for act_block in (pw._h.k, pw._h.block):

@@ -13,16 +13,22 @@
 // takes 8, and no k order avoids the ZIP (any 8 bytes of one 16-byte half chunk hold two rows). A
 // tile of 12 rows amortizes each unpacked and zipped operand over 6 USMMLAs. The activations of a
 // tile's row pairs are interleaved once per block into the operand order (8 k of row 2i, then of
-// row 2i + 1: one load per operand) and serve a group of panels. fp16 activations take
+// row 2i + 1: one load per operand) and serve a group of panels. When a call has several row
+// tiles, its panels are first staged, a few at a time, into the operand order (stage_panels: int4
+// widened to bytes, rows zipped), so that every tile's loop is loads and USMMLAs only; a call of
+// fewer tiles than pay for the staging zips in its loop. fp16 activations take
 // kernels/fp16.cc's float path, as on the dotprod level.
 #define QLINEAR_ARM_LEVEL i8mm
 #include "neon_common.h"
+
+#include <vector>
 
 namespace qlinear {
 namespace {
 
 constexpr int kTileRows = 12;
 constexpr int kPanelGroup = 8;  // panels per packed block of activations
+constexpr int kStagePanels = 4; // panels staged at a time (the driver's GEMM task): 32 x K bytes
 
 // The row pairs' activations of k [k0, k0 + block) as USMMLA operands: per 8 k, NP operands of
 // 16 bytes (row 2i's 8 k, then row 2i + 1's).
@@ -60,9 +66,44 @@ inline void weight_operands(const uint8_t*& w, uint8x16_t (&b)[4]) {
   }
 }
 
+// Panels [p, p + np) as USMMLA operands: per panel (8 x padded K bytes), per 8 k, the 4 operands
+// of weight_operands (64 bytes). Loads and stores of single registers (LDP / STP pairs) and the
+// geometry in locals: in the V1 model LD1 / ST1 of 4 registers make this loop 2.7 cycles per 8 k
+// (3.0 with g.block reloaded each time: out may alias it), STPs 2.0. Not inlined: its own symbol,
+// so that bench/arm_kernels.py finds and prices its loop.
+template <int BITS>
+__attribute__((noinline)) void stage_panels(const WeightGeometry& g, const uint8_t* packed, int64_t p, int64_t np,
+                                            uint8_t* out) {
+  const int64_t block = g.block, nb = g.nblocks, panel_bytes = g.panel_bytes, block_bytes = g.block_bytes;
+  for (int64_t q = 0; q < np; ++q)
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* w = packed + (p + q) * panel_bytes + b * block_bytes;
+      const uint8_t* end = out + 8 * block;
+      for (; out != end; out += 64) {
+        uint32x4_t c[4];  // int4: low nibbles of rows 0-3 / 4-7, high; int8: k 0-3 of rows 0-3 / 4-7, k 4-7
+        if constexpr (BITS == 4) {
+          const uint8x16_t v0 = vld1q_u8(w), v1 = vld1q_u8(w + 16);
+          w += 32;
+          c[0] = vreinterpretq_u32_u8(vandq_u8(v0, vdupq_n_u8(0x0F)));
+          c[1] = vreinterpretq_u32_u8(vandq_u8(v1, vdupq_n_u8(0x0F)));
+          c[2] = vreinterpretq_u32_u8(vshrq_n_u8(v0, 4));
+          c[3] = vreinterpretq_u32_u8(vshrq_n_u8(v1, 4));
+        } else {
+          for (int i = 0; i < 4; ++i) c[i] = vreinterpretq_u32_u8(vld1q_u8(w + 16 * i));
+          w += 64;
+        }
+        vst1q_u8(out, vreinterpretq_u8_u32(vzip1q_u32(c[0], c[2])));
+        vst1q_u8(out + 16, vreinterpretq_u8_u32(vzip2q_u32(c[0], c[2])));
+        vst1q_u8(out + 32, vreinterpretq_u8_u32(vzip1q_u32(c[1], c[3])));
+        vst1q_u8(out + 48, vreinterpretq_u8_u32(vzip2q_u32(c[1], c[3])));
+      }
+    }
+}
+
 // One block of one panel against NP packed row pairs: t[i][j] = init[i][j] + the 2 x 2 tile
 // (weight rows 2j, 2j + 1) x (activation rows 2i, 2i + 1), lanes (2j 2i, 2j 2i+1, 2j+1 2i, 2j+1 2i+1).
-template <int BITS, int NP>
+// STAGED: w is stage_panels' copy of the block (operands in order, no unpacking).
+template <int BITS, int NP, bool STAGED>
 inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const int32x4_t (&init)[NP][4],
                       int32x4_t (&t)[NP][4]) {
   if constexpr (NP == 6) {
@@ -104,7 +145,26 @@ inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const i
       [t50] "=w"(t[5][0]), [t51] "=w"(t[5][1]), [t52] "=w"(t[5][2]), [t53] "=w"(t[5][3])         \
     : [e] "r"(xp + 16 * NP * block / 8), [i] "r"(&init[0][0])                                    \
     : "cc", "memory", "v24", "v25", "v26", "v27", "v28", "v29", "v30", "v31"
-    if constexpr (BITS == 4) {
+#define QLINEAR_MMLA_SPAIR(I, A)                                                                \
+    "usmmla %[t" I "0].4s, v28.16b, " A ".16b\n\t"                                               \
+    "usmmla %[t" I "1].4s, v29.16b, " A ".16b\n\t"                                               \
+    "usmmla %[t" I "2].4s, v30.16b, " A ".16b\n\t"                                               \
+    "usmmla %[t" I "3].4s, v31.16b, " A ".16b\n\t"
+    if constexpr (STAGED) {
+      // per 8 k: one 64-byte load of the 4 operands, 3 LDPs of activations, 24 USMMLAs
+      asm(QLINEAR_MMLA_INIT
+          "1:\n\t"
+          "ld1 {v28.16b-v31.16b}, [%[w]], #64\n\t"
+          "ldp q26, q27, [%[x]], #32\n\t"
+          QLINEAR_MMLA_SPAIR("0", "v26") QLINEAR_MMLA_SPAIR("1", "v27")
+          "ldp q26, q27, [%[x]], #32\n\t"
+          QLINEAR_MMLA_SPAIR("2", "v26") QLINEAR_MMLA_SPAIR("3", "v27")
+          "ldp q26, q27, [%[x]], #32\n\t"
+          QLINEAR_MMLA_SPAIR("4", "v26") QLINEAR_MMLA_SPAIR("5", "v27")
+          "cmp %[x], %[e]\n\t"
+          "b.ne 1b\n\t"
+          QLINEAR_MMLA_OPERANDS);
+    } else if constexpr (BITS == 4) {
       asm(QLINEAR_MMLA_INIT
           "movi v25.16b, #0x0f\n\t"
           "1:\n\t"
@@ -121,6 +181,7 @@ inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const i
           QLINEAR_MMLA_TILE QLINEAR_MMLA_OPERANDS);
     }
 #undef QLINEAR_MMLA_PAIR
+#undef QLINEAR_MMLA_SPAIR
 #undef QLINEAR_MMLA_INIT2
 #undef QLINEAR_MMLA_INIT
 #undef QLINEAR_MMLA_TILE
@@ -130,7 +191,13 @@ inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const i
       for (int j = 0; j < 4; ++j) t[i][j] = init[i][j];
     for (int64_t kk = 0; kk < block; kk += 8, xp += 16 * NP) {
       uint8x16_t b[4];
-      weight_operands<BITS>(w, b);
+      if constexpr (STAGED) {
+        const uint8x16x4_t v = vld1q_u8_x4(w);
+        w += 64;
+        b[0] = v.val[0], b[1] = v.val[1], b[2] = v.val[2], b[3] = v.val[3];
+      } else {
+        weight_operands<BITS>(w, b);
+      }
       for (int i = 0; i < NP; ++i) {
         const int8x16_t a = vld1q_s8(xp + 16 * i);
         for (int j = 0; j < 4; ++j) t[i][j] = vusmmlaq_s32(t[i][j], b[j], a);
@@ -144,8 +211,9 @@ inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const i
 // operations on the same values, computed in the tiles' lane order (row pair x weight row pair)
 // and turned into rows at the end: per output, y = fma(y, float(acc + shifted_sum), scale * s_x),
 // then (asymmetric) y = fma(y, offset, scaled_sum).
-template <int BITS, int R>
-void mmla_rows(const Int8MatmulArgs& a, int64_t m, int64_t p0, int64_t p1) {
+// staged: stage_panels' copy of panels [p0, p1) (STAGED only).
+template <int BITS, int R, bool STAGED>
+void mmla_rows(const Int8MatmulArgs& a, int64_t m, int64_t p0, int64_t p1, const uint8_t* staged) {
   // Row pairs: an odd last row is paired with itself; 9 and 10 rows run the full tile (5 pairs
   // would spill as intrinsics), the rows past R repeating the last.
   constexpr int NP = R > 8 ? 6 : (R + 1) / 2;
@@ -186,7 +254,8 @@ void mmla_rows(const Int8MatmulArgs& a, int64_t m, int64_t p0, int64_t p1) {
       for (int64_t q = 0; q < np; ++q) {
         const uint8_t* block = a.packed + (pg + q) * g.panel_bytes + b * g.block_bytes;
         int32x4_t t[NP][4];
-        mma_block<BITS, NP>(block, xp, g.block, init, t);
+        const uint8_t* w = STAGED ? staged + ((pg - p0 + q) * nb + b) * g.block * 8 : block;
+        mma_block<BITS, NP, STAGED>(w, xp, g.block, init, t);
         // scales (offsets) in lane order: (s0 s0 s1 s1) (s2 s2 s3 s3) (s4 s4 s5 s5) (s6 s6 s7 s7)
         const auto lanes = [](const uint8_t* p, float32x4_t (&v)[4]) {
           const float32x4_t lo = arm::load_half4(p), hi = arm::load_half4(p + 8);
@@ -217,9 +286,30 @@ void mmla_rows(const Int8MatmulArgs& a, int64_t m, int64_t p0, int64_t p1) {
   }
 }
 
+// Calls of few row tiles zip the panels' operands in the loop; more tiles share staged panels.
 template <int BITS>
 void mmla_gemm(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
-  for_row_tiles<kTileRows>(m0, m1, [&](auto rows, int64_t m) { mmla_rows<BITS, decltype(rows)::value>(a, m, p0, p1); });
+  // Where staging pays (llvm-mca, V1 / N2, per 8 k of a panel): it costs int4 2.5 / 6.0 cycles
+  // once, int8 2.0 / 4.0, and saves per 12 rows int4 2 / 4, int8 1 / 2: from ~18 rows (int4) and
+  // ~24 (int8) on.
+  if (m1 - m0 <= (BITS == 8 ? 2 * kTileRows : 3 * kTileRows / 2)) {
+    for_row_tiles<kTileRows>(m0, m1, [&](auto rows, int64_t m) {
+      mmla_rows<BITS, decltype(rows)::value, false>(a, m, p0, p1, nullptr);
+    });
+    return;
+  }
+  const WeightGeometry& g = *a.w;
+  thread_local std::vector<uint8_t> buf;  // kStagePanels x 8 x padded K bytes, kept between calls
+  const size_t need = kStagePanels * 8 * g.padded_k() + 64;
+  if (buf.size() < need) buf.resize(need);
+  uint8_t* staged = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
+  for (int64_t ps = p0; ps < p1; ps += kStagePanels) {
+    const int64_t pe = std::min<int64_t>(p1, ps + kStagePanels);
+    stage_panels<BITS>(g, a.packed, ps, pe - ps, staged);
+    for_row_tiles<kTileRows>(m0, m1, [&](auto rows, int64_t m) {
+      mmla_rows<BITS, decltype(rows)::value, true>(a, m, ps, pe, staged);
+    });
+  }
 }
 
 KernelTable make_i8mm_table() {

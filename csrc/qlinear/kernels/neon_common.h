@@ -390,6 +390,10 @@ void sdot_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0,
   using Dot = SdotBlockDot<BITS, 1>;
   constexpr int kCodeShift = BITS == 8 && !US ? 128 : 0, kZeroPoint = ASYM ? 0 : (BITS == 4 ? 8 : 128);
   constexpr bool kShifted = kCodeShift != kZeroPoint;
+  // int8 on SDOT: post-indexed per-block streams (the symmetric loop: one ADD less per block); the
+  // asymmetric one reads all three through the shifted sums' pointer.
+  constexpr bool kPost = US || BITS == 8, kOnePtr = BITS == 8 && !US && ASYM && KB != 0 && KB % 64 == 0;
+  static_assert(!kOnePtr || kShifted);
   const WeightGeometry& g = *a.w;
   const int64_t block = KB ? KB : g.block, nb = g.nblocks;
   for (int64_t m = m0; m < m1; ++m) {
@@ -403,14 +407,31 @@ void sdot_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0,
       const float* sx = sx0;
       const float* sxsum = sxsum0;
       const int32_t* zsum = zsum0;
+      // byte distances from the shifted sum after the post-increment to the block's scale / scaled sum
+      const intptr_t dsx = reinterpret_cast<intptr_t>(sx0) - reinterpret_cast<intptr_t>(zsum0) - 4;
+      const intptr_t dxs = reinterpret_cast<intptr_t>(sxsum0) - reinterpret_cast<intptr_t>(zsum0) - 4;
       float32x4_t y0 = vdupq_n_f32(0.f), y1 = vdupq_n_f32(0.f);
-      for (const float* const sx_end = sx + nb; sx != sx_end;) {
-        // the block's activation scale (and scaled sum) first: asm loads stay where they are written
-        const float s_x = load_next<US>(sx);
-        const float xs = ASYM ? load_next<US>(sxsum) : 0.f;
+      for (const float* const sx_end = sx + nb; kOnePtr ? zsum != zsum0 + nb : sx != sx_end;) {
+        float s_x, xs = 0.f;
         int32x4_t s[2][2];
-        s[0][0] = kShifted ? load_next_dup<US>(zsum) : vdupq_n_s32(0);
-        s[0][1] = s[0][0];
+        if constexpr (kOnePtr) {
+          // One pointer reads the three per-block streams: the shifted sum by a post-indexed LD1R,
+          // the scale and scaled sum at fixed distances from it (no counter, no DUP: 96
+          // instructions per 64-k block instead of 98; in the A55 / A57 models 1 cycle faster).
+          asm("ld1r {%[z0].4s}, [%[p]], #4\n\t"
+              "ldr %s[sx], [%[p], %[dsx]]\n\t"
+              "ldr %s[xs], [%[p], %[dxs]]\n\t"
+              "mov %[z1].16b, %[z0].16b\n\t"
+              : [z0] "=&w"(s[0][0]), [z1] "=w"(s[0][1]), [sx] "=&w"(s_x), [xs] "=&w"(xs), [p] "+r"(zsum)
+              : [dsx] "r"(dsx), [dxs] "r"(dxs)
+              : "memory");
+        } else {
+          // the block's activation scale (and scaled sum) first: asm loads stay where they are written
+          s_x = load_next<kPost>(sx);
+          if constexpr (ASYM) xs = load_next<kPost>(sxsum);
+          s[0][0] = kShifted ? load_next_dup<kPost>(zsum) : vdupq_n_s32(0);
+          s[0][1] = s[0][0];
+        }
         s[1][0] = s[1][1] = vdupq_n_s32(0);
         uint16x8_t tail[2];  // the block's scales (and offsets), fp16, after its codes
         if constexpr (BITS == 4 && KB != 0 && KB % 64 == 0) {
