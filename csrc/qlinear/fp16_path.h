@@ -17,16 +17,21 @@
 //   2. Dequantization in fp16: w~ = fp16(offset~ + scale~ * q), one rounding (FMA), where
 //      offset~, scale~ are the normalized fp32 constants rounded to fp16 (offset' = -zp * scale
 //      for symmetric weights, so that w~ = fp16(scale~ * (q - zp))).
-//   3. Accumulation in fp16 over one chunk of kChunk = 32 consecutive k only: kAccs = 4 FMA
-//      chains (k mod 4), each 8 long, then (a0 + a1) + (a2 + a3) in fp16.
+//   3. Accumulation in fp16 over one chunk of consecutive k only: a block is cut into chunks of
+//      kChunk = 64 k, the last one kShortChunk = 32 when the block is an odd multiple of 32 (a
+//      block of 32: one chunk of 32). A chunk of len k is summed by len / kChain FMA chains of
+//      kChain = 16 (k mod 4 for 64 k, k mod 2 for 32), then (a0 + a1) + (a2 + a3), or a0 + a1, in
+//      fp16. A normalized sum of 64 products stays below 2^15.
 //   4. Flush: the chunk sum is converted (exactly) to fp32 and added to the block's fp32 sum; at
 //      the end of the block y = fma(block sum, 2^-ex[m,b] * 2^-ew[r,b], y) in fp32; finally
 //      y + bias.
 //
 // Worst-case error per output (first order, u = 2^-11): the dequantization rounding (1 u), an FMA
-// chain of 8 (8 u) and the two additions (2 u), each relative to sum |x| |w'| of the chunk, i.e.
-// <= 11 u * sum_k |x| (|offset'| + |scale q|) (plus the fp32 terms of the float32 path and
-// absolute terms of order 2^-25 per operation in normalized units for fp16 subnormals).
+// chain of 16 (16 u) and at most two additions (2 u), each relative to sum |x| |w'| of the chunk,
+// i.e. <= 19 u * sum_k |x| (|offset'| + |scale q|), 20 u with the second-order terms (plus the
+// fp32 terms of the float32 path and absolute terms of order 2^-25 per operation in normalized
+// units for fp16 subnormals). Chunks of 64 (and 2 chains in a chunk of 32) keep the flush's
+// instructions per FMA low: they, not the FMAs, had bounded the GEMM with chunks of 32 in 4 chains.
 #pragma once
 
 #include <cmath>
@@ -36,10 +41,11 @@
 
 namespace qlinear::fp16_path {
 
-constexpr int kChunk = 32;    // k per fp16 partial sum (the smallest storage block)
-constexpr int kAccs = 4;      // independent fp16 FMA chains per chunk
-constexpr int kActTop = 4;    // normalized activation absmax in [2^3, 2^4)
-constexpr int kWeightTop = 5; // normalized weight bound in [2^4, 2^5)
+constexpr int kChunk = 64;       // k per fp16 partial sum
+constexpr int kShortChunk = 32;  // the last chunk of a block of an odd multiple of 32 k
+constexpr int kChain = 16;       // k per fp16 FMA chain: a chunk of len k has len / kChain chains
+constexpr int kActTop = 4;       // normalized activation absmax in [2^3, 2^4)
+constexpr int kWeightTop = 5;    // normalized weight bound in [2^4, 2^5)
 
 // 2^(top - 1 - e) for v in [2^e, 2^(e + 1)), so that v * result lies in [2^(top-1), 2^top);
 // 1 for v == 0, inf or nan. v must be >= 0 and not a float32 subnormal (fp16 data never gives one).
@@ -50,6 +56,9 @@ inline float pow2_normalizer(float v, int top) {
   out = out < 1 ? 1 : out > 254 ? 254 : out;  // unreachable from fp16 data; keeps it a normal float
   return float_of(uint32_t(out) << 23);
 }
+
+// The length of the chunk of a block (a multiple of 32 k) that starts at k = c.
+inline int64_t chunk_length(int64_t block, int64_t c) { return block - c >= kChunk ? kChunk : kShortChunk; }
 
 // The bound W of a weight row's dequantized values over a block (step 1), in fp32.
 inline float weight_bound(float offset, float scale, int qmax) {

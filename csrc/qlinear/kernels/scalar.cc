@@ -165,13 +165,15 @@ void half_float_matmul_twin(const HalfMatmulArgs& a, int64_t m0, int64_t m1, int
       const float of = half_to_float(float_to_half(offset * norm));
       const uint16_t* x = a.x + m * a.ldx + b * w.block;
       float bsum = 0.f;
-      for (int64_t c = 0; c < w.block; c += kChunk) {
-        float acc[kAccs] = {};
-        for (int j = 0; j < kChunk; ++j) {
+      for (int64_t c = 0, len; c < w.block; c += len) {
+        len = chunk_length(w.block, c);
+        const int chains = int(len / kChain);  // 4 or 2
+        float acc[4] = {};
+        for (int j = 0; j < len; ++j) {
           const float wq = fma_half(sc, float(read_code(block, w.bits, w.nr, w.kr, r, c + j)), of);
-          acc[j % kAccs] = fma_half(half_to_float(x[c + j]), wq, acc[j % kAccs]);
+          acc[j % chains] = fma_half(half_to_float(x[c + j]), wq, acc[j % chains]);
         }
-        bsum += add_half(add_half(acc[0], acc[1]), add_half(acc[2], acc[3]));
+        bsum += chains == 4 ? add_half(add_half(acc[0], acc[1]), add_half(acc[2], acc[3])) : add_half(acc[0], acc[1]);
       }
       y = std::fma(bsum, (1.f / norm) * a.xunscale[m * w.nblocks + b], y);
     }
