@@ -61,15 +61,18 @@ __attribute__((noinline)) void dequantize_block(const WeightGeometry& g, const u
   static const uint8_t kIdx[2][16] = {{0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29},
                                       {2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31}};
   const uint8x16_t idx01 = vld1q_u8(kIdx[0]), idx23 = vld1q_u8(kIdx[1]);
+  // Copies: the stores to out might alias c and g, which would be reloaded after each.
+  const float16x8_t scale = c.scale, offset = c.offset;
+  const int64_t len = g.block;
   const auto emit = [&](uint8x16_t two_k, float16_t* dst) {  // k and k + 1, 8 rows each
     const float16x8_t q0 = vcvtq_f16_u16(vmovl_u8(vget_low_u8(two_k)));
     const float16x8_t q1 = vcvtq_f16_u16(vmovl_high_u8(two_k));
-    vst1q_f16(dst, vfmaq_f16(c.offset, q0, c.scale));
-    vst1q_f16(dst + 8, vfmaq_f16(c.offset, q1, c.scale));
+    vst1q_f16(dst, vfmaq_f16(offset, q0, scale));
+    vst1q_f16(dst + 8, vfmaq_f16(offset, q1, scale));
   };
   if constexpr (BITS == 4) {
     const uint8x16_t low4 = vdupq_n_u8(0x0F);
-    for (int64_t kk = 0; kk < g.block; kk += 8, block += 32, out += 64) {  // one chunk: 8 k
+    for (int64_t kk = 0; kk < len; kk += 8, block += 32, out += 64) {  // one chunk: 8 k
       const uint8x16x2_t v = {{vld1q_u8(block), vld1q_u8(block + 16)}};
       const uint8x16_t b01 = vqtbl2q_u8(v, idx01), b23 = vqtbl2q_u8(v, idx23);
       emit(vandq_u8(b01, low4), out);            // k 0, 1 (low nibbles)
@@ -78,7 +81,7 @@ __attribute__((noinline)) void dequantize_block(const WeightGeometry& g, const u
       emit(vshrq_n_u8(b23, 4), out + 48);        // k 6, 7
     }
   } else {
-    for (int64_t kk = 0; kk < g.block; kk += 4, block += 32, out += 32) {  // one chunk: 4 k
+    for (int64_t kk = 0; kk < len; kk += 4, block += 32, out += 32) {  // one chunk: 4 k
       const uint8x16x2_t v = {{vld1q_u8(block), vld1q_u8(block + 16)}};
       emit(vqtbl2q_u8(v, idx01), out);
       emit(vqtbl2q_u8(v, idx23), out + 16);
