@@ -109,6 +109,27 @@ def test_large_and_tiny_values_scale_exactly(isa, rng, a, b, group_size):
         assert (np.abs(products) < 2.0 ** -14).mean() > 0.5
 
 
+@pytest.mark.parametrize("bits,symmetric", [(4, False), (4, True), (8, False), (8, True)])
+@pytest.mark.parametrize("group_size", [32, 64, 256, None])
+def test_largest_chunk_sums_stay_finite(isa, bits, symmetric, group_size):
+    """Every product of one sign and at the top of the normalized range (|x~| just below 16,
+    |w~| just below 32): a chunk of 64 k sums to ~2^15 in fp16, below its overflow (65504). The
+    result is finite, within the bound, and every level with the NEON kernels equals the twin."""
+    m, k, n = 5, 320, 8
+    w = np.full((n, k), 1.999, np.float32)
+    x = np.full((m, k), 1.999, np.float16)
+    pw = qlinear.pack_weight(w, bits=bits, group_size=group_size, symmetric=symmetric)
+    wmax = np.abs(pw.dequantize()).max()
+    assert wmax > 1.99  # w~ = w' * 16 > 31.8, x~ = x * 8 > 15.9: products > 2^9 - 5
+    yt = twin(x, pw)
+    assert np.isfinite(yt).all()
+    check(yt, x, pw, random_data=False)
+    y = qlinear.matmul_float(x, pw)
+    check(y, x, pw, random_data=False)
+    if fp16_arithmetic(pw):
+        assert np.array_equal(y, yt)
+
+
 def test_nan_and_inf_propagate(isa, rng):
     pw = qlinear.pack_weight(rng.standard_normal((8, 96)).astype(np.float32), bits=4, group_size=32)
     x = np.ones((3, 96), np.float16)
