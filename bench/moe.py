@@ -1,6 +1,9 @@
 """Qwen3-MoE decode and prefill: qlinear (the compiled decode step with its routed MLPs; and, for
 reference, the previous path: the Python blocks with the routed MLP in numpy, one qlinear matmul
-per expert) against llama.cpp, at 1 and 2 threads, in interleaved rounds.
+per expert) against llama.cpp, at 1 and 2 threads, in interleaved rounds: each round runs every
+engine at every thread count (qlinear's one loaded model with its thread count switched), so
+that the machine's drift between minutes moves the thread counts' figures alike and the ratio 2
+threads / 1 is taken round by round.
 
 The model: a synthetic Qwen3-MoE with Qwen2.5-0.5B's attention (hidden 896, 14 query heads, 2 KV
 heads, 24 layers), 32 experts of width 608 per layer, the top 4 of them per token (weights
@@ -87,34 +90,40 @@ def main() -> None:
           "qlinear: int4 g32 W4A8 (the checkpoint converted); llama.cpp: not built (python bench/llamacpp_vs.py --build)")
     print("| phase | threads | qlinear | qlinear, previous path (numpy MoE) | llama.cpp | qlinear / llama.cpp |")
     print("|---|---|---|---|---|---|")
-    results = {}
+    engines = {"qlinear": Qlinear(path, a.threads[0], a.prompt, a.decode)}
+    if not a.no_python:
+        engines["python"] = Qlinear(path, a.threads[0], a.prompt, a.decode, compiled=False)
+    runs = {(name, t): [] for t in a.threads for name in [*engines, *(["llama.cpp"] if gguf else [])]}
     for t in a.threads:
-        engines = {"qlinear": Qlinear(path, t, a.prompt, a.decode)}
-        if not a.no_python:
-            engines["python"] = Qlinear(path, t, a.prompt, a.decode, compiled=False)
         for e in engines.values():
+            e.threads = t
             e.speed()  # warm-up: builds the decode step, maps the weights
-        runs = {name: [] for name in [*engines, *(["llama.cpp"] if gguf else [])]}
-        for _ in range(a.rounds):
+    for _ in range(a.rounds):
+        for t in a.threads:
             for name, e in engines.items():
-                runs[name].append(e.speed())
+                e.threads = t
+                runs[name, t].append(e.speed())
             if gguf:
                 r = llamacpp.bench(gguf, a.prompt, a.decode, t, 1, where=str(lv.BUILD / "bin"))
-                runs["llama.cpp"].append({"prefill": r["prefill_tok_s"], "decode": r["decode_tok_s"]})
+                runs["llama.cpp", t].append({"prefill": r["prefill_tok_s"], "decode": r["decode_tok_s"]})
+    results = {}
+    for t in a.threads:
         for phase in ("prefill", "decode"):
-            v = {name: [r[phase] for r in rs] for name, rs in runs.items()}
+            v = {name: [r[phase] for r in runs[name, u]] for name, u in runs if u == t}
             med = {name: float(np.median(x)) for name, x in v.items()}
-            results[phase, t] = med
+            results[phase, t] = v
             cell = {name: f"{med[name]:.1f} ({max(v[name]):.1f})" for name in v}
             ratio = f"{med['qlinear'] / med['llama.cpp']:.2f}x" if "llama.cpp" in med else "-"
             print(f"| {phase} | {t} | {cell['qlinear']} | {cell.get('python', '-')} | {cell.get('llama.cpp', '-')} | "
                   f"{ratio} |", flush=True)
-        del engines
     if len(a.threads) > 1:
         lo, hi = min(a.threads), max(a.threads)
-        print(f"\nqlinear {hi} threads / {lo}: " + ", ".join(
-            f"{phase} {results[phase, hi]['qlinear'] / results[phase, lo]['qlinear']:.2f}x"
-            for phase in ("prefill", "decode")))
+
+        def per_round(phase):
+            r = [h / l for h, l in zip(results[phase, hi]["qlinear"], results[phase, lo]["qlinear"])]
+            return f"{phase} {np.median(r):.2f}x (rounds: {' '.join(f'{x:.2f}' for x in r)})"
+        print(f"\nqlinear {hi} threads / {lo}, median of the rounds' ratios: "
+              + ", ".join(per_round(phase) for phase in ("prefill", "decode")))
 
 
 if __name__ == "__main__":
