@@ -32,7 +32,8 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--act", default="int8", choices=["int8", "float"], help="activations: int8 (W4A8/W8A8) or float")
     p.add_argument("--act-block", default="group", choices=["group", "row"], help="activation scale granularity")
     p.add_argument("--memory", default="low", choices=["low", "normal", "flash"],
-                   help="flash: FFN weights read from the converted model file per token")
+                   help="flash: FFN weights read from the converted model file per token (a MoE model's experts on "
+                        "demand, also from a GGUF file)")
     p.add_argument("--memory-budget-mb", type=float, default=None, help="memory=flash: refuse to load beyond it; its room holds FFN layers in memory")
     p.add_argument("--predictor", default=None, help="memory=flash, ReLU models: activation predictor file")
     p.add_argument("--sparse-window", type=int, default=5,
