@@ -155,6 +155,7 @@ void pack_gguf_rows(const WeightGeometry& g, const GgufBlockInfo& type, const ui
                     int64_t row0, uint8_t* packed) {
   const bool q4 = type.type == GgufBlock::q4_0;
   const int64_t chunk_bytes = int64_t(g.nr) * g.kr;  // kr == 4 (pack_gguf_rows_check)
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "32-bit lanes hold bytes in memory order");
   // On the calling thread: flash's reader threads move experts side by side, and the pool's
   // workers, woken for so little, would spin on the cores the decode step needs.
   for (int64_t i = 0; i < rows; ++i) {
@@ -167,7 +168,6 @@ void pack_gguf_rows(const WeightGeometry& g, const GgufBlockInfo& type, const ui
       uint8_t* out = block + r * g.kr;
       std::memcpy(block + g.code_bytes + 2 * r, s, 2);  // d: the scale, as stored (float16)
       // 4 bytes at a time: one 32-bit lane is one row's 4 bytes of a chunk
-      static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "lanes hold bytes in memory order");
       uint32_t lane[8];
       std::memcpy(lane, q, q4 ? 16 : 32);
       if (q4) {

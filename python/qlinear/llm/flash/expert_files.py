@@ -26,7 +26,7 @@ from . import layout as flash_layout
 
 PARTS = ("gate_up", "down")
 MAX_GAP = 4096   # a gap between an expert's gate_up and down read along rather than a second read
-GGUF_TYPES = {"Q4_0": (4, 18), "Q8_0": (8, 34)}   # bits, bytes per block of 32
+GGUF_BITS = {"Q4_0": 4, "Q8_0": 8}   # the GGUF expert types whose codes move into our layouts
 
 
 class ExpertFile:
@@ -86,18 +86,18 @@ class GGUFExpertFile:
                 name = f"blk.{i}.ffn_{part}_exps.weight"
                 t = f.tensor(name, (self.E, rows, k))   # checked: present, in the file, of this shape
                 kind = t.tensor_type.name
-                if kind not in GGUF_TYPES:
+                if kind not in GGUF_BITS:
                     raise ValueError(f"{self.path}: {name} is {kind}; memory='flash' reads Q4_0 or Q8_0 experts "
                                      "(llm.convert the file, then load the converted model with memory='flash')")
                 types.add(kind)
                 self.names.add(name)
-                parts.append((int(t.data_offset), rows * (k // 32) * GGUF_TYPES[kind][1], rows))
+                parts.append((int(t.data_offset), int(t.n_bytes) // self.E, rows))   # an expert's slice
             self.ranges[i] = parts
         if len(types) != 1:
             raise ValueError(f"{self.path}: the experts mix {' and '.join(sorted(types))}; "
                              "memory='flash' reads one type")
         self.type = types.pop()
-        bits = GGUF_TYPES[self.type][0]
+        bits = GGUF_BITS[self.type]
         self.gate_up = flash_layout.Geometry(2 * M, H, bits, 32, True)
         self.down = flash_layout.Geometry(H, M, bits, 32, True)
         self.expert_bytes = self.gate_up.nbytes + self.down.nbytes
@@ -107,15 +107,21 @@ class GGUFExpertFile:
             self._staging.put(np.empty(self.read_bytes, np.uint8))
         self.staging_bytes = staging * self.read_bytes
 
-    def read_job(self, layer: int, expert: int, gate_up: np.ndarray, down: np.ndarray) -> tuple:
-        """Reads of the expert's gate, up and down slices into a staging buffer, and the move of
-        their codes into ``gate_up`` / ``down`` (the slot's packed buffers) once all are read."""
-        raw = self._staging.get()   # freed by a reader thread when an earlier expert's move is done
+    def reads(self, layer: int, expert: int, raw: np.ndarray) -> tuple:
+        """The reads of the expert's gate, up and down slices into ``raw`` (read_bytes), and the
+        three slices' views of it ([rows, bytes per row])."""
         reads, pieces, at = [], [], 0
         for offset, size, rows in self.ranges[layer]:
             reads.append((offset + expert * size, [memoryview(raw[at:at + size])]))
             pieces.append(raw[at:at + size].reshape(rows, -1))
             at += size
+        return reads, pieces
+
+    def read_job(self, layer: int, expert: int, gate_up: np.ndarray, down: np.ndarray) -> tuple:
+        """Reads of the expert into a staging buffer, and the move of its codes into ``gate_up`` /
+        ``down`` (the slot's packed buffers) once all are read."""
+        raw = self._staging.get()   # freed by a reader thread when an earlier expert's move is done
+        reads, pieces = self.reads(layer, expert, raw)
         targets = ((self.gate_up, gate_up, 0), (self.gate_up, gate_up, self.gate_up.n // 2), (self.down, down, 0))
 
         def move(ok: bool) -> None:

@@ -1,10 +1,11 @@
 """Routed experts read from the model file on demand (``memory="flash"`` for MoE models).
 
 Where the experts are in the file (``expert_files``): a converted file stores each expert's
-gate_up right before its down (one ``preadv`` an expert); a GGUF file stacks them per layer (three
-reads an expert, whose codes are moved into place as they arrive). ``ExpertCache`` holds N slots, each a preallocated (gate_up, down) pair of
-packed buffers; an expert not in a slot is read into a slot that no running expert pins, the
-one whose expert was needed least often since load, ties to the least recently used
+gate_up right before its down (one ``preadv`` an expert); a GGUF file stacks them per layer
+(three reads an expert, whose codes are moved into place as they arrive). ``ExpertCache`` holds
+N slots, each a preallocated (gate_up, down) pair of packed buffers; an expert not in a slot is
+read into a slot that no running expert pins, the one whose expert was needed least often since
+load, ties to the least recently used
 (``policy="lfu"``, the default; "lru": the least recently used). A trained router's 4 layers x
 8 experts, 400 tokens, caches of 4 / 8 / 16: LFU hits 15.7 / 46.7 / 77.9%, LRU 0 / 44.5 / 69.0%
 (a cache smaller than the experts a token cycles through is LRU's worst case: each evicted just
