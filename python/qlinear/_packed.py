@@ -86,6 +86,12 @@ class PackedWeight:
         """
         return _core.unpack(self._h)
 
+    def copy_to(self, out: np.ndarray) -> "PackedWeight":
+        """This weight over ``out`` (a writable uint8 array of ``nbytes``), its bytes copied there."""
+        out[:] = self.buffer
+        h = self._h
+        return PackedWeight(_core.PackedWeightHandle(out, h.n, h.k, h.bits, h.group_size, h.symmetric, h.layout))
+
     def dequantize(self, dtype=np.float32) -> np.ndarray:
         """The weights the kernels really use, ``[N, K]`` (float32 arithmetic)."""
         from .reference import QuantizedWeight, dequantize_weight

@@ -18,6 +18,7 @@ from .converted import source as converted_source
 from .gguf import source as gguf_source
 from .hf import source as hf_source
 from .mnn import source as mnn_source
+from . import weight_region
 from .assemble import build_model
 from .runtime.model import Model
 from .options import Options
@@ -52,6 +53,8 @@ def load(path, bits: Optional[int] = 4, group_size: Optional[int] = 64, act: str
     max_context: KV cache positions (generation stops when they are full). kv_cache: their element
     type, "float32" or "float16" (half the memory and the attention's reads; keys and values
     rounded to nearest even as stored). threads: kernel threads (default: physical cores).
+    Packed weights held in process memory (not mapped from a file) are moved onto transparent
+    huge pages (``weight_region``; ``model.info["huge_page_weights_mb"]``).
 
     memory="flash" (converted models): attention, norms, lm head and KV cache resident, each
     layer's FFN read from the file per forward, overlapped with compute (``flash``), by
@@ -80,7 +83,10 @@ def load(path, bits: Optional[int] = 4, group_size: Optional[int] = 64, act: str
         raise ValueError(f"{d}: not a model directory or GGUF file")
     for matches, read in _SOURCES:
         if matches(d):
-            model = build_model(read(d, opts, progress), opts, max_context)
+            source = read(d, opts, progress)
+            huge = weight_region.place(source.tensors)
+            model = build_model(source, opts, max_context)
+            model.info["huge_page_weights_mb"] = round(huge / 2**20, 1)
             break
     else:
         raise ValueError(f"{d}: no {converted_source.MODEL_FILE} (converted model), llm.mnn (MNN export) "

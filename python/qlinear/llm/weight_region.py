@@ -1,0 +1,82 @@
+"""A model's packed weights in one region of memory on transparent huge pages.
+
+A decode step reads every active weight once per token (~110 MB for the Qwen2.5-0.5B-shaped MoE
+bench model at 4 bits): on 4 KiB pages that is ~28,000 pages, each a TLB miss and a page walk
+beside the weights' own cache misses; on 2 MiB pages it is ~60. Linux backs an anonymous private
+mapping with huge pages where it is advised so (``MADV_HUGEPAGE``, honoured unless
+/sys/kernel/mm/transparent_hugepage/enabled says "never"), one 2 MiB-aligned range at a time; the
+separate numpy buffers of a few hundred KB that the loaders pack into never are. So ``llm.load``
+copies the packed weights that live in process memory into one such region and drops the
+originals (the resident size does not grow); weights mapped from a file stay mapped (page cache,
+shared between processes). docs/llm.md, "Weights on huge pages", has the measured effect.
+
+QLINEAR_HUGE_PAGES=0 in the environment keeps every weight where its loader put it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+
+import numpy as np
+
+from .._packed import PackedWeight
+
+HUGE_PAGE = 2 << 20
+_ALIGN = 64  # each weight starts on a cache line
+_THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def available() -> bool:
+    """Whether huge pages can be asked for here (Linux with transparent huge pages not "never",
+    and not turned off by QLINEAR_HUGE_PAGES=0)."""
+    if os.environ.get("QLINEAR_HUGE_PAGES", "1") == "0":
+        return False
+    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return False
+    try:
+        with open(_THP_SETTING) as f:
+            return "[never]" not in f.read()
+    except OSError:  # no sysfs (a container may hide it): advising is harmless
+        return True
+
+
+def _file_mapped(w: PackedWeight) -> bool:
+    """Whether ``w``'s bytes are a view of a mapped file (its chain of buffer owners ends in an mmap)."""
+    obj = w.buffer.base
+    for _ in range(16):
+        if isinstance(obj, mmap.mmap):
+            return True
+        nxt = obj.obj if isinstance(obj, memoryview) else getattr(obj, "base", None)
+        if nxt is None:
+            return False
+        obj = nxt
+    return False
+
+
+def _region(nbytes: int) -> np.ndarray:
+    """``nbytes`` of zeroed anonymous private memory starting on a 2 MiB boundary, advised as huge pages."""
+    mm = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    whole = np.frombuffer(mm, np.uint8)
+    start = -whole.ctypes.data % HUGE_PAGE
+    mm.madvise(mmap.MADV_HUGEPAGE, start, nbytes)  # before the first touch: faults then take 2 MiB
+    return whole[start:start + nbytes]
+
+
+def place(tensors: dict) -> int:
+    """Move the PackedWeights of ``tensors`` (a name -> tensor dict, changed in place) that live in
+    process memory into one huge-page region, in the dict's order; returns the bytes moved (0
+    where huge pages are not available)."""
+    if not available():
+        return 0
+    names = [n for n, t in tensors.items() if isinstance(t, PackedWeight) and not _file_mapped(t)]
+    sizes = [-(-tensors[n].nbytes // _ALIGN) * _ALIGN for n in names]
+    if not names:
+        return 0
+    region = _region(sum(sizes))
+    at = 0
+    for name, size in zip(names, sizes):
+        tensors[name] = tensors[name].copy_to(region[at:at + tensors[name].nbytes])
+        at += size
+    return at

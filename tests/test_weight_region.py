@@ -1,0 +1,86 @@
+"""llm.weight_region: a model's packed weights moved onto one region of huge pages, unchanged."""
+
+import numpy as np
+import pytest
+
+import qlinear
+from qlinear import llm
+from qlinear.llm import synthetic, weight_region
+
+
+def address(pw) -> int:
+    return pw.buffer.ctypes.data
+
+
+def smaps_flags(addr: int) -> list:
+    """The VmFlags of this process's mapping that holds ``addr``."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+def weights(rng, tmp_path):
+    shapes = [(37, 96, 4, 32, True), (64, 256, 8, 64, False), (9, 33, 4, None, False), (1, 32, 8, 32, True)]
+    out = {f"w{i}": qlinear.pack_weight(rng.standard_normal((n, k)).astype(np.float32), bits=b, group_size=g,
+                                        symmetric=s)
+           for i, (n, k, b, g, s) in enumerate(shapes)}
+    qlinear.save_weight(tmp_path / "mapped.qlw", out["w1"])
+    out["mapped"] = qlinear.load_weight(tmp_path / "mapped.qlw")  # a view of the mapped file
+    out["norm"] = rng.standard_normal(16).astype(np.float32)
+    return out
+
+
+@pytest.mark.skipif(not weight_region.available(), reason="no transparent huge pages here")
+def test_place_moves_weights_in_memory_into_one_advised_region(rng, tmp_path):
+    tensors = weights(rng, tmp_path)
+    before = dict(tensors)
+    xs = {n: rng.standard_normal((3, w.shape[1])).astype(np.float32) for n, w in tensors.items() if n != "norm"}
+    ys = {n: qlinear.matmul_w4a8(x, tensors[n]) if tensors[n].bits == 4 else qlinear.matmul_w8a8(x, tensors[n])
+          for n, x in xs.items()}
+    moved = weight_region.place(tensors)
+
+    names = [f"w{i}" for i in range(4)]
+    assert moved == sum(-(-before[n].nbytes // 64) * 64 for n in names)
+    assert tensors["mapped"] is before["mapped"] and tensors["norm"] is before["norm"]
+    starts = [address(tensors[n]) for n in names]
+    assert starts[0] % weight_region.HUGE_PAGE == 0
+    assert all(b - a == -(-before[n].nbytes // 64) * 64 for a, b, n in zip(starts, starts[1:], names))
+    assert "hg" in smaps_flags(starts[0])  # MADV_HUGEPAGE
+    for n in names:
+        assert tensors[n] is not before[n] and address(tensors[n]) != address(before[n])
+        assert np.array_equal(tensors[n].buffer, before[n].buffer)
+        assert (tensors[n].shape, tensors[n].bits, tensors[n].group_size, tensors[n].symmetric) == \
+            (before[n].shape, before[n].bits, before[n].group_size, before[n].symmetric)
+    for n, x in xs.items():
+        y = qlinear.matmul_w4a8(x, tensors[n]) if tensors[n].bits == 4 else qlinear.matmul_w8a8(x, tensors[n])
+        assert np.array_equal(y, ys[n])
+
+
+def test_place_can_be_turned_off(rng, tmp_path, monkeypatch):
+    monkeypatch.setenv("QLINEAR_HUGE_PAGES", "0")
+    tensors = weights(rng, tmp_path)
+    before = dict(tensors)
+    assert not weight_region.available()
+    assert weight_region.place(tensors) == 0
+    assert all(tensors[n] is before[n] for n in before)
+
+
+def test_load_places_the_weights_and_computes_the_same_bits(tmp_path, monkeypatch):
+    ckpt = synthetic.make_checkpoint(tmp_path / "m", arch="qwen2", shape="tiny", seed=3, hidden_size=128,
+                                     intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+                                     num_hidden_layers=2, vocab_size=512)
+    ids = list(range(5, 40))
+    placed = llm.load(ckpt, bits=4, group_size=64, progress=False)
+    assert (placed.info["huge_page_weights_mb"] > 0) == weight_region.available()
+    monkeypatch.setenv("QLINEAR_HUGE_PAGES", "0")
+    plain = llm.load(ckpt, bits=4, group_size=64, progress=False)
+    assert plain.info["huge_page_weights_mb"] == 0
+    assert np.array_equal(placed.logits(ids), plain.logits(ids))
+    assert placed.generate_ids(ids[:8], max_new_tokens=6) == plain.generate_ids(ids[:8], max_new_tokens=6)
