@@ -122,8 +122,8 @@ struct MaddubsDot {
       const __m256i low4 = _mm256_set1_epi8(0x0F);
       for (int64_t kk = 0; kk < block; kk += 32, w += 128) {  // 4 chunks of 8 k
         if constexpr (PREFETCH) {
-          _mm_prefetch(reinterpret_cast<const char*>(w) + 2048, _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(w) + 2048 + 64, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(w) + x86::kWeightPrefetchAhead, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(w) + x86::kWeightPrefetchAhead + 64, _MM_HINT_T0);
         }
         __m256i s16[MR];
         for (int i = 0; i < MR; ++i) s16[i] = _mm256_setzero_si256();
@@ -150,7 +150,7 @@ struct MaddubsDot {
     } else {
       const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
       for (int64_t kk = 0; kk < block; kk += 8, w += 64) {  // 2 chunks of 4 k
-        if constexpr (PREFETCH) _mm_prefetch(reinterpret_cast<const char*>(w) + 2048, _MM_HINT_T0);
+        if constexpr (PREFETCH) _mm_prefetch(reinterpret_cast<const char*>(w) + x86::kWeightPrefetchAhead, _MM_HINT_T0);
         for (int c = 0; c < 2; ++c) {
           const __m256i sw = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * c)), flip);
           const __m256i aw = _mm256_abs_epi8(sw);

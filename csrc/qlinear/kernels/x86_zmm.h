@@ -17,7 +17,7 @@ struct Zmm {
   // bytes ahead in each of the two panels' streams. Zen 4, a decode step of 8 sequences of a
   // 0.5B model: 2048 -> 4096 10% faster, 4096 -> 8192 7% faster again (13.2 -> 12.2 ms; 6144 to
   // 16384 within 2% of each other)
-  static constexpr int64_t kPrefetchAhead = 8192;
+  static constexpr int64_t kPrefetchAhead = kWeightPrefetchAhead;
 
   static I zero() { return _mm512_setzero_si512(); }
   static F fzero() { return _mm512_setzero_ps(); }
