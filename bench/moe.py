@@ -14,7 +14,8 @@ llama.cpp (built by `python bench/llamacpp_vs.py --build`) runs `llama-bench` on
 its converter and llama-quantize make of that checkpoint, and qlinear runs the same file (Q4_0's
 codes moved into symmetric int4 group 32, W4A8). Without llama.cpp's tools qlinear runs the
 checkpoint converted with `llm.convert(bits=4, group_size=32, symmetric=True)` and the table has
-qlinear's figures only.
+qlinear's figures only. Each round also times qlinear's GEMV on one 72 MB weight at every thread
+count: the memory bandwidth decode can use, whose 2 threads / 1 bounds decode's.
 
     python bench/moe.py [--threads 1 2] [--rounds 3] [--prompt 64] [--decode 32]
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +69,31 @@ class Qlinear(llamacpp_vs.Qlinear):
                 b.core_moe = None
 
 
+class Stream:
+    """qlinear's GEMV (W4A8) on one 72 MB int4 weight on huge pages, as the model's are: the
+    weight bytes per second a decode step's matmuls can reach at a thread count on this machine,
+    so the ceiling of decode's 2 threads / 1 where decode is bound by memory."""
+
+    def __init__(self):
+        import qlinear
+        from qlinear.llm import weight_region
+        rng = np.random.default_rng(0)
+        w = {"w": qlinear.pack_weight(rng.standard_normal((16384, 8192), dtype=np.float32), bits=4, group_size=32,
+                                      symmetric=True)}
+        weight_region.place(w)
+        self.w, self.x = w["w"], rng.standard_normal(8192).astype(np.float32)
+
+    def speed(self, threads: int) -> float:
+        import qlinear
+        qlinear.set_num_threads(threads)
+        times = []
+        for _ in range(8):
+            t0 = time.perf_counter()
+            qlinear.matmul_w4a8(self.x, self.w)
+            times.append(time.perf_counter() - t0)
+        return self.w.nbytes / float(np.median(times)) / 1e9
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
@@ -93,6 +120,8 @@ def main() -> None:
     engines = {"qlinear": Qlinear(path, a.threads[0], a.prompt, a.decode)}
     if not a.no_python:
         engines["python"] = Qlinear(path, a.threads[0], a.prompt, a.decode, compiled=False)
+    stream = Stream()
+    streamed = {t: [] for t in a.threads}
     runs = {(name, t): [] for t in a.threads for name in [*engines, *(["llama.cpp"] if gguf else [])]}
     for t in a.threads:
         for e in engines.values():
@@ -100,6 +129,7 @@ def main() -> None:
             e.speed()  # warm-up: builds the decode step, maps the weights
     for _ in range(a.rounds):
         for t in a.threads:
+            streamed[t].append(stream.speed(t))
             for name, e in engines.items():
                 e.threads = t
                 runs[name, t].append(e.speed())
@@ -124,6 +154,10 @@ def main() -> None:
             return f"{phase} {np.median(r):.2f}x (rounds: {' '.join(f'{x:.2f}' for x in r)})"
         print(f"\nqlinear {hi} threads / {lo}, median of the rounds' ratios: "
               + ", ".join(per_round(phase) for phase in ("prefill", "decode")))
+        bw = [h / l for h, l in zip(streamed[hi], streamed[lo])]
+        print(f"memory bound: qlinear's GEMV on a 72 MB weight reads {np.median(streamed[lo]):.1f} GB/s at {lo} "
+              f"thread(s), {np.median(streamed[hi]):.1f} at {hi}: {np.median(bw):.2f}x (rounds: "
+              f"{' '.join(f'{x:.2f}' for x in bw)}), the ceiling of decode's {hi} threads / {lo} on this machine")
 
 
 if __name__ == "__main__":
