@@ -1,5 +1,10 @@
 """llm.weight_region: a model's packed weights moved onto one region of huge pages, unchanged."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -84,3 +89,31 @@ def test_load_places_the_weights_and_computes_the_same_bits(tmp_path, monkeypatc
     assert plain.info["huge_page_weights_mb"] == 0
     assert np.array_equal(placed.logits(ids), plain.logits(ids))
     assert placed.generate_ids(ids[:8], max_new_tokens=6) == plain.generate_ids(ids[:8], max_new_tokens=6)
+
+
+UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
+
+
+@pytest.mark.skipif(not weight_region.available() or UNDER_ASAN,
+                    reason="no transparent huge pages here / ASan's quarantine keeps freed memory resident")
+def test_place_does_not_grow_the_resident_size():
+    # 640 weights of ~290 KB (MoE experts' size) in separate buffers: what a loader leaves
+    script = textwrap.dedent("""
+        import numpy as np, qlinear
+        from qlinear.llm import weight_region
+        def status(key):  # VmRSS / VmHWM (peak) of this process, in bytes
+            with open("/proc/self/status") as f:
+                return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key + ":"))
+        w = qlinear.pack_weight(np.random.default_rng(0).standard_normal((512, 1024), np.float32), bits=4, group_size=32)
+        tensors = {f"w{i}": w.copy_to(np.empty(w.nbytes, np.uint8)) for i in range(640)}
+        before = status("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:  # the peak starts again from here
+            f.write("5")
+        moved = weight_region.place(tensors)
+        print(moved, before, status("VmHWM"), status("VmRSS"))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    moved, before, peak, after = (int(v) for v in out.split())
+    assert moved >= 640 * 290_000
+    assert peak - before <= 48 << 20, f"peak grew by {(peak - before) >> 20} MB while placing {moved >> 20} MB"
+    assert after - before <= 8 << 20, f"resident size grew by {(after - before) >> 20} MB"

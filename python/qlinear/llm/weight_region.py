@@ -7,14 +7,18 @@ mapping with huge pages where it is advised so (``MADV_HUGEPAGE``, honoured unle
 /sys/kernel/mm/transparent_hugepage/enabled says "never"), one 2 MiB-aligned range at a time; the
 separate numpy buffers of a few hundred KB that the loaders pack into never are. So ``llm.load``
 copies the packed weights that live in process memory into one such region and drops the
-originals (the resident size does not grow); weights mapped from a file stay mapped (page cache,
-shared between processes). docs/llm.md, "Weights on huge pages", has the measured effect.
+originals, handing their memory back to the system every 32 MB moved (glibc keeps freed heap
+memory otherwise), so the resident size does not grow and its peak only by that much; weights
+mapped from a file stay mapped (page cache, shared between processes). docs/llm.md, "Weights on
+huge pages", has the measured effect.
 
 QLINEAR_HUGE_PAGES=0 in the environment keeps every weight where its loader put it.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import mmap
 import os
 import sys
@@ -26,6 +30,7 @@ from .._packed import PackedWeight
 HUGE_PAGE = 2 << 20
 _ALIGN = 64  # each weight starts on a cache line
 _THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+_TRIM_EVERY = 32 << 20
 
 
 def available() -> bool:
@@ -55,6 +60,22 @@ def _file_mapped(w: PackedWeight) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=None)
+def _malloc_trim():
+    """glibc's malloc_trim, or None (another C library)."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap's free pages back to the system (the originals just dropped)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def _region(nbytes: int) -> np.ndarray:
     """``nbytes`` of zeroed anonymous private memory starting on a 2 MiB boundary, advised as huge pages."""
     mm = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -75,8 +96,12 @@ def place(tensors: dict) -> int:
     if not names:
         return 0
     region = _region(sum(sizes))
-    at = 0
+    at = trimmed = 0
     for name, size in zip(names, sizes):
-        tensors[name] = tensors[name].copy_to(region[at:at + tensors[name].nbytes])
+        tensors[name] = tensors[name].copy_to(region[at:at + tensors[name].nbytes])  # the original freed
         at += size
+        if at - trimmed >= _TRIM_EVERY:
+            _return_freed_memory()
+            trimmed = at
+    _return_freed_memory()
     return at
