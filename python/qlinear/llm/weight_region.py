@@ -95,7 +95,10 @@ def place(tensors: dict) -> int:
     sizes = [-(-tensors[n].nbytes // _ALIGN) * _ALIGN for n in names]
     if not names:
         return 0
-    region = _region(sum(sizes))
+    try:
+        region = _region(sum(sizes))
+    except OSError:  # a kernel without transparent huge pages refuses the advice: nothing to gain
+        return 0
     at = trimmed = 0
     for name, size in zip(names, sizes):
         tensors[name] = tensors[name].copy_to(region[at:at + tensors[name].nbytes])  # the original freed
