@@ -58,6 +58,7 @@ def test_place_moves_weights_in_memory_into_one_advised_region(rng, tmp_path):
     assert starts[0] % weight_region.HUGE_PAGE == 0
     assert all(b - a == -(-before[n].nbytes // 64) * 64 for a, b, n in zip(starts, starts[1:], names))
     assert "hg" in smaps_flags(starts[0])  # MADV_HUGEPAGE
+    assert weight_region.place(tensors) == 0  # placed once: nothing moves again
     for n in names:
         assert tensors[n] is not before[n] and address(tensors[n]) != address(before[n])
         assert np.array_equal(tensors[n].buffer, before[n].buffer)

@@ -1,6 +1,6 @@
 """A model's packed weights in one region of memory on transparent huge pages.
 
-A decode step reads every active weight once per token (~110 MB for the Qwen2.5-0.5B-shaped MoE
+A decode step reads every active weight once per token (~118 MB for the Qwen2.5-0.5B-shaped MoE
 bench model at 4 bits): on 4 KiB pages that is ~28,000 pages, each a TLB miss and a page walk
 beside the weights' own cache misses; on 2 MiB pages it is ~60. Linux backs an anonymous private
 mapping with huge pages where it is advised so (``MADV_HUGEPAGE``, honoured unless
@@ -47,8 +47,9 @@ def available() -> bool:
         return True
 
 
-def _file_mapped(w: PackedWeight) -> bool:
-    """Whether ``w``'s bytes are a view of a mapped file (its chain of buffer owners ends in an mmap)."""
+def _mapped(w: PackedWeight) -> bool:
+    """Whether ``w``'s bytes lie in a mapping (their chain of buffer owners ends in an mmap): a
+    mapped file, or a region placed before."""
     obj = w.buffer.base
     for _ in range(16):
         if isinstance(obj, mmap.mmap):
@@ -91,7 +92,7 @@ def place(tensors: dict) -> int:
     where huge pages are not available)."""
     if not available():
         return 0
-    names = [n for n, t in tensors.items() if isinstance(t, PackedWeight) and not _file_mapped(t)]
+    names = [n for n, t in tensors.items() if isinstance(t, PackedWeight) and not _mapped(t)]
     sizes = [-(-tensors[n].nbytes // _ALIGN) * _ALIGN for n in names]
     if not names:
         return 0
