@@ -43,6 +43,7 @@ def weights(rng, tmp_path):
     qlinear.save_weight(tmp_path / "mapped.qlw", out["w1"])
     out["mapped"] = qlinear.load_weight(tmp_path / "mapped.qlw")  # a view of the mapped file
     out["norm"] = rng.standard_normal(16).astype(np.float32)
+    out["w0_again"] = out["w0"]  # one weight under two names (tied)
     return out
 
 
@@ -58,6 +59,7 @@ def test_place_moves_weights_in_memory_into_one_advised_region(rng, tmp_path):
     names = [f"w{i}" for i in range(4)]
     assert moved == sum(-(-before[n].nbytes // 64) * 64 for n in names)
     assert tensors["mapped"] is before["mapped"] and tensors["norm"] is before["norm"]
+    assert tensors["w0_again"] is tensors["w0"]  # moved once
     starts = [address(tensors[n]) for n in names]
     assert starts[0] % weight_region.HUGE_PAGE == 0
     assert all(b - a == -(-before[n].nbytes // 64) * 64 for a, b, n in zip(starts, starts[1:], names))

@@ -92,20 +92,35 @@ def place(tensors: dict) -> int:
     where huge pages are not available)."""
     if not available():
         return 0
-    names = [n for n, t in tensors.items() if isinstance(t, PackedWeight) and not _mapped(t)]
-    sizes = [-(-tensors[n].nbytes // _ALIGN) * _ALIGN for n in names]
+    names = _movable(tensors)
     if not names:
         return 0
     try:
-        region = _region(sum(sizes))
+        region = _region(sum(_size(tensors[same[0]]) for same in names.values()))
     except OSError:  # a kernel without transparent huge pages refuses the advice: nothing to gain
         return 0
     at = trimmed = 0
-    for name, size in zip(names, sizes):
-        tensors[name] = tensors[name].copy_to(region[at:at + tensors[name].nbytes])  # the original freed
-        at += size
+    for same in names.values():
+        placed = tensors[same[0]].copy_to(region[at:at + tensors[same[0]].nbytes])
+        for name in same:
+            tensors[name] = placed  # the original's last reference gone: freed
+        at += _size(placed)
         if at - trimmed >= _TRIM_EVERY:
             _return_freed_memory()
             trimmed = at
     _return_freed_memory()
     return at
+
+
+def _movable(tensors: dict) -> dict:
+    """id -> the names of each PackedWeight in process memory (a weight held under several names
+    is moved once)."""
+    names: dict = {}
+    for name, t in tensors.items():
+        if isinstance(t, PackedWeight) and not _mapped(t):
+            names.setdefault(id(t), []).append(name)
+    return names
+
+
+def _size(w: PackedWeight) -> int:
+    return -(-w.nbytes // _ALIGN) * _ALIGN
