@@ -34,7 +34,7 @@ Int8Ukernel ukernel(const char* name, Int8MatmulFn fn, int bits, int mr, int np,
 // Bytes ahead of the read position that the GEMVs prefetch their weight stream (one panel after
 // another: one sequential stream). Zen 5, one thread, a 72 MB int4 weight: 2048 -> 8192 bytes
 // 29.5 -> 37.7 GB/s (a plain streaming read: 36.7), 12288 39.4, 16384-32768 no further; the
-// MoE bench model's decode at 1 thread 1.18x faster, at 2 threads 1.10x (docs/benchmarks.md).
+// MoE bench model's decode at 1 thread 1.18x faster, at 2 threads 1.07x (docs/benchmarks.md).
 inline constexpr int64_t kWeightPrefetchAhead = 8192;
 
 // ---------------------------------------------------------------------------------------------
