@@ -180,3 +180,86 @@ def test_bad_routing_is_refused(checkpoints):
     with pytest.raises(ValueError, match="experts_per_token 9 must be in 1..8"):
         MoeBlock(dataclasses.replace(cfg, experts_per_token=9), b.attention, b.router, b.experts,
                  b.input_norm, b.post_norm)
+
+
+def _slots(block, order):
+    """_core.moe_experts over slots holding block's experts in ``order`` (slot i: expert order[i])."""
+    def spec(m):
+        return (m.weight._h, None, m.act == "int8", int(m._block))
+    cfg = block.cfg
+    return _core.moe_experts([(spec(block.experts[e][0]), spec(block.experts[e][1])) for e in order],
+                             cfg.num_experts, cfg.experts_per_token)
+
+
+@pytest.mark.parametrize("bits, act, rows", [(4, "int8", 1), (4, "int8", 70), (8, "float", 5)])
+def test_experts_run_from_slots_in_any_grouping_equal_the_layer(checkpoints, bits, act, rows):
+    """The flash path's routed MLP (experts run as their slots fill, in any order and grouping)
+    gives the in-memory MoeLayer's bits, at 1 and 2 threads."""
+    model = _load(checkpoints["e16k4_h96"], bits, act)
+    b = model.blocks[1]
+    rng = np.random.default_rng(rows)
+    order = rng.permutation(16)
+    core, slot_of = _slots(b, order), {int(e): i for i, e in enumerate(order)}
+    x = rng.standard_normal((rows, 96)).astype(np.float32)
+    top, w = b.route(x)
+    threads = qlinear.get_num_threads()
+    try:
+        for n in (1, 2):
+            qlinear.set_num_threads(n)
+            want = b.core_moe(x)
+            for _ in range(3):
+                core.begin(x, top, w)
+                used = [int(e) for e in rng.permutation(np.unique(top))]
+                cuts = sorted(rng.choice(np.arange(1, len(used)), min(2, len(used) - 1), replace=False)) if len(used) > 1 else []
+                for group in np.split(np.array(used), cuts):
+                    core.run([int(e) for e in group], [slot_of[int(e)] for e in group])
+                np.testing.assert_array_equal(core.finish(), want)
+    finally:
+        qlinear.set_num_threads(threads)
+
+
+def test_experts_from_slots_refuse_misuse(checkpoints):
+    model = _load(checkpoints["e8k2"], 4, "int8")
+    b = model.blocks[0]
+    core = _slots(b, range(8))
+    x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
+    top, w = b.route(x)
+    with pytest.raises(ValueError, match="no rows begun"):
+        core.run([0], [0])
+    with pytest.raises(ValueError, match="no rows begun"):
+        core.finish()
+    with pytest.raises(TypeError, match="top must be an integer array"):
+        core.begin(x, top.astype(np.float32), w)
+    with pytest.raises(ValueError, match=r"top must be \[3, 2\]"):
+        core.begin(x, top[:2], w)
+    with pytest.raises(ValueError, match="top names expert 8 of 8"):
+        core.begin(x, np.full_like(top, 8), w)
+    with pytest.raises(ValueError, match="x"):
+        core.begin(x[:, :10], top, w)
+    core.begin(x, top, w)
+    used = [int(e) for e in np.unique(top)]
+    unused = next(e for e in range(8) if e not in used)
+    with pytest.raises(ValueError, match=f"expert {unused} is not one the rows chose"):
+        core.run([unused], [0])
+    with pytest.raises(ValueError, match="slot 8 of 8"):
+        core.run([used[0]], [8])
+    with pytest.raises(ValueError, match="2 experts but 1 slots"):
+        core.run(used[:2], [0])
+    with pytest.raises(ValueError, match=f"expert {used[0]} given twice"):
+        core.run([used[0], used[0]], [0, 1])
+    with pytest.raises(ValueError, match="slot -1 of 8"):
+        core.run([used[1], used[0]], [used[1], -1])   # refused whole: used[1] still to run
+    core.run([used[0]], [used[0]])
+    with pytest.raises(ValueError, match=f"expert {used[0]} is not one the rows chose and has not run"):
+        core.run([used[0]], [used[0]])   # twice
+    with pytest.raises(ValueError, match=f"expert {used[1]} has not run"):
+        core.finish()
+    spec = (b.experts[0][0].weight._h, None, True, 64)
+    with pytest.raises(ValueError, match="slot 0 down: weight has shape"):
+        _core.moe_experts([(spec, spec)], 8, 2)
+    with pytest.raises(TypeError, match="slot 0 must be a tuple"):
+        _core.moe_experts([spec], 8, 2)
+    with pytest.raises(ValueError, match="top_k 9 must be in 1..8"):
+        _core.moe_experts([(spec, (b.experts[0][1].weight._h, None, True, 64))], 8, 9)
+    with pytest.raises(ValueError, match="none given"):
+        _core.moe_experts([], 8, 2)

@@ -1,6 +1,7 @@
 // Binds routed experts for qlinear.llm (internal API, every array checked here): MoeLayer, a
 // layer's router and experts over packed weights, called on rows (the Python path's routed MLP)
-// or handed to decode_step; and moe_route, the router's choice alone (both: qlinear/moe.h).
+// or handed to decode_step; MoeExperts, the same MLP over weight slots the caller refills (flash);
+// and moe_route, the router's choice alone (all: qlinear/moe.h).
 #include <memory>
 #include <mutex>
 #include <string>
@@ -111,6 +112,112 @@ py::tuple moe_route(const py::array& x_in, const py::array& router, const py::ob
   return py::make_tuple(idx, w);
 }
 
+// Routed experts whose weights sit in slots that are refilled over time (memory="flash": experts
+// read from the file on demand): begin(x, top, w) takes a layer's rows and their routing, run()
+// the experts whose slots are ready (any order, any grouping), finish() their weighted sum in
+// ascending expert order: moe_mlp's stages, so the bits equal the in-memory MoeLayer's.
+struct PyMoeExperts {
+  int64_t hidden = 0, inter = 0, experts = 0, top_k = 0, rows = 0;
+  bool gelu = false, begun = false;
+  std::vector<decoder::StepLinear> gate_up, down;  // per slot
+  std::vector<float> x;
+  std::vector<char> ran;  // per expert: run since begin
+  decoder::MoeScratch scratch;
+  std::mutex mutex;
+};
+
+py::object moe_experts(const py::list& slots, int64_t experts, int64_t top_k, bool gelu) {
+  auto m = std::make_unique<PyMoeExperts>();
+  check_routing(experts, top_k);
+  if (py::len(slots) < 1) throw py::value_error("expert slots: none given");
+  m->experts = experts, m->top_k = top_k, m->gelu = gelu;
+  py::list refs;
+  for (size_t i = 0; i < py::len(slots); ++i) {
+    const std::string p = "slot " + std::to_string(i) + " ";
+    py::handle pair = slots[i];
+    if (!py::isinstance<py::tuple>(pair) || py::len(pair) != 2)
+      throw py::type_error(p + "must be a tuple (gate_up, down)");
+    py::tuple t = py::reinterpret_borrow<py::tuple>(pair);
+    if (!py::isinstance<py::tuple>(t[0]) || py::len(t[0]) != 4 ||
+        !py::isinstance<PackedWeightHandle>(py::reinterpret_borrow<py::tuple>(t[0])[0]))
+      throw py::type_error(p + "gate_up must be a tuple (PackedWeightHandle, bias or None, act_int8, act_block)");
+    if (i == 0) m->hidden = py::reinterpret_borrow<py::tuple>(t[0])[0].cast<const PackedWeightHandle&>().geom().k;
+    m->gate_up.push_back(step_linear(t[0], p + "gate_up", m->inter ? 2 * m->inter : -1, m->hidden, refs));
+    const int64_t n = m->gate_up.back().w->n;
+    if (n % 2 || n < 2) throw py::value_error(p + "gate_up has " + std::to_string(n) + " rows: not 2 x a width");
+    m->inter = n / 2;
+    m->down.push_back(step_linear(t[1], p + "down", m->hidden, m->inter, refs));
+  }
+  py::object obj = py::cast(std::move(m));
+  obj.attr("_refs") = refs;
+  return obj;
+}
+
+void experts_begin(PyMoeExperts& m, const py::array& x_in, const py::array& top, const py::array& w_in) {
+  py::array x = rows_of(x_in, m.hidden);
+  const int64_t rows = x.shape(0), k = m.top_k;
+  if (top.dtype().kind() != 'i' && top.dtype().kind() != 'u')
+    throw py::type_error("top must be an integer array, got " + dtype_str(top));
+  auto idx = py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(top);
+  if (!idx || idx.ndim() != 2 || idx.shape(0) != rows || idx.shape(1) != k)
+    throw py::value_error("top must be [" + std::to_string(rows) + ", " + std::to_string(k) + "]");
+  py::array w = f32_array(w_in, "w", {rows, k});
+  std::lock_guard<std::mutex> lock(m.mutex);
+  auto& s = m.scratch;
+  const int32_t* ip = idx.data();
+  for (int64_t p = 0; p < rows * k; ++p)
+    if (ip[p] < 0 || ip[p] >= m.experts)
+      throw py::value_error("top names expert " + std::to_string(ip[p]) + " of " + std::to_string(m.experts));
+  s.idx.assign(ip, ip + rows * k);
+  const float* wp = static_cast<const float*>(w.data());
+  s.w.assign(wp, wp + rows * k);
+  const float* xp = static_cast<const float*>(x.data());
+  m.x.assign(xp, xp + rows * m.hidden);
+  m.rows = rows;
+  decoder::group_by_expert(s.idx.data(), rows, k, m.experts, m.hidden, m.inter, s);
+  m.ran.assign(m.experts, 0);
+  m.begun = true;
+}
+
+void experts_run(PyMoeExperts& m, const std::vector<int64_t>& experts, const std::vector<int64_t>& slots) {
+  if (experts.size() != slots.size())
+    throw py::value_error("run: " + std::to_string(experts.size()) + " experts but " + std::to_string(slots.size()) +
+                          " slots");
+  std::lock_guard<std::mutex> lock(m.mutex);
+  if (!m.begun) throw py::value_error("run: no rows begun");
+  auto& s = m.scratch;
+  s.tasks.clear();
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const int64_t e = experts[i], slot = slots[i];
+    if (e < 0 || e >= m.experts || !s.count[e] || m.ran[e])
+      throw py::value_error("run: expert " + std::to_string(e) + " is not one the rows chose and has not run");
+    if (slot < 0 || slot >= static_cast<int64_t>(m.gate_up.size()))
+      throw py::value_error("run: slot " + std::to_string(slot) + " of " + std::to_string(m.gate_up.size()));
+    for (size_t j = 0; j < i; ++j)
+      if (experts[j] == e) throw py::value_error("run: expert " + std::to_string(e) + " given twice");
+    s.tasks.push_back(decoder::ExpertTask{e, &m.gate_up[slot], &m.down[slot]});
+  }
+  for (const auto& t : s.tasks) m.ran[t.expert] = 1;  // all checked first: a refused call runs none
+  py::gil_scoped_release release;
+  decoder::run_experts(s.tasks.data(), static_cast<int64_t>(s.tasks.size()), m.x.data(), m.hidden, m.inter, m.top_k,
+                       m.gelu, s, false);
+}
+
+py::array_t<float> experts_finish(PyMoeExperts& m) {
+  std::lock_guard<std::mutex> lock(m.mutex);
+  if (!m.begun) throw py::value_error("finish: no rows begun");
+  for (int64_t e : m.scratch.used)
+    if (!m.ran[e]) throw py::value_error("finish: expert " + std::to_string(e) + " has not run");
+  py::array_t<float> y({m.rows, m.hidden});
+  float* yp = y.mutable_data();
+  {
+    py::gil_scoped_release release;
+    decoder::sum_experts(m.scratch.idx.data(), m.scratch.w.data(), m.rows, m.top_k, m.hidden, m.scratch, yp);
+  }
+  m.begun = false;
+  return y;
+}
+
 }  // namespace
 
 const decoder::MoeLayer* moe_layer_of(const py::handle& obj) {
@@ -130,6 +237,17 @@ void register_moe(py::module_& m) {
         py::arg("norm_topk_prob"), py::arg("gelu") = false,
         "Routed experts over packed weights: router [experts, hidden] float32 (bias [experts] or None), experts "
         "[(gate_up, down)] each a (PackedWeightHandle, bias or None, act_int8, act_block), top_k of them per row.");
+  py::class_<PyMoeExperts>(m, "MoeExperts", py::dynamic_attr())
+      .def("begin", &experts_begin, py::arg("x"), py::arg("top"), py::arg("w"),
+           "Rows x [rows, hidden] and their experts top [rows, top_k] (integers) with weights w [rows, top_k].")
+      .def("run", &experts_run, py::arg("experts"), py::arg("slots"),
+           "Run these experts of the rows begun, expert i's weights in slot slots[i] (the pool splits them).")
+      .def("finish", &experts_finish, "y [rows, hidden]: the experts' outputs summed in ascending expert order.")
+      .def_property_readonly("hidden", [](const PyMoeExperts& s) { return s.hidden; })
+      .def_property_readonly("slots", [](const PyMoeExperts& s) { return static_cast<int64_t>(s.gate_up.size()); });
+  m.def("moe_experts", &moe_experts, py::arg("slots"), py::arg("experts"), py::arg("top_k"), py::arg("gelu") = false,
+        "Routed experts over weight slots [(gate_up, down)] (each a (PackedWeightHandle, bias or None, act_int8, "
+        "act_block)) refilled by the caller: a layer of `experts` experts, top_k per row.");
   m.def("moe_route", &moe_route, py::arg("x"), py::arg("router"), py::arg("router_bias"), py::arg("top_k"),
         py::arg("norm_topk_prob"),
         "The experts of each row of x [rows, hidden] (int32 [rows, top_k], highest first, ties the lower) and "

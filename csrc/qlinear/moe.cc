@@ -64,75 +64,93 @@ void router_logits(const MoeLayer& L, const float* x, int64_t rows, float* logit
   else ThreadPool::global().parallel_for(rows, 16, some);
 }
 
-void moe_mlp(const MoeLayer& L, const float* x, int64_t rows, float* y, MoeScratch& s, bool float_rows) {
-  const int64_t E = L.experts, k = L.top_k, H = L.hidden, I = L.inter, pairs = rows * k;
-  s.logits.resize(rows * E);
-  s.idx.resize(pairs);
-  s.w.resize(pairs);
-  s.xe.resize(pairs * H);
-  s.gu.resize(pairs * 2 * I);
-  s.act.resize(pairs * I);
-  s.out.resize(pairs * H);
-  s.count.assign(E, 0);
-  s.start.resize(E);
+void group_by_expert(const int32_t* idx, int64_t rows, int64_t k, int64_t experts, int64_t hidden, int64_t inter,
+                     MoeScratch& s) {
+  const int64_t pairs = rows * k;
+  s.xe.resize(pairs * hidden);
+  s.gu.resize(pairs * 2 * inter);
+  s.act.resize(pairs * inter);
+  s.out.resize(pairs * hidden);
+  s.count.assign(experts, 0);
+  s.start.resize(experts);
   s.pair.resize(pairs);
   s.where.resize(pairs);
-  router_logits(L, x, rows, s.logits.data());
-  route(s.logits.data(), rows, E, k, L.norm_topk, s.idx.data(), s.w.data());
-  // (row, slot) pairs grouped by expert, in row order within an expert
-  for (int64_t p = 0; p < pairs; ++p) ++s.count[s.idx[p]];
+  for (int64_t p = 0; p < pairs; ++p) ++s.count[idx[p]];
   s.used.clear();
-  for (int64_t e = 0, at = 0; e < E; ++e) {
+  for (int64_t e = 0, at = 0; e < experts; ++e) {
     s.start[e] = at;
     at += s.count[e];
     if (s.count[e]) s.used.push_back(e);
   }
-  {
-    std::vector<int64_t> next(s.start);
-    for (int64_t p = 0; p < pairs; ++p) {
-      s.where[p] = next[s.idx[p]]++;
-      s.pair[s.where[p]] = p;
-    }
+  std::vector<int64_t> next(s.start);
+  for (int64_t p = 0; p < pairs; ++p) {
+    s.where[p] = next[idx[p]]++;
+    s.pair[s.where[p]] = p;
   }
-  // the experts with the most rows first (tasks handed out in order balance better)
-  std::stable_sort(s.used.begin(), s.used.end(), [&](int64_t a, int64_t b) { return s.count[a] > s.count[b]; });
-  int64_t bytes = 0;
-  for (int64_t e : s.used) bytes += L.gate_up[e].w->total_bytes + L.down[e].w->total_bytes;
-  L.bytes_read += bytes;
+}
+
+void run_experts(const ExpertTask* tasks, int64_t n, const float* x, int64_t hidden, int64_t inter, int64_t k,
+                 bool gelu, MoeScratch& s, bool float_rows) {
+  const int64_t H = hidden, I = inter;
   auto expert = [&](int64_t t) {
-    const int64_t e = s.used[t], c0 = s.start[e], c = s.count[e];
+    const ExpertTask& task = tasks[t];
+    const int64_t c0 = s.start[task.expert], c = s.count[task.expert];
     float* xe = s.xe.data() + c0 * H;
     for (int64_t i = 0; i < c; ++i) std::copy_n(x + s.pair[c0 + i] / k * H, H, xe + i * H);
     float *gu = s.gu.data() + c0 * 2 * I, *act = s.act.data() + c0 * I;
-    run_linear(L.gate_up[e], xe, c, gu, float_rows);
-    if (L.gelu) gelu_tanh_mul(gu, c, I, act);
+    run_linear(*task.gate_up, xe, c, gu, float_rows);
+    if (gelu) gelu_tanh_mul(gu, c, I, act);
     else silu_mul(gu, c, I, act);
-    run_linear(L.down[e], act, c, s.out.data() + c0 * H, float_rows);
+    run_linear(*task.down, act, c, s.out.data() + c0 * H, float_rows);
   };
   ThreadPool& pool = ThreadPool::global();
-  const int64_t ntasks = static_cast<int64_t>(s.used.size());
-  if (ntasks >= 2 && pool.num_threads() >= 2) {
-    pool.run(ntasks, TaskRef(expert));  // the GEMMs inside a task run on its thread
+  if (n >= 2 && pool.num_threads() >= 2) {
+    pool.run(n, TaskRef(expert));  // the GEMMs inside a task run on its thread
   } else {
-    for (int64_t t = 0; t < ntasks; ++t) expert(t);  // one expert: its GEMMs split over the pool
+    for (int64_t t = 0; t < n; ++t) expert(t);  // one expert: its GEMMs split over the pool
   }
-  // y = 0, then y = y + w * out for the row's experts in ascending expert order
+}
+
+void sum_experts(const int32_t* idx, const float* w, int64_t rows, int64_t k, int64_t hidden, const MoeScratch& s,
+                 float* y) {
+  const int64_t H = hidden;
   const auto sum = [&](int64_t r0, int64_t r1) {
     int64_t order[64];
     for (int64_t r = r0; r < r1; ++r) {
       float* yr = y + r * H;
       std::fill(yr, yr + H, 0.f);
       for (int64_t j = 0; j < k; ++j) order[j] = j;
-      std::sort(order, order + k, [&](int64_t a, int64_t b) { return s.idx[r * k + a] < s.idx[r * k + b]; });
+      std::sort(order, order + k, [&](int64_t a, int64_t b) { return idx[r * k + a] < idx[r * k + b]; });
       for (int64_t j = 0; j < k; ++j) {
-        const float wj = s.w[r * k + order[j]];
+        const float wj = w[r * k + order[j]];
         const float* o = s.out.data() + s.where[r * k + order[j]] * H;
         for (int64_t i = 0; i < H; ++i) yr[i] = yr[i] + wj * o[i];
       }
     }
   };
   if (rows < 16) sum(0, rows);
-  else pool.parallel_for(rows, 16, sum);
+  else ThreadPool::global().parallel_for(rows, 16, sum);
+}
+
+void moe_mlp(const MoeLayer& L, const float* x, int64_t rows, float* y, MoeScratch& s, bool float_rows) {
+  const int64_t E = L.experts, k = L.top_k;
+  s.logits.resize(rows * E);
+  s.idx.resize(rows * k);
+  s.w.resize(rows * k);
+  router_logits(L, x, rows, s.logits.data());
+  route(s.logits.data(), rows, E, k, L.norm_topk, s.idx.data(), s.w.data());
+  group_by_expert(s.idx.data(), rows, k, E, L.hidden, L.inter, s);
+  // the experts with the most rows first (tasks handed out in order balance better)
+  std::stable_sort(s.used.begin(), s.used.end(), [&](int64_t a, int64_t b) { return s.count[a] > s.count[b]; });
+  int64_t bytes = 0;
+  s.tasks.clear();
+  for (int64_t e : s.used) {
+    bytes += L.gate_up[e].w->total_bytes + L.down[e].w->total_bytes;
+    s.tasks.push_back(ExpertTask{e, &L.gate_up[e], &L.down[e]});
+  }
+  L.bytes_read += bytes;
+  run_experts(s.tasks.data(), static_cast<int64_t>(s.tasks.size()), x, L.hidden, L.inter, k, L.gelu, s, float_rows);
+  sum_experts(s.idx.data(), s.w.data(), rows, k, L.hidden, s, y);
 }
 
 }  // namespace qlinear::decoder

@@ -53,14 +53,34 @@ void route(const float* logits, int64_t rows, int64_t experts, int64_t k, bool n
 // Router logits [rows, experts] of x [rows, hidden].
 void router_logits(const MoeLayer& L, const float* x, int64_t rows, float* logits);
 
-// Buffers of moe_mlp (they only grow).
+// An expert to run: its index and weights.
+struct ExpertTask {
+  int64_t expert = 0;
+  const StepLinear* gate_up = nullptr;
+  const StepLinear* down = nullptr;
+};
+
+// Buffers of moe_mlp and its stages (they only grow).
 struct MoeScratch {
   std::vector<float> logits, w, xe, gu, act, out;
   std::vector<int32_t> idx;
   std::vector<int64_t> count, start, pair, where, used;
+  std::vector<ExpertTask> tasks;
 };
 
 // y [rows, hidden] = the routed MLP of x [rows, hidden].
 void moe_mlp(const MoeLayer& L, const float* x, int64_t rows, float* y, MoeScratch& s, bool float_rows);
+
+// moe_mlp's stages, for experts whose weights arrive over time (read from flash on demand): the
+// (row, slot) pairs of idx [rows, k] grouped by expert (count, start, pair, where, used = the
+// experts chosen, ascending); the outputs of n of those experts, each an ExpertTask, over their
+// rows (tasks of the pool when n >= 2); and y [rows, hidden], the sum of the outputs weighted by
+// w [rows, k] in ascending expert order, once every chosen expert has run.
+void group_by_expert(const int32_t* idx, int64_t rows, int64_t k, int64_t experts, int64_t hidden, int64_t inter,
+                     MoeScratch& s);
+void run_experts(const ExpertTask* tasks, int64_t n, const float* x, int64_t hidden, int64_t inter, int64_t k,
+                 bool gelu, MoeScratch& s, bool float_rows);
+void sum_experts(const int32_t* idx, const float* w, int64_t rows, int64_t k, int64_t hidden, const MoeScratch& s,
+                 float* y);
 
 }  // namespace qlinear::decoder

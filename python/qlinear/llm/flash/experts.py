@@ -12,8 +12,9 @@ load, ties to the least recently used
 before it is needed again). ``FlashMoeBlock`` routes as ``MoeBlock`` does (same softmax, top-k and
 ascending order of the sums), so the logits equal the in-memory model's bit for bit; it asks
 for all the experts it needs at once (the misses' reads start together, in the reader's
-threads), runs the hits while the misses are read, and adds the outputs in ascending expert
-order. With ``prefetch="router"`` (``model.flash.experts.prefetch``), after a decode token's block
+threads), runs those whose slots are ready in one compiled call while the others are read
+(``_core.MoeExperts``: the in-memory MoeLayer's stages over the slots), and adds the outputs in
+ascending expert order. With ``prefetch="router"`` (``model.flash.experts.prefetch``), after a decode token's block
 the next layer's router applied to this residual (its attention not yet added) names experts to
 read while that layer's attention runs. Off by default: it raised the hit rate but also the bytes
 read per token in every case measured (bench/moe_flash.py, docs/flash.md).
@@ -30,6 +31,8 @@ import numpy as np
 from . import layout as flash_layout
 from .expert_files import ExpertFile, GGUFExpertFile
 from .reader import FlashReader
+from ... import _core
+from ..._ops import core_handle
 from ..runtime.layers import Linear, rms_norm
 from ..runtime.moe import MoeBlock
 
@@ -54,7 +57,8 @@ class ExpertStats:
 
 
 class _Slot:
-    def __init__(self, files: "ExpertFile | GGUFExpertFile", act: str, act_block: int):
+    def __init__(self, index: int, files: "ExpertFile | GGUFExpertFile", act: str, act_block: int):
+        self.index = index
         self.gate_up_buf = np.zeros(files.gate_up.nbytes, np.uint8)
         self.down_buf = np.zeros(files.down.nbytes, np.uint8)
         self.linears = (Linear(flash_layout.packed(self.gate_up_buf, files.gate_up), None, act, act_block),
@@ -73,13 +77,27 @@ class ExpertCache:
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"expert slots must be an int >= 1, got {slots!r}")
         self.reader, self.files = reader, files
-        self.slots = [_Slot(files, act, act_block) for _ in range(slots)]
+        self.slots = [_Slot(i, files, act, act_block) for i in range(slots)]
         self.where: "OrderedDict[tuple, _Slot]" = OrderedDict()   # key -> slot, least recently used first
         self.free = list(self.slots)
         self.stats = ExpertStats()
         self.prefetch = prefetch
         self.policy = policy
         self.uses: dict = {}   # (layer, expert) -> times a block needed it (policy "lfu")
+        self._compiled: dict = {}
+
+    def compiled(self, cfg) -> Optional[object]:
+        """The compiled routed MLP over the slots (``_core.MoeExperts``, one for all layers: they
+        run one after another), or None for an activation it lacks (then numpy runs the experts)."""
+        if cfg.hidden_act not in ("silu", "gelu_tanh"):
+            return None
+        key = (cfg.num_experts, cfg.experts_per_token, cfg.hidden_act)
+        if key not in self._compiled:
+            def spec(m: Linear):
+                return (core_handle(m.weight), None, m.act == "int8", int(m._block))
+            self._compiled[key] = _core.moe_experts([(spec(s.linears[0]), spec(s.linears[1])) for s in self.slots],
+                                                    key[0], key[1], gelu=key[2] == "gelu_tanh")
+        return self._compiled[key]
 
     @property
     def prefetch(self) -> str:
@@ -207,6 +225,7 @@ class FlashMoeBlock(MoeBlock):
         self.layer, self.cache, self.next_block = layer, cache, None
         self.experts = None   # the placeholders build_model made: the weights are the cache's
         self.core_moe = None  # (built over those placeholders)
+        self.core_experts = cache.compiled(self.cfg)
 
     def __call__(self, h: np.ndarray, cache, start: int) -> np.ndarray:
         out = super().__call__(h, cache, start)
@@ -217,26 +236,40 @@ class FlashMoeBlock(MoeBlock):
         return out
 
     def mlp(self, x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, np.float32)
         top, w = self.route(x)  # MoeBlock's compiled routing: the in-memory model's bits
         needed = [int(e) for e in np.unique(top)]
+        core = self.core_experts
         got = self.cache.request(self.layer, needed)
-        # the experts read first, then those being read, then those without a slot yet (read into
-        # the slots the others free: a prefill's rows may need more experts than the cache holds)
-        ready = [e for e in needed if e in got and (got[e].job is None or got[e].job.done)]
-        order = ready + [e for e in needed if e in got and e not in ready] + [e for e in needed if e not in got]
-        outs = {}
+        if core is not None:
+            core.begin(x, top, w)
+        outs, pending = {}, list(needed)
         try:
-            for e in order:
-                rows, slot = np.nonzero(top == e)
-                gate_up, down = self.cache.get(self.layer, e, got)
-                outs[e] = (rows, down(self.act(gate_up(np.ascontiguousarray(x[rows])))) * w[rows, slot, None])
-                self.cache.release(got[e])
-                self.expert_bytes_read += self.cache.files.expert_bytes
+            while pending:
+                # the experts whose slots are ready, together; else the first read in flight, else
+                # one without a slot yet (read into a slot the others freed: a prefill's rows may
+                # need more experts than the cache holds)
+                ready = [e for e in pending if e in got and (got[e].job is None or got[e].job.done)]
+                if not ready:
+                    ready = [next((e for e in pending if e in got), pending[0])]
+                linears = [self.cache.get(self.layer, e, got) for e in ready]
+                if core is not None:
+                    core.run(ready, [got[e].index for e in ready])
+                else:
+                    for e, (gate_up, down) in zip(ready, linears):
+                        rows, slot = np.nonzero(top == e)
+                        outs[e] = (rows, down(self.act(gate_up(np.ascontiguousarray(x[rows])))) * w[rows, slot, None])
+                for e in ready:
+                    self.cache.release(got[e])
+                    pending.remove(e)
+                self.expert_bytes_read += len(ready) * self.cache.files.expert_bytes
         except BaseException:
-            for e, s in got.items():
-                if e not in outs and s.pins > 0:
-                    self.cache.release(s)
+            for e in pending:
+                if e in got and got[e].pins > 0:
+                    self.cache.release(got[e])
             raise
+        if core is not None:
+            return core.finish()
         y = np.zeros(x.shape, np.float32)
         for e in needed:   # in ascending order, as MoeBlock adds them
             rows, out = outs[e]
