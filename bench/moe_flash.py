@@ -129,7 +129,7 @@ def worker_throughput(args) -> dict:
         keys = [(i, e) for i in range(files.L) for e in range(files.E)]
         bufs = [np.empty(files.read_bytes, np.uint8) for _ in range(8)]
         expert_reads = lambda key, j: files.reads(*key, bufs[j % 8])[0]  # noqa: E731
-    plan = ReadPlan(False, 4, CHUNK_BYTES)
+    plan = ReadPlan(False, 4, CHUNK_BYTES, direct=True)   # the expert cache's reads (moe_loader)
     seq = read_throughput(path, plan=plan)
     order = np.random.default_rng(0).permutation(len(keys))
     reads = [r for j, i in enumerate(order) for r in expert_reads(keys[i], j)]
@@ -147,9 +147,10 @@ def worker_throughput(args) -> dict:
         for g in range(0, len(keys) - k + 1, k):
             reader.submit([r for j, i in enumerate(order[g:g + k]) for r in expert_reads(keys[i], j)]).wait()
         bursts = (len(keys) // k) * k * files.read_bytes / (time.perf_counter() - t0)
+        direct = reader.direct
     finally:
         reader.close()
-    return {"sequential": seq, "experts_random": rand, "layer_bursts": bursts}
+    return {"sequential": seq, "experts_random": rand, "layer_bursts": bursts, "direct": direct}
 
 
 def drop_caches() -> None:
@@ -311,7 +312,8 @@ def run(args, lv, tmp: Path) -> None:
     if r.returncode:
         raise SystemExit(f"throughput run failed: {r.stderr[-2000:]}")
     tp = json.loads(r.stdout.strip().splitlines()[-1])
-    print(f"read throughput in the cgroup (flash reader, 4 threads, no readahead, cache dropped): sequential "
+    print(f"read throughput in the cgroup (flash reader as the expert cache reads: 4 threads, no readahead, "
+          f"{'past the page cache (O_DIRECT)' if tp['direct'] else 'page cache'}, cache dropped): sequential "
           f"4 MiB reads {tp['sequential'] / 1e9:.2f} GB/s; one expert per read, random order "
           f"{tp['experts_random'] / 1e9:.2f} GB/s; a layer's experts at once, waited for, layer after layer "
           f"(a decode token's reads without its compute) {tp['layer_bursts'] / 1e9:.2f} GB/s")

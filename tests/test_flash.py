@@ -331,7 +331,7 @@ def test_read_plan_follows_the_devices_readahead(models, monkeypatch, read_ahead
 
     monkeypatch.setattr(flash_reader, "device_read_ahead_kb", lambda path: read_ahead_kb)
     stream = read_ahead_kb == 8192
-    want = (True, 1, flash_reader.STREAM_CHUNK) if stream else (False, 4, flash_reader.CHUNK_BYTES)
+    want = (True, 1, flash_reader.STREAM_CHUNK, False) if stream else (False, 4, flash_reader.CHUNK_BYTES, False)
     assert tuple(vars(flash_reader.read_plan("f", one_run=True)).values()) == want
     assert not flash_reader.read_plan("f", one_run=False).readahead
     assert flash_reader.read_plan("f", one_run=True, threads=3).threads == 3
