@@ -5,7 +5,7 @@ gate_up right before its down (one ``preadv`` an expert); a GGUF file stacks the
 (three reads an expert, whose codes are moved into place as they arrive). ``ExpertCache`` holds
 N slots, each a preallocated (gate_up, down) pair of packed buffers; an expert not in a slot is
 read into a slot that no running expert pins, the one whose expert was needed least often since
-load, ties to the least recently used
+load, ties to the most recently used
 (``policy="lfu"``, the default; "lru": the least recently used). A trained router's 4 layers x
 8 experts, 400 tokens, caches of 4 / 8 / 16: LFU hits 15.7 / 46.7 / 77.9%, LRU 0 / 44.5 / 69.0%
 (a cache smaller than the experts a token cycles through is LRU's worst case: each evicted just
@@ -22,13 +22,13 @@ read per token in every case measured (bench/moe_flash.py, docs/flash.md).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
 from . import layout as flash_layout
+from .eviction import EvictionOrder
 from .expert_files import ExpertFile, GGUFExpertFile
 from .reader import FlashReader
 from ... import _core
@@ -37,6 +37,10 @@ from ..runtime.layers import Linear, rms_norm
 from ..runtime.moe import MoeBlock
 
 PREFETCH = ("router", "none")
+# Reader threads: reads in flight. A token's misses of a layer are read together, a GGUF file's
+# expert in three reads (~9 a layer): 8 threads decoded 1.20x 4, 12 1.15x 8 (random routing,
+# Zen 5 VM, O_DIRECT, A/B in one process); a converted file's one read an expert, alike on 4 or 12.
+EXPERT_READERS = 12
 POLICIES = ("lru", "lfu")
 
 
@@ -78,12 +82,12 @@ class ExpertCache:
             raise ValueError(f"expert slots must be an int >= 1, got {slots!r}")
         self.reader, self.files = reader, files
         self.slots = [_Slot(i, files, act, act_block) for i in range(slots)]
-        self.where: "OrderedDict[tuple, _Slot]" = OrderedDict()   # key -> slot, least recently used first
+        self.where: dict = {}   # key -> slot
         self.free = list(self.slots)
         self.stats = ExpertStats()
         self.prefetch = prefetch
         self.policy = policy
-        self.uses: dict = {}   # (layer, expert) -> times a block needed it (policy "lfu")
+        self.order = EvictionOrder(slots)   # whom to evict (policy)
         self._compiled: dict = {}
 
     def compiled(self, cfg) -> Optional[object]:
@@ -120,7 +124,7 @@ class ExpertCache:
     @policy.setter
     def policy(self, how: str) -> None:
         """"lru": evict the least recently used; "lfu": the least often needed since load (ties:
-        the least recently used), so that a cache smaller than the experts a token cycles through
+        the most recently used: ``eviction.py``), so that a cache smaller than the experts a token cycles through
         keeps the most used ones instead of evicting each just before it is needed again."""
         if how not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {how!r}")
@@ -129,11 +133,7 @@ class ExpertCache:
     def _victim(self) -> Optional[_Slot]:
         if self.free:
             return self.free.pop()
-        if self._policy == "lru":
-            key = next((key for key, slot in self.where.items() if slot.pins == 0), None)   # least recent first
-        else:   # ties to the most recently used: in a cycle, the one needed again last
-            key = min((key for key, slot in reversed(self.where.items()) if slot.pins == 0),
-                      key=lambda k: self.uses.get(k, 0), default=None)
+        key = self.order.victim(self._policy, lambda k: self.where[k].pins > 0)
         return None if key is None else self.where.pop(key)
 
     def _read(self, key: tuple, prefetch: bool = False) -> Optional[_Slot]:
@@ -145,6 +145,7 @@ class ExpertCache:
         slot.key, slot.prefetched = key, prefetch
         slot.job = self.reader.submit(*self.files.read_job(*key, slot.gate_up_buf, slot.down_buf))
         self.where[key] = slot
+        self.order.touch(key)
         self.stats.bytes += self.files.read_bytes
         return slot
 
@@ -154,14 +155,14 @@ class ExpertCache:
         got = {}
         for e in experts:
             key = (layer, int(e))
-            self.uses[key] = self.uses.get(key, 0) + 1
+            self.order.need(key)
             slot = self.where.get(key)
             if slot is not None:
                 self.stats.hits += 1
                 if slot.prefetched:
                     self.stats.prefetch_used += 1
                     slot.prefetched = False
-                self.where.move_to_end(key)
+                self.order.touch(key)
                 slot.pins += 1
                 got[int(e)] = slot
         for e in experts:
@@ -197,6 +198,7 @@ class ExpertCache:
     def _forget(self, slot: _Slot) -> None:
         """A slot whose read failed: emptied (its expert is read again when needed)."""
         self.where.pop(slot.key, None)
+        self.order.forget(slot.key)
         slot.key, slot.job, slot.pins = None, None, 0
         self.free.append(slot)
 
