@@ -31,8 +31,8 @@ mapping into its own memory) and without. The bound: read throughput / bytes rea
 the read throughput measured inside the cgroup on the file qlinear reads, with the flash reader
 (sequential 4 MiB reads; reads of one expert each at the experts' offsets in random order; and
 the same reads a layer's top-k at a time, each group waited for before the next starts, as a
-decode token reads with random routing and nothing in the cache, less its compute; 4 threads, no
-readahead).
+decode token reads with random routing and nothing in the cache, less its compute; as the expert
+cache reads: its reader threads, no readahead, past the page cache where the file system allows).
 
 Hit rates: the big model's as measured in its runs; the trained
 models/stdlib-qwen3moe (4 layers x 8 experts, top 2), teacher-forced over a held-out
@@ -109,6 +109,7 @@ def worker_throughput(args) -> dict:
     from qlinear.llm.config import ModelConfig
     from qlinear.llm.flash.cost import drop_file_cache, read_throughput
     from qlinear.llm.flash.expert_files import ExpertFile, GGUFExpertFile
+    from qlinear.llm.flash.experts import EXPERT_READERS
     from qlinear.llm.flash.reader import CHUNK_BYTES, FlashReader, ReadPlan
     from qlinear.llm.gguf.config import read_config
     from qlinear.llm.gguf.file import GGUFFile
@@ -129,7 +130,7 @@ def worker_throughput(args) -> dict:
         keys = [(i, e) for i in range(files.L) for e in range(files.E)]
         bufs = [np.empty(files.read_bytes, np.uint8) for _ in range(8)]
         expert_reads = lambda key, j: files.reads(*key, bufs[j % 8])[0]  # noqa: E731
-    plan = ReadPlan(False, 4, CHUNK_BYTES, direct=True)   # the expert cache's reads (moe_loader)
+    plan = ReadPlan(False, EXPERT_READERS, CHUNK_BYTES, direct=True)   # the expert cache's reads (moe_loader)
     seq = read_throughput(path, plan=plan)
     order = np.random.default_rng(0).permutation(len(keys))
     reads = [r for j, i in enumerate(order) for r in expert_reads(keys[i], j)]
@@ -150,7 +151,7 @@ def worker_throughput(args) -> dict:
         direct = reader.direct
     finally:
         reader.close()
-    return {"sequential": seq, "experts_random": rand, "layer_bursts": bursts, "direct": direct}
+    return {"sequential": seq, "experts_random": rand, "layer_bursts": bursts, "direct": direct, "threads": plan.threads}
 
 
 def drop_caches() -> None:
@@ -312,7 +313,7 @@ def run(args, lv, tmp: Path) -> None:
     if r.returncode:
         raise SystemExit(f"throughput run failed: {r.stderr[-2000:]}")
     tp = json.loads(r.stdout.strip().splitlines()[-1])
-    print(f"read throughput in the cgroup (flash reader as the expert cache reads: 4 threads, no readahead, "
+    print(f"read throughput in the cgroup (flash reader as the expert cache reads: {tp['threads']} threads, no readahead, "
           f"{'past the page cache (O_DIRECT)' if tp['direct'] else 'page cache'}, cache dropped): sequential "
           f"4 MiB reads {tp['sequential'] / 1e9:.2f} GB/s; one expert per read, random order "
           f"{tp['experts_random'] / 1e9:.2f} GB/s; a layer's experts at once, waited for, layer after layer "

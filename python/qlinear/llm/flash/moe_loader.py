@@ -25,7 +25,7 @@ from ..gguf import source as gguf_source
 from ..gguf.config import read_config
 from ..gguf.file import GGUFFile
 from .expert_files import ExpertFile, GGUFExpertFile
-from .experts import ExpertCache, flash_block
+from .experts import EXPERT_READERS, ExpertCache, flash_block
 from .plan import PROCESS_RESERVE, MemoryPlan, kv_cache_bytes
 from .reader import FlashReader, read_plan
 from .resident import resident_source
@@ -120,7 +120,7 @@ def _model(path: Path, source, files, n: int, plan: MemoryPlan, opts: Options, m
     first = model.blocks[0].experts[0]
     if any(lin.bias is not None for b in model.blocks for pair in b.experts for lin in pair):
         raise ValueError(f"{path}: experts with biases are not supported by memory='flash'")
-    reader = FlashReader(path, read_plan(path, False, reader_threads, direct=True))
+    reader = FlashReader(path, read_plan(path, False, EXPERT_READERS if reader_threads is None else reader_threads, direct=True))
     try:
         cache = ExpertCache(reader, files, n, first[0].act, opts.act_block, prefetch)
     except BaseException:
