@@ -210,7 +210,8 @@ def test_experts_run_from_slots_in_any_grouping_equal_the_layer(checkpoints, bit
             for _ in range(3):
                 core.begin(x, top, w)
                 used = [int(e) for e in rng.permutation(np.unique(top))]
-                cuts = sorted(rng.choice(np.arange(1, len(used)), min(2, len(used) - 1), replace=False)) if len(used) > 1 else []
+                cuts = sorted(rng.choice(np.arange(1, len(used)), min(2, len(used) - 1), replace=False)) \
+                    if len(used) > 1 else []
                 for group in np.split(np.array(used), cuts):
                     core.run([int(e) for e in group], [slot_of[int(e)] for e in group])
                 np.testing.assert_array_equal(core.finish(), want)

@@ -120,7 +120,8 @@ def _model(path: Path, source, files, n: int, plan: MemoryPlan, opts: Options, m
     first = model.blocks[0].experts[0]
     if any(lin.bias is not None for b in model.blocks for pair in b.experts for lin in pair):
         raise ValueError(f"{path}: experts with biases are not supported by memory='flash'")
-    reader = FlashReader(path, read_plan(path, False, EXPERT_READERS if reader_threads is None else reader_threads, direct=True))
+    threads = EXPERT_READERS if reader_threads is None else reader_threads
+    reader = FlashReader(path, read_plan(path, False, threads, direct=True))
     try:
         cache = ExpertCache(reader, files, n, first[0].act, opts.act_block, prefetch)
     except BaseException:
