@@ -79,7 +79,8 @@ def test_hit_rate_grows_with_the_cache_and_decode_reads_only_misses(models):
 def test_budget_sizes_the_cache_and_too_small_a_budget_is_refused(models):
     d = models["qwen3_moe"]
     with flash(d) as m:
-        resident, xb = m.flash.plan.total - m.flash.plan.ffn_buffers, m.flash.files.expert_bytes
+        xb = m.flash.files.expert_bytes   # all but the slots: resident, KV cache, staging and reader buffers
+        resident = m.flash.plan.total - m.info["flash_expert_slots"] * xb
     mb = lambda n: n / 2**20  # noqa: E731
     with flash(d, budget=mb(resident + PROCESS_RESERVE + 5 * xb + xb // 2)) as m:
         assert m.info["flash_expert_slots"] == 5
@@ -89,6 +90,27 @@ def test_budget_sizes_the_cache_and_too_small_a_budget_is_refused(models):
         flash(d, budget=-1)
     with pytest.raises(ValueError, match="expert_slots must be an int >= 1"):
         flash(d, slots=0)
+
+
+def test_reader_threads_and_their_buffers_are_planned(models):
+    """Experts are read by EXPERT_READERS threads (or reader_threads), past the page cache where
+    the file system allows, each thread's buffer of one read counted in the plan."""
+    from qlinear.llm.flash.experts import EXPERT_READERS
+    from qlinear.llm.flash.reader import DIRECT_ALIGN
+
+    d = models["qwen3_moe"]
+    with flash(d, slots=3) as m:
+        reader, plan12 = m.flash.experts.reader, m.flash.plan
+        assert reader.plan.threads == EXPERT_READERS and reader.plan.direct and reader.alive_threads == EXPERT_READERS
+        np.testing.assert_array_equal(m.logits([5, 6, 7]), llm.load(d, progress=False).logits([5, 6, 7]))
+    with llm.load(d, memory="flash", reader_threads=1, progress=False, max_context=256) as m:
+        assert m.flash.experts.reader.alive_threads == 1
+        per_reader = m.flash.files.max_read + 2 * DIRECT_ALIGN
+        assert plan12.ffn_buffers - m.flash.plan.ffn_buffers == \
+            (EXPERT_READERS - 1) * per_reader + (3 - m.info["flash_expert_slots"]) * m.flash.files.expert_bytes
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="reader threads"):
+            llm.load(d, memory="flash", reader_threads=bad, progress=False)
 
 
 def test_truncated_file_is_refused(models, tmp_path):

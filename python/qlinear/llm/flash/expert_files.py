@@ -61,6 +61,7 @@ class ExpertFile:
         gaps = {ds - gs - self.gate_up.nbytes for gs, ds in self.ranges.values()}
         self.gap = gaps.pop() if len(gaps) == 1 and 0 <= min(gaps or {0}) <= MAX_GAP else None
         self.scratch = np.empty(self.gap or 0, np.uint8)   # the gap's bytes land here (not kept)
+        self.max_read = self.read_bytes + self.gap if self.gap is not None else max(gn, dn)   # one read's bytes
 
     def reads(self, layer: int, expert: int, gate_up: np.ndarray, down: np.ndarray) -> list:
         gs, ds = self.ranges[layer, expert]
@@ -102,6 +103,7 @@ class GGUFExpertFile:
         self.down = flash_layout.Geometry(H, M, bits, 32, True)
         self.expert_bytes = self.gate_up.nbytes + self.down.nbytes
         self.read_bytes = sum(size for _, size, _ in self.ranges[0])
+        self.max_read = max(size for _, size, _ in self.ranges[0])   # one read's bytes
         self._staging: queue.SimpleQueue = queue.SimpleQueue()
         for _ in range(staging):
             self._staging.put(np.empty(self.read_bytes, np.uint8))

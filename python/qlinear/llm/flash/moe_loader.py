@@ -27,21 +27,30 @@ from ..gguf.file import GGUFFile
 from .expert_files import ExpertFile, GGUFExpertFile
 from .experts import EXPERT_READERS, ExpertCache, flash_block
 from .plan import PROCESS_RESERVE, MemoryPlan, kv_cache_bytes
-from .reader import FlashReader, read_plan
+from .reader import DIRECT_ALIGN, FlashReader, read_plan
 from .resident import resident_source
 
 
-def moe_plan(resident: int, files, cfg, max_context: int, slots: int) -> MemoryPlan:
+def reader_count(reader_threads: Optional[int]) -> int:
+    if reader_threads is None:
+        return EXPERT_READERS
+    if isinstance(reader_threads, bool) or not isinstance(reader_threads, int) or reader_threads < 1:
+        raise ValueError(f"reader threads must be an int >= 1, got {reader_threads!r}")
+    return reader_threads
+
+
+def moe_plan(resident: int, files, cfg, max_context: int, slots: int, readers: int) -> MemoryPlan:
     """What stays in memory: ``resident`` bytes (everything but the experts and the embedding),
-    the KV cache, the RoPE tables and ``slots`` expert slots with the file's staging buffers
-    (under ``ffn_buffers``)."""
+    the KV cache, the RoPE tables and ``slots`` expert slots with the file's staging buffers and
+    the ``readers`` reader threads' buffers of direct reads (under ``ffn_buffers``)."""
     positions = min(max_context, cfg.max_position_embeddings)
     rope = 2 * positions * (cfg.head_dim // 2) * 4
-    return MemoryPlan(resident, kv_cache_bytes(cfg, positions), slots * files.expert_bytes + files.staging_bytes, rope)
+    buffers = slots * files.expert_bytes + files.staging_bytes + readers * (files.max_read + 2 * DIRECT_ALIGN)
+    return MemoryPlan(resident, kv_cache_bytes(cfg, positions), buffers, rope)
 
 
 def expert_slots(resident: int, files, cfg, max_context: int, budget_mb: Optional[float],
-                 slots: Optional[int], path) -> int:
+                 slots: Optional[int], path, readers: int) -> int:
     """The expert cache's size: ``slots`` if given, else what ``budget_mb`` holds (all the
     experts without a budget). A budget that does not hold the resident part, the reserve and
     experts_per_token slots is refused, naming the figures."""
@@ -53,7 +62,7 @@ def expert_slots(resident: int, files, cfg, max_context: int, budget_mb: Optiona
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"expert_slots must be an int >= 1, got {slots!r}")
         slots = min(slots, total)
-    base = moe_plan(resident, files, cfg, max_context, 0)
+    base = moe_plan(resident, files, cfg, max_context, 0, readers)
     if budget_mb is None:
         return total if slots is None else slots
     room = budget_mb * 2**20 - base.total - PROCESS_RESERVE
@@ -77,10 +86,11 @@ def load_flash_moe(d: Path, opts: Options, max_context: int, entries: dict, cfg,
     files = ExpertFile(path, entries, cfg, os.path.getsize(path))
     resident = sum(e["nbytes"] for n, e in entries.items()
                    if n not in files.names and n != converted_source.EMBEDDING and n != "lm_rows")
-    n = expert_slots(resident, files, cfg, max_context, memory_budget_mb, slots, path)
+    readers = reader_count(reader_threads)
+    n = expert_slots(resident, files, cfg, max_context, memory_budget_mb, slots, path, readers)
     source = resident_source(d, opts, entries, files.names)
-    return _model(path, source, files, n, moe_plan(resident, files, cfg, max_context, n), opts, max_context,
-                  reader_threads, prefetch)
+    return _model(path, source, files, n, moe_plan(resident, files, cfg, max_context, n, readers), opts, max_context,
+                  readers, prefetch)
 
 
 def load_flash_moe_gguf(p: Path, opts: Options, max_context: int, memory_budget_mb: Optional[float] = None,
@@ -97,15 +107,16 @@ def load_flash_moe_gguf(p: Path, opts: Options, max_context: int, memory_budget_
     embd = "token_embd.weight"
     resident = sum(int(t.n_bytes) for n, t in f.tensors.items()
                    if n not in files.names and (n != embd or cfg.tie_word_embeddings))
-    n = expert_slots(resident, files, cfg, max_context, memory_budget_mb, slots, p)
+    readers = reader_count(reader_threads)
+    n = expert_slots(resident, files, cfg, max_context, memory_budget_mb, slots, p, readers)
     del f
     source = gguf_source.read(p, opts, progress_bar=False, routed_experts=False)
-    return _model(p, source, files, n, moe_plan(resident, files, cfg, max_context, n), opts, max_context,
-                  reader_threads, prefetch)
+    return _model(p, source, files, n, moe_plan(resident, files, cfg, max_context, n, readers), opts, max_context,
+                  readers, prefetch)
 
 
 def _model(path: Path, source, files, n: int, plan: MemoryPlan, opts: Options, max_context: int,
-           reader_threads: Optional[int], prefetch: str) -> Model:
+           readers: int, prefetch: str) -> Model:
     """The model of ``source`` (its tensors but the experts), the experts read from ``path`` into
     an expert cache of ``n`` slots."""
     cfg, tensors = source.config, source.tensors
@@ -120,8 +131,7 @@ def _model(path: Path, source, files, n: int, plan: MemoryPlan, opts: Options, m
     first = model.blocks[0].experts[0]
     if any(lin.bias is not None for b in model.blocks for pair in b.experts for lin in pair):
         raise ValueError(f"{path}: experts with biases are not supported by memory='flash'")
-    threads = EXPERT_READERS if reader_threads is None else reader_threads
-    reader = FlashReader(path, read_plan(path, False, threads, direct=True))
+    reader = FlashReader(path, read_plan(path, False, readers, direct=True))
     try:
         cache = ExpertCache(reader, files, n, first[0].act, opts.act_block, prefetch)
     except BaseException:
