@@ -83,3 +83,26 @@ def test_a_file_system_without_direct_reads_falls_back(data_file, monkeypatch):
             np.testing.assert_array_equal(np.concatenate(views), data[offset:offset + sum(sizes)])
     finally:
         reader.close()
+
+
+def test_direct_reads_refused_later_go_buffered(data_file, monkeypatch):
+    """open(O_DIRECT) accepted but its reads refused (EINVAL): the read is done buffered, and the
+    reader stays buffered."""
+    path, data = data_file
+    reader = FlashReader(path, DIRECT)
+    try:
+        if not reader.direct:
+            pytest.skip(f"{path.parent}: the file system refuses O_DIRECT")
+        direct_fd, real_preadv = reader.direct_fd, os.preadv
+
+        def refuse(fd, *args):
+            if fd == direct_fd:
+                raise OSError(22, "Invalid argument")
+            return real_preadv(fd, *args)
+
+        monkeypatch.setattr(os, "preadv", refuse)
+        for (offset, sizes), views in zip(READS, _read(reader, READS)):
+            np.testing.assert_array_equal(np.concatenate(views), data[offset:offset + sum(sizes)])
+        assert not reader.direct
+    finally:
+        reader.close()

@@ -19,6 +19,7 @@ file changed under a running model raises ValueError instead of giving garbage l
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import queue
@@ -189,6 +190,7 @@ class FlashReader:
             # range (up to the device's read_ahead_kb, 8 MiB on some virtual disks)
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
         self.direct_fd = _open_direct(self.path) if plan.direct and not readahead else None
+        self._refused_fd: Optional[int] = None
         self._staging = threading.local()   # direct reads: each worker's page-aligned buffer
         self.stats = ReadStats()
         self._stats_lock = threading.Lock()
@@ -262,7 +264,15 @@ class FlashReader:
         buf = getattr(self._staging, "buf", None)
         if buf is None or len(buf) < span:
             buf = self._staging.buf = mmap.mmap(-1, span, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        n = os.preadv(self.direct_fd, [memoryview(buf)[:span]], start) - (offset - start)
+        fd = self.direct_fd
+        try:
+            n = os.preadv(fd, [memoryview(buf)[:span]], start) - (offset - start)
+        except OSError as e:
+            if e.errno != errno.EINVAL or fd is None:
+                raise
+            # a file system that opens with O_DIRECT but refuses these reads: buffered from now on
+            self.direct_fd, self._refused_fd = None, fd
+            return os.preadv(self.fd, views, offset)
         got, at = np.frombuffer(buf, np.uint8, span), offset - start
         for v in views:   # numpy copies without holding the GIL
             np.copyto(np.frombuffer(v, np.uint8), got[at:at + len(v)])
@@ -287,7 +297,6 @@ class FlashReader:
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join()
-        os.close(self.fd)
-        if self.direct_fd is not None:
-            os.close(self.direct_fd)
-        self.fd = self.direct_fd = None
+        for fd in {self.fd, self.direct_fd, self._refused_fd} - {None}:
+            os.close(fd)
+        self.fd = self.direct_fd = self._refused_fd = None
