@@ -6,11 +6,10 @@ one ``preadv`` (so a read can scatter a contiguous file range into several buffe
 reads from one queue, so several are in flight at once (the disk's queue depth). After each
 read the pages it brought into the page cache are dropped (``posix_fadvise(DONTNEED)``): the
 process keeps what it copied, the page cache does not grow (under a memory limit that counts
-the page cache, it does not push out what the model holds). A plan with ``direct`` (the expert
-cache's) reads past the page cache instead (O_DIRECT: the 4 KiB-aligned range around the bytes
-asked for, into the worker's aligned buffer, copied out): on a Zen 5 VM, reading random experts
-cost 0.52 ms of CPU per MB through the page cache and 0.08-0.11 ms with O_DIRECT, which also
-read faster (2.0-2.6 against 1.5 GB/s).
+the page cache, it does not push out what the model holds). A ``direct`` plan (the expert
+cache's) reads past the page cache (O_DIRECT, the aligned range around the bytes into the
+worker's buffer, copied out): on a Zen 5 VM random experts cost 0.52 ms of CPU per MB through
+the page cache, 0.08-0.11 with O_DIRECT, which also read faster (2.0-2.6 against 1.5 GB/s).
 
 Every read checks its length (a truncated file gives a short read), and a job checks that the
 file was not changed on disk since it was opened (size, modification time, inode): a model
@@ -37,8 +36,7 @@ DIRECT_ALIGN = 4096     # O_DIRECT reads: offset, length and buffer aligned to t
 
 
 def _open_direct(path: str) -> Optional[int]:
-    """``path`` opened with O_DIRECT, or None where the file system refuses it (tmpfs) or a first
-    aligned read fails."""
+    """``path`` opened with O_DIRECT; None where refused (older tmpfs) or a first read fails."""
     if not hasattr(os, "O_DIRECT"):
         return None
     try:
