@@ -20,8 +20,9 @@ symmetric int4 in groups of 32, a float16 scale as Q4_0's; the same checkpoint a
 
 Each run is a fresh process inside the cgroup, the page cache dropped first (echo 3 >
 drop_caches). qlinear: load with memory_budget_mb = the limit (the expert cache gets what the
-limit holds beyond the resident part and a reserve), prefill 8 tokens, decode 8 (warm-up), then
-the measured decode, each step fed a random token (as llama-bench's generation test does); with
+limit holds beyond the resident part and a reserve), prefill 8 tokens, then 8 random tokens more
+as one prompt (timed: the prefill figure, against llama-bench's pp8, timed after its warm-up
+run), decode 8 (warm-up), then the measured decode, each step fed a random token (as llama-bench's generation test does); with
 the next layer's experts prefetched from its router applied early, and without. This random
 model's routers pick nearly the same experts whatever the token (its hidden states barely depend
 on it), so a third run draws each token's experts at random instead (the routers still computed,
@@ -93,6 +94,11 @@ def worker_qlinear(args) -> dict:
     # model's greedy tokens repeat, and so would its experts (hit rates near 100%)
     rng = np.random.default_rng(0)
     token = int(m.prefill(list(range(100, 100 + PROMPT))).argmax())
+    # a prompt of PROMPT random tokens after that first one (llama-bench times its prompt after
+    # a warm-up run too)
+    t0 = time.perf_counter()
+    m._forward([int(t) for t in rng.integers(m.config.vocab_size, size=PROMPT)], m.cache.length)
+    prefill = PROMPT / (time.perf_counter() - t0)
     for _ in range(WARM):
         token = int(m._forward([int(rng.integers(m.config.vocab_size))], m.cache.length)[0].argmax())
     # with random routing, the bound is also measured beside the decode: after each round of
@@ -124,7 +130,7 @@ def worker_qlinear(args) -> dict:
             "hit_rate": hits / max(hits + misses, 1), "prefetched": (s1["prefetched"] - s0["prefetched"]) / n,
             "prefetch_used": (s1["prefetch_used"] - s0["prefetch_used"]) / n, "slots": s1["slots"],
             "experts": s1["experts"], "expert_mb": s1["expert_bytes"] / 2**20, "peak_rss_mb": m.stats.peak_rss_mb,
-            "last_token": token, "of_paired_bound": sorted(paired)}
+            "last_token": token, "of_paired_bound": sorted(paired), "prefill_tok_s": prefill}
 
 
 def reads_of(files):
@@ -215,7 +221,9 @@ def llamacpp_run(limit: int, gguf: Path, decode: int, threads: int, repack: int)
                 "cgroup_peak_mb": peak}
     rows = json.loads(r.stdout)
     gen = [x for x in rows if x.get("n_gen", 0) > 0][0]
-    return {"tok_s": float(gen["avg_ts"]), "cgroup_peak_mb": peak}
+    pp = [x for x in rows if x.get("n_prompt", 0) > 0 and x.get("n_gen", 0) == 0]
+    return {"tok_s": float(gen["avg_ts"]), "prefill_tok_s": float(pp[0]["avg_ts"]) if pp else float("nan"),
+            "cgroup_peak_mb": peak}
 
 
 def trained_hit_rates(tmp: Path) -> list:
@@ -363,23 +371,25 @@ def run(args, lv, tmp: Path) -> None:
                                                  if r.returncode == 0 else {"error": r.stderr[-500:], "cgroup_peak_mb": peak})
     for repack in (1, 0) if have_llamacpp else ():
         rows[f"llama.cpp mmap, repack={repack}"] = llamacpp_run(limit, gguf, args.decode_tokens, args.threads, repack)
-    print(f"\n| engine | decode tok/s | expert cache (slots of experts) | hit rate | MB read per token | "
-          f"bound: seq. / random-expert / layer-burst throughput / bytes per token | % of bounds | peak RSS MB | "
-          f"cgroup peak MB (limit {limit / 2**20:.0f}) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"\n| engine | decode tok/s | prefill tok/s ({PROMPT} tokens) | expert cache (slots of experts) | hit rate | "
+          f"MB read per token | bound: seq. / random-expert / layer-burst throughput / bytes per token | % of bounds | "
+          f"peak RSS MB | cgroup peak MB (limit {limit / 2**20:.0f}) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, x in rows.items():
         if "error" in x:
-            print(f"| {name} | failed: {x['error'][-200:]!r} | | | | | | | {x['cgroup_peak_mb']:.0f} |")
+            print(f"| {name} | failed: {x['error'][-200:]!r} | | | | | | | | {x['cgroup_peak_mb']:.0f} |")
         elif "bytes_per_token" in x:
             bpt = x["bytes_per_token"]
             b1, b2, b3 = (tp[w] / bpt for w in ("sequential", "experts_random", "layer_bursts"))
-            print(f"| {name} | {x['tok_s']:.2f} | {x['slots']} of {x['experts']} ({x['expert_mb']:.2f} MB each) | "
+            print(f"| {name} | {x['tok_s']:.2f} | {x['prefill_tok_s']:.2f} | {x['slots']} of {x['experts']} "
+                  f"({x['expert_mb']:.2f} MB each) | "
                   f"{100 * x['hit_rate']:.1f}% | {bpt / 2**20:.1f} (disk {x['disk_bytes_per_token'] / 2**20:.1f}) | "
                   f"{b1:.2f} / {b2:.2f} / {b3:.2f} | {100 * x['tok_s'] / b1:.0f}% / {100 * x['tok_s'] / b2:.0f}% / "
                   f"{100 * x['tok_s'] / b3:.0f}% | "
                   f"{x['peak_rss_mb']:.0f} | {x['cgroup_peak_mb']:.0f} |")
         else:
-            print(f"| {name} | {x['tok_s']:.2f} | (page cache) | | | | | | {x['cgroup_peak_mb']:.0f} |")
+            print(f"| {name} | {x['tok_s']:.2f} | {x['prefill_tok_s']:.2f} | (page cache) | | | | | | "
+                  f"{x['cgroup_peak_mb']:.0f} |")
     for name, x in rows.items():
         if x.get("of_paired_bound"):
             f = x["of_paired_bound"]
