@@ -39,7 +39,7 @@ from ..runtime.moe import MoeBlock
 PREFETCH = ("router", "none")
 # Reader threads: reads in flight. A token's misses of a layer are read together, a GGUF file's
 # expert in three reads (~9 a layer): 8 threads decoded 1.20x 4, 12 1.15x 8 (random routing,
-# Zen 5 VM, O_DIRECT, A/B in one process); a converted file's one read an expert, alike on 4 or 12.
+# Zen 5 VM, O_DIRECT, A/B in one process); a converted file's one read an expert: 8 0.95x 4.
 EXPERT_READERS = 12
 POLICIES = ("lru", "lfu")
 
