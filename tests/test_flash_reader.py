@@ -106,3 +106,32 @@ def test_direct_reads_refused_later_go_buffered(data_file, monkeypatch):
         assert not reader.direct
     finally:
         reader.close()
+
+
+@pytest.mark.parametrize("plan", [DIRECT, BUFFERED], ids=["direct", "buffered"])
+def test_a_reads_own_function_runs_after_it_and_its_error_is_the_jobs(data_file, plan):
+    path, data = data_file
+    reader = FlashReader(path, plan)
+    try:
+        done, views = [], [np.zeros(100, np.uint8) for _ in range(3)]
+
+        def check(i):
+            def after_read():
+                np.testing.assert_array_equal(views[i], data[1000 * i:1000 * i + 100])   # read before it runs
+                done.append(i)
+            return after_read
+        job_done = []
+        reader.submit([(1000 * i, [memoryview(v)], check(i)) for i, v in enumerate(views)],
+                      lambda ok: job_done.append((ok, sorted(done)))).wait()
+        assert job_done == [(True, [0, 1, 2])]   # the job's own function after every read's
+
+        def fails():
+            raise ValueError("move failed")
+        skipped = []
+        with pytest.raises(ValueError, match="move failed"):
+            reader.submit([(0, [memoryview(views[0])], fails)]).wait()
+        with pytest.raises(ValueError, match="short read"):   # a read that fails runs no function
+            reader.submit([(len(data), [memoryview(views[0])], lambda: skipped.append(1))]).wait()
+        assert not skipped
+    finally:
+        reader.close()

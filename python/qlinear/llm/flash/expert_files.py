@@ -9,8 +9,8 @@ A converted file (``ExpertFile``) stores each expert's gate_up right before its 
 
 A GGUF file (``GGUFExpertFile``, llama.cpp's Qwen3-MoE / OLMoE files) stacks a layer's experts:
 ``blk.N.ffn_{gate,up,down}_exps`` hold [experts, rows, k] blocks, each expert's slice contiguous.
-An expert is three reads into a staging buffer; the reader thread that finishes the last one moves
-the Q4_0 / Q8_0 codes into the slot's packed weights (``_core.pack_gguf_rows``: the bytes the
+An expert is three reads into a staging buffer; the reader thread that finishes each moves its
+Q4_0 / Q8_0 codes into the slot's packed weights (``_core.pack_gguf_rows``: the bytes the
 in-memory load packs, so the logits equal ``llm.load(path)``'s bit for bit). Staging buffers are
 few (``staging``: a layer's experts for one token); a read waits for one to be free.
 """
@@ -120,18 +120,19 @@ class GGUFExpertFile:
         return reads, pieces
 
     def read_job(self, layer: int, expert: int, gate_up: np.ndarray, down: np.ndarray) -> tuple:
-        """Reads of the expert into a staging buffer, and the move of its codes into ``gate_up`` /
-        ``down`` (the slot's packed buffers) once all are read."""
+        """Reads of the expert into a staging buffer, each with the move of its slice's codes into
+        ``gate_up`` / ``down`` (the slot's packed buffers), and what frees the buffer after them."""
         raw = self._staging.get()   # freed by a reader thread when an earlier expert's move is done
         reads, pieces = self.reads(layer, expert, raw)
         targets = ((self.gate_up, gate_up, 0), (self.gate_up, gate_up, self.gate_up.n // 2), (self.down, down, 0))
 
-        def move(ok: bool) -> None:
-            try:
-                if ok:
-                    for src, (g, buf, row0) in zip(pieces, targets):
-                        dst = _core.PackedWeightHandle(buf, g.n, g.k, g.bits, g.group_size, g.symmetric, g.layout)
-                        _core.pack_gguf_rows(src, self.type, dst, row0)
-            finally:
-                self._staging.put(raw)
-        return reads, move
+        # each slice's codes moved by the worker that read it, as soon as it is read (three moves
+        # in parallel, overlapping the other reads: 1.11x decode with random routing against one
+        # move of all three after the last read); the staging buffer freed once all are done
+        def mover(src, g, buf, row0):
+            def move() -> None:
+                dst = _core.PackedWeightHandle(buf, g.n, g.k, g.bits, g.group_size, g.symmetric, g.layout)
+                _core.pack_gguf_rows(src, self.type, dst, row0)
+            return move
+        return ([(off, views, mover(src, *t)) for (off, views), src, t in zip(reads, pieces, targets)],
+                lambda ok: self._staging.put(raw))

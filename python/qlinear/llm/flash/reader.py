@@ -2,7 +2,8 @@
 worker threads (``os.preadv`` releases the GIL), while the caller computes.
 
 A job is a list of reads; a read is (file offset, [destination memoryviews]) filled in order by
-one ``preadv`` (so a read can scatter a contiguous file range into several buffers). Workers take
+one ``preadv`` (so a read can scatter a contiguous file range into several buffers), optionally
+with a third item, a function the worker runs once that read succeeded (moving its bytes). Workers take
 reads from one queue, so several are in flight at once (the disk's queue depth). After each
 read the pages it brought into the page cache are dropped (``posix_fadvise(DONTNEED)``): the
 process keeps what it copied, the page cache does not grow (under a memory limit that counts
@@ -226,7 +227,7 @@ class FlashReader:
             item = self._queue.get()
             if item is None:
                 return
-            job, (offset, views) = item
+            job, (offset, views, *on_read) = item
             error = None
             try:
                 want = sum(len(v) for v in views)
@@ -239,6 +240,8 @@ class FlashReader:
                     os.posix_fadvise(self.fd, offset, want, os.POSIX_FADV_DONTNEED)
                 with self._stats_lock:
                     self.stats.add(want)
+                if on_read:
+                    on_read[0]()
             except (OSError, ValueError, TypeError) as e:
                 error = e if isinstance(e, ValueError) else ValueError(f"{self.path}: read failed: {e}")
             if job._finish_one(error):
@@ -255,8 +258,7 @@ class FlashReader:
                 job._done.set()
 
     def _read_direct(self, offset: int, views: Sequence[memoryview], want: int) -> int:
-        """One O_DIRECT read of the aligned range around [offset, offset + want) into this
-        worker's staging buffer, copied out into ``views``; -> the bytes of the range read."""
+        """The aligned range around the read, O_DIRECT into this worker's buffer, copied out."""
         start = offset - offset % DIRECT_ALIGN
         span = -(-(offset + want - start) // DIRECT_ALIGN) * DIRECT_ALIGN
         buf = getattr(self._staging, "buf", None)
@@ -268,8 +270,7 @@ class FlashReader:
         except OSError as e:
             if e.errno != errno.EINVAL or fd is None:
                 raise
-            # a file system that opens with O_DIRECT but refuses these reads: buffered from now on
-            self.direct_fd, self._refused_fd = None, fd
+            self.direct_fd, self._refused_fd = None, fd   # O_DIRECT opened but its reads refused
             return os.preadv(self.fd, views, offset)
         got, at = np.frombuffer(buf, np.uint8, span), offset - start
         for v in views:   # numpy copies without holding the GIL
@@ -278,8 +279,7 @@ class FlashReader:
         return min(max(n, 0), want)
 
     @property
-    def direct(self) -> bool:
-        """Whether reads go past the page cache (O_DIRECT)."""
+    def direct(self) -> bool:   # reads past the page cache (O_DIRECT)
         return self.direct_fd is not None
 
     @property
