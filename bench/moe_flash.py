@@ -159,14 +159,8 @@ def reads_of(files):
 def layer_bursts(reader, files, expert_reads, k: int, nbytes: int, seed: int = 0) -> float:
     """Bytes per second of a decode token's reads without its compute: k random experts of a
     layer read at once and waited for before the next layer's, ``nbytes`` in all."""
-    rng = np.random.default_rng(seed)
     groups = max(1, nbytes // (k * files.read_bytes))
-    t0 = time.perf_counter()
-    for g in range(groups):
-        layer = g % files.L
-        chosen = rng.choice(files.E, k, replace=False)
-        reader.submit([r for j, e in enumerate(chosen) for r in expert_reads((layer, int(e)), j)]).wait()
-    return groups * k * files.read_bytes / (time.perf_counter() - t0)
+    return replayed_bursts(reader, files, expert_reads, [(g % files.L, k) for g in range(groups)], seed)
 
 
 def replayed_bursts(reader, files, expert_reads, bursts: list, seed: int) -> float:

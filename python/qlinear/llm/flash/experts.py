@@ -88,20 +88,20 @@ class ExpertCache:
         self.prefetch = prefetch
         self.policy = policy
         self.order = EvictionOrder(slots)   # whom to evict (policy)
-        self._compiled: dict = {}
+        self._compiled = None   # _core.MoeExperts over the slots (compiled())
 
     def compiled(self, cfg) -> Optional[object]:
         """The compiled routed MLP over the slots (``_core.MoeExperts``, one for all layers: they
         run one after another), or None for an activation it lacks (then numpy runs the experts)."""
         if cfg.hidden_act not in ("silu", "gelu_tanh"):
             return None
-        key = (cfg.num_experts, cfg.experts_per_token, cfg.hidden_act)
-        if key not in self._compiled:
+        if self._compiled is None:
             def spec(m: Linear):
                 return (core_handle(m.weight), None, m.act == "int8", int(m._block))
-            self._compiled[key] = _core.moe_experts([(spec(s.linears[0]), spec(s.linears[1])) for s in self.slots],
-                                                    key[0], key[1], gelu=key[2] == "gelu_tanh")
-        return self._compiled[key]
+            self._compiled = _core.moe_experts([(spec(s.linears[0]), spec(s.linears[1])) for s in self.slots],
+                                               cfg.num_experts, cfg.experts_per_token,
+                                               gelu=cfg.hidden_act == "gelu_tanh")
+        return self._compiled
 
     @property
     def prefetch(self) -> str:

@@ -27,16 +27,8 @@ from ..gguf.file import GGUFFile
 from .expert_files import ExpertFile, GGUFExpertFile
 from .experts import EXPERT_READERS, ExpertCache, flash_block
 from .plan import PROCESS_RESERVE, MemoryPlan, kv_cache_bytes
-from .reader import DIRECT_ALIGN, FlashReader, read_plan
+from .reader import DIRECT_ALIGN, FlashReader, checked_threads, read_plan
 from .resident import resident_source
-
-
-def reader_count(reader_threads: Optional[int]) -> int:
-    if reader_threads is None:
-        return EXPERT_READERS
-    if isinstance(reader_threads, bool) or not isinstance(reader_threads, int) or reader_threads < 1:
-        raise ValueError(f"reader threads must be an int >= 1, got {reader_threads!r}")
-    return reader_threads
 
 
 def moe_plan(resident: int, files, cfg, max_context: int, slots: int, readers: int) -> MemoryPlan:
@@ -86,7 +78,7 @@ def load_flash_moe(d: Path, opts: Options, max_context: int, entries: dict, cfg,
     files = ExpertFile(path, entries, cfg, os.path.getsize(path))
     resident = sum(e["nbytes"] for n, e in entries.items()
                    if n not in files.names and n != converted_source.EMBEDDING and n != "lm_rows")
-    readers = reader_count(reader_threads)
+    readers = checked_threads(reader_threads) or EXPERT_READERS
     n = expert_slots(resident, files, cfg, max_context, memory_budget_mb, slots, path, readers)
     source = resident_source(d, opts, entries, files.names)
     return _model(path, source, files, n, moe_plan(resident, files, cfg, max_context, n, readers), opts, max_context,
@@ -107,7 +99,7 @@ def load_flash_moe_gguf(p: Path, opts: Options, max_context: int, memory_budget_
     embd = "token_embd.weight"
     resident = sum(int(t.n_bytes) for n, t in f.tensors.items()
                    if n not in files.names and (n != embd or cfg.tie_word_embeddings))
-    readers = reader_count(reader_threads)
+    readers = checked_threads(reader_threads) or EXPERT_READERS
     n = expert_slots(resident, files, cfg, max_context, memory_budget_mb, slots, p, readers)
     del f
     source = gguf_source.read(p, opts, progress_bar=False, routed_experts=False)

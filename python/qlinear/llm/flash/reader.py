@@ -2,15 +2,14 @@
 worker threads (``os.preadv`` releases the GIL), while the caller computes.
 
 A job is a list of reads; a read is (file offset, [destination memoryviews]) filled in order by
-one ``preadv`` (so a read can scatter a contiguous file range into several buffers), optionally
-with a third item, a function the worker runs once that read succeeded (moving its bytes). Workers take
-reads from one queue, so several are in flight at once (the disk's queue depth). After each
-read the pages it brought into the page cache are dropped (``posix_fadvise(DONTNEED)``): the
-process keeps what it copied, the page cache does not grow (under a memory limit that counts
-the page cache, it does not push out what the model holds). A ``direct`` plan (the expert
-cache's) reads past the page cache (O_DIRECT, the aligned range around the bytes into the
-worker's buffer, copied out): on a Zen 5 VM random experts cost 0.52 ms of CPU per MB through
-the page cache, 0.08-0.11 with O_DIRECT, which also read faster (2.0-2.6 against 1.5 GB/s).
+one ``preadv`` (a contiguous file range scattered into several buffers), and optionally a function
+the worker runs once it succeeded (moving its bytes). Workers take reads from one queue, so
+several are in flight at once (the disk's queue depth). After each read the pages it brought
+into the page cache are dropped (``posix_fadvise(DONTNEED)``): the page cache does not grow
+(under a memory limit that counts it, it does not push out what the model holds). A ``direct``
+plan (the expert cache's) skips the page cache (O_DIRECT, the aligned range around the bytes
+into the worker's buffer, copied out): on a Zen 5 VM random experts cost 0.52 ms of CPU per MB
+through the page cache, 0.08-0.11 with O_DIRECT, which also read faster (2.0-2.6 vs 1.5 GB/s).
 
 Every read checks its length (a truncated file gives a short read), and a job checks that the
 file was not changed on disk since it was opened (size, modification time, inode): a model
@@ -38,18 +37,15 @@ DIRECT_ALIGN = 4096     # O_DIRECT reads: offset, length and buffer aligned to t
 
 def _open_direct(path: str) -> Optional[int]:
     """``path`` opened with O_DIRECT; None where refused (older tmpfs) or a first read fails."""
-    if not hasattr(os, "O_DIRECT"):
-        return None
+    fd = None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return None
-    try:
         os.preadv(fd, [mmap.mmap(-1, DIRECT_ALIGN, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)], 0)
-    except OSError:
-        os.close(fd)
+        return fd
+    except (OSError, AttributeError):   # AttributeError: no O_DIRECT on this platform
+        if fd is not None:
+            os.close(fd)
         return None
-    return fd
 
 
 def read_ahead_path(path) -> Optional[str]:
@@ -79,13 +75,18 @@ def device_read_ahead_kb(path) -> Optional[int]:
 @dataclass(frozen=True)
 class ReadPlan:
     """How a run of the file is read: with the kernel's readahead or without, on how many
-    threads, in reads of how many bytes; ``direct``: past the page cache (O_DIRECT) where the
-    file system allows it."""
+    threads, in reads of how many bytes; ``direct``: O_DIRECT where the file system allows it."""
 
     readahead: bool
     threads: int
     chunk: int
     direct: bool = False
+
+
+def checked_threads(threads: Optional[int]) -> Optional[int]:
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"reader threads must be an int >= 1, got {threads!r}")
+    return threads
 
 
 def read_plan(path, one_run: bool, threads: Optional[int] = None, direct: bool = False) -> ReadPlan:
@@ -98,10 +99,8 @@ def read_plan(path, one_run: bool, threads: Optional[int] = None, direct: bool =
     reads of its own), with several reads in flight for the device's queue. Qwen2.5-1.5B-shaped
     bench model under a 573 MB limit, Zen 4 VM (8 MiB read_ahead_kb): one stream 3.4-4.6 tok/s
     (1.6-2.1 GB/s), four threads 2.8-3.5; 128 KB read_ahead_kb: four threads without readahead
-    2.6-3.0, one thread 2.1. ``direct``: reads without readahead go past the page cache
-    (``FlashReader``)."""
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"reader threads must be an int >= 1, got {threads!r}")
+    2.6-3.0, one thread 2.1. ``direct``: reads without readahead skip the page cache."""
+    threads = checked_threads(threads)
     ra_kb = device_read_ahead_kb(path)
     if one_run and ra_kb is not None and ra_kb >= READAHEAD_MIN_KB:
         return ReadPlan(True, threads or 1, STREAM_CHUNK)
@@ -231,8 +230,7 @@ class FlashReader:
             error = None
             try:
                 want = sum(len(v) for v in views)
-                n = self._read_direct(offset, views, want) if self.direct_fd is not None else \
-                    os.preadv(self.fd, views, offset)
+                n = self._read(offset, views, want)
                 if n != want:
                     raise ValueError(f"{self.path}: short read: {n} of {want} bytes at offset {offset} "
                                      "(the model file was truncated?)")
@@ -257,18 +255,20 @@ class FlashReader:
                         job.error = job.error or (e if isinstance(e, ValueError) else ValueError(f"{self.path}: {e}"))
                 job._done.set()
 
-    def _read_direct(self, offset: int, views: Sequence[memoryview], want: int) -> int:
-        """The aligned range around the read, O_DIRECT into this worker's buffer, copied out."""
+    def _read(self, offset: int, views: Sequence[memoryview], want: int) -> int:
+        """One read; direct: the aligned range around it into this worker's buffer, copied out."""
+        fd = self.direct_fd
+        if fd is None:
+            return os.preadv(self.fd, views, offset)
         start = offset - offset % DIRECT_ALIGN
         span = -(-(offset + want - start) // DIRECT_ALIGN) * DIRECT_ALIGN
-        buf = getattr(self._staging, "buf", None)
-        if buf is None or len(buf) < span:
+        buf = getattr(self._staging, "buf", b"")
+        if len(buf) < span:
             buf = self._staging.buf = mmap.mmap(-1, span, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        fd = self.direct_fd
         try:
             n = os.preadv(fd, [memoryview(buf)[:span]], start) - (offset - start)
         except OSError as e:
-            if e.errno != errno.EINVAL or fd is None:
+            if e.errno != errno.EINVAL:
                 raise
             self.direct_fd, self._refused_fd = None, fd   # O_DIRECT opened but its reads refused
             return os.preadv(self.fd, views, offset)
