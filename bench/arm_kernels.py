@@ -366,29 +366,27 @@ def qlinear_descriptors() -> list[tuple[str, str, int, str, str]]:
     for level in ("neon", "dotprod", "i8mm"):
         ns = re.escape(f"qlinear::arm::{level}::")
         for bits in (4, 8):
-            # The i8mm level's int4 GEMV is the dotprod level's SDOT kernel (same descriptor name),
-            # compiled again in i8mm.cc: measured once, as the dotprod level's; its int8 GEMV is the
-            # same function on USDOT (sdot_gemv<8, true>).
+            # The i8mm level's GEMVs are the dotprod level's SDOT kernels (same descriptor names;
+            # int8 codes are stored flipped, nr8_kr4_s8, so SDOT takes them as loaded), compiled
+            # again in i8mm.cc: measured once, as the dotprod level's.
             # The dot-product GEMV is its own function (sdot_gemv), the neon level's is panel_tile's.
-            if level == "dotprod":
-                entry = rf"^void {ns}sdot_gemv<{bits}(, false)?>\("
-            elif level == "i8mm":
-                entry = rf"^void {ns}sdot_gemv<{bits}, true>\(" if bits == 8 else None
-            else:
-                entry = rf"^void {ns}gemv<[^,]*\b{cores[level]}, {bits}>\("
-            if entry:
-                out.append((f"gemv_w{bits}a8_nr8_kr4_1x8_{level}", f"W{bits}A8 GEMV", bits, level, entry))
+            lay = "nr8_kr4" if bits == 4 else "nr8_kr4_s8"
+            if level != "i8mm":
+                entry = (rf"^void {ns}sdot_gemv<{bits}>\(" if level == "dotprod" else
+                         rf"^void {ns}gemv<[^,]*\b{cores[level]}, {bits}>\(")
+                out.append((f"gemv_w{bits}a8_{lay}_1x8_{level}", f"W{bits}A8 GEMV", bits, level, entry))
             # The i8mm GEMM is its own function (mmla_gemm, i8mm.cc), the dotprod level's too
             # (sdot_gemm: 24-row tiles, then gemm's), the neon level's panel_tile's.
             gemm = (r"^void qlinear::\(anonymous namespace\)::mmla_gemm<" + f"{bits}>\\(" if level == "i8mm" else
                     rf"^void {ns}(\(anonymous namespace\)::)?sdot_gemm<{bits}>\(" if level == "dotprod" else
                     rf"^void {ns}gemm<[^,]*\b{cores[level]}, {bits}, \d+>\(")
-            out.append((f"gemm_w{bits}a8_nr8_kr4_{{mr}}x8_{level}", f"W{bits}A8 GEMM", bits, level, gemm))
+            out.append((f"gemm_w{bits}a8_{lay}_{{mr}}x8_{level}", f"W{bits}A8 GEMM", bits, level, gemm))
     for bits in (4, 8):
+        lay = "nr8_kr4" if bits == 4 else "nr8_kr4_s8"
         for kind in ("gemv", "gemm"):
-            out.append((f"{kind}_w{bits}f32_nr8_kr4_1x8_neon", f"W{bits} float32 {kind.upper()}", bits, "neon",
+            out.append((f"{kind}_w{bits}f32_{lay}_1x8_neon", f"W{bits} float32 {kind.upper()}", bits, "neon",
                         rf"^void qlinear::arm::neon::float_matmul<{bits}>\("))
-            out.append((f"{kind}_w{bits}f16_nr8_kr4_1x8_fp16", f"W{bits} float16 {kind.upper()}", bits, "fp16",
+            out.append((f"{kind}_w{bits}f16_{lay}_1x8_fp16", f"W{bits} float16 {kind.upper()}", bits, "fp16",
                         rf"^void qlinear::\(anonymous namespace\)::half_matmul<{bits}>\("))
     # The float kernels of the dotprod / i8mm levels are the neon level's float32 and fp16.cc's
     # float16 ones (make_table, with_fp16_float_path): one row each.

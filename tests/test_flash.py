@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")
 
+import qlinear  # noqa: E402
 from qlinear import llm  # noqa: E402
 from qlinear.llm.flash import layout as flash_layout  # noqa: E402
 from qlinear.llm.synthetic import make_checkpoint  # noqa: E402
@@ -343,3 +344,24 @@ def test_read_plan_follows_the_devices_readahead(models, monkeypatch, read_ahead
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(ValueError, match="reader threads"):
             llm.load(models["plain"], memory="flash", reader_threads=bad, progress=False)
+
+
+def test_int8_file_of_the_other_cpu_family(models, tmp_path):
+    """An int8 model converted on the other CPU family (its int8 codes in the other layout, x86's
+    nr8_kr4 or ARM's nr8_kr4_s8): memory='ram' moves the codes (same logits); flash, which reads the
+    file's bytes into the kernels as they are, refuses it and says what to do."""
+    from qlinear import _format
+    src = llm.convert(models["ck"], tmp_path / "q8", bits=8, progress=False)
+    other = "nr8_kr4" if qlinear.cpu_info()["layout"] == "nr8_kr4_s8" else "nr8_kr4_s8"
+    moved = tmp_path / "q8other"
+    shutil.copytree(src, moved)
+    tensors, meta = _format.load_weights(src / "model.qlinear")
+    for name, t in tensors.items():
+        if isinstance(t, qlinear.PackedWeight):
+            codes, scale, offset = t.unpack()
+            tensors[name] = qlinear.pack_quantized(codes, scale, offset, t.bits, t.group_size, t.symmetric, other)
+    _format.save_weights(moved / "model.qlinear", tensors, meta)
+    assert _format.tensor_entries(moved / "model.qlinear")[0]["layers.0.down"]["layout"] == other
+    np.testing.assert_array_equal(llm.load(moved, progress=False).logits(IDS), llm.load(src, progress=False).logits(IDS))
+    with pytest.raises(ValueError, match="memory='ram'"):
+        llm.load(moved, memory="flash", progress=False)

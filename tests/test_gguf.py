@@ -413,13 +413,14 @@ def test_pack_gguf_rows_equal_packing_the_moved_codes(qtype):
         d = raw[..., :2].copy().view(np.float16)[..., 0]
         q = raw[..., 2:]
         codes = np.concatenate([q & 15, q >> 4], -1) if bits == 4 else q ^ 0x80
-        want = _core.pack_quantized(codes.reshape(n, k), d, None, bits, 32, True)
-        buf = np.full(want.nbytes, 0, np.uint8)
-        dst = _core.PackedWeightHandle(buf, n, k, bits, 32, True, "nr8_kr4")
-        flat = raw.reshape(n, -1)
-        for a, b in zip(cuts, cuts[1:] + [n]):
-            _core.pack_gguf_rows(np.ascontiguousarray(flat[a:b]), qtype.name, dst, a)
-        np.testing.assert_array_equal(buf, np.frombuffer(want.buffer, np.uint8))
+        for layout in ("nr8_kr4", "nr8_kr4_s8"):   # x86's and ARM's (int8 codes stored flipped)
+            want = _core.pack_quantized(codes.reshape(n, k), d, None, bits, 32, True, layout)
+            buf = np.full(want.nbytes, 0, np.uint8)
+            dst = _core.PackedWeightHandle(buf, n, k, bits, 32, True, layout)
+            flat = raw.reshape(n, -1)
+            for a, b in zip(cuts, cuts[1:] + [n]):
+                _core.pack_gguf_rows(np.ascontiguousarray(flat[a:b]), qtype.name, dst, a)
+            np.testing.assert_array_equal(buf, np.frombuffer(want.buffer, np.uint8))
 
     def small(bits=bits, group=32, symmetric=True, writeable=True):   # an empty [8, 64] packed weight
         nbytes = (64 // group) * (8 * group * bits // 8 + 16 * (1 if symmetric else 2))   # blocks of one panel

@@ -75,6 +75,11 @@ void register_runtime(py::module_& m) {
     if (!set_active_isa(isa)) throw py::value_error("ISA level '" + name + "' is not supported by this CPU");
   });
   m.def("family_layout", [] { return std::string(layout_info(family_layout()).name); });
+  // What a weight of `bits` is packed in on this build (int4: nr8_kr4 on every family).
+  m.def("native_layout", [](int bits) {
+    if (bits != 4 && bits != 8) throw py::value_error("bits must be 4 or 8, got " + std::to_string(bits));
+    return std::string(layout_info(native_layout(bits)).name);
+  }, py::arg("bits"));
 }
 
 }  // namespace qlinear::bindings

@@ -30,7 +30,7 @@ PackedWeightHandle quantize_and_pack(py::array w_in, int bits, int64_t group_siz
                                      const std::string& layout) {
   py::array_t<float> w = as_f32_matrix(w_in);
   const WeightGeometry g = make_geometry(w.shape(0), w.shape(1), bits, group_size, symmetric,
-                                         layout.empty() ? family_layout() : layout_by_name(layout));
+                                         layout.empty() ? native_layout(bits) : layout_by_name(layout));
   py::array_t<uint8_t> packed(g.total_bytes);
   {
     py::gil_scoped_release release;
@@ -57,7 +57,7 @@ PackedWeightHandle pack_quantized(py::array codes_in, py::array scale_in, py::ob
                                   int bits, int64_t group_size, bool symmetric, const std::string& layout) {
   if (codes_in.ndim() != 2) throw py::value_error("codes must have shape [N, K]");
   const WeightGeometry g = make_geometry(codes_in.shape(0), codes_in.shape(1), bits, group_size, symmetric,
-                                         layout.empty() ? family_layout() : layout_by_name(layout));
+                                         layout.empty() ? native_layout(bits) : layout_by_name(layout));
   py::array codes = expect(codes_in, "codes", 2 /* uint8 */, {g.n, g.k});
   py::array scale = expect(scale_in, "scale (float16)", kNpyHalf, {g.n, g.ngroups});
   std::vector<uint16_t> zeros;

@@ -6,7 +6,8 @@ namespace qlinear {
 
 namespace {
 const LayoutInfo kLayouts[] = {
-    {LayoutId::nr8_kr4, "nr8_kr4", 8, 4},
+    {LayoutId::nr8_kr4, "nr8_kr4", 8, 4, 0},
+    {LayoutId::nr8_kr4_s8, "nr8_kr4_s8", 8, 4, 0x80},
 };
 }  // namespace
 
@@ -22,7 +23,17 @@ const LayoutInfo* find_layout(const std::string& name) {
   return nullptr;
 }
 
-LayoutId family_layout() { return LayoutId::nr8_kr4; }
+LayoutId family_layout() {
+#if defined(__aarch64__)
+  return LayoutId::nr8_kr4_s8;
+#else
+  return LayoutId::nr8_kr4;
+#endif
+}
+
+LayoutId storage_layout(LayoutId layout, int bits) {
+  return bits == 4 && layout == LayoutId::nr8_kr4_s8 ? LayoutId::nr8_kr4 : layout;
+}
 
 int64_t storage_block(int64_t k, int64_t group_size) {
   return group_size >= k ? std::min<int64_t>(round_up(k, 32), 256) : group_size;
@@ -43,6 +54,7 @@ WeightGeometry make_geometry(int64_t n, int64_t k, int bits, int64_t group_size,
     throw std::invalid_argument(
         "group_size must be a multiple of 32 up to 256 (32, 64, 128, 256), or >= K for "
         "per-channel scales; got " + std::to_string(group_size));
+  layout = storage_layout(layout, bits);
   const LayoutInfo& info = layout_info(layout);
   WeightGeometry g;
   g.n = n; g.k = k; g.bits = bits; g.symmetric = symmetric;
@@ -51,6 +63,7 @@ WeightGeometry make_geometry(int64_t n, int64_t k, int bits, int64_t group_size,
   g.block = storage_block(k, group_size);
   g.nblocks = ceil_div(k, g.block);
   g.layout = layout; g.nr = info.nr; g.kr = info.kr;
+  g.code_xor = bits == 8 ? info.int8_xor : 0;
   g.npanels = ceil_div(n, g.nr);
   g.code_bytes = int64_t(g.nr) * g.block * bits / 8;
   g.block_bytes = g.code_bytes + int64_t(g.nr) * 2 * (symmetric ? 1 : 2);

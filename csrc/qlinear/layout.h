@@ -20,9 +20,15 @@
 // VPMADDUBSW + VPMADDWD and VPDPBUSD (u8 weights x s8 activations broadcast 4 bytes at a time)
 // and of ARM SDOT by element (a 16-byte half chunk = 4 rows x 4 k against 4 activation bytes
 // picked by lane); zipping the 32-bit lanes of an int4 chunk's two nibble halves gives each row
-// 8 consecutive k, the operand of ARM SMMLA. So one layout serves both families, and packed
-// files move between x86 and ARM unchanged. Rows past N and k past K are zero codes with zero
-// scales.
+// 8 consecutive k, the operand of ARM SMMLA. So one byte order serves both families (int8 codes
+// flipped on ARM, below). Rows past N and k past K are zero bytes with zero
+// scales (activations past K are zero, so what code a zero byte means never matters).
+//
+// nr8_kr4_s8 is nr8_kr4 with every int8 code byte stored with its top bit flipped (code ^ 0x80,
+// i.e. code - 128 read as a signed byte): the operand of ARM SDOT / SMMLA / SMULL as loaded, with
+// no EOR in the loop (x86's VPDPBUSD wants the unsigned code, so x86 keeps nr8_kr4). int4 bytes
+// are the same in both, so an int4 weight is always nr8_kr4 (storage_layout); packed files of one
+// family load in the other with their int8 codes flipped (a copy, no re-rounding).
 #pragma once
 
 #include <cstdint>
@@ -33,7 +39,8 @@
 namespace qlinear {
 
 enum class LayoutId : uint8_t {
-  nr8_kr4 = 1,  // 8 rows x 4 k per 32-byte chunk: x86 AVX2 / VNNI, ARM NEON / dotprod / i8mm
+  nr8_kr4 = 1,     // 8 rows x 4 k per 32-byte chunk: x86 AVX2 / VNNI / AMX
+  nr8_kr4_s8 = 2,  // nr8_kr4, int8 codes stored as code ^ 0x80: ARM NEON / dotprod / i8mm / fp16
 };
 
 struct LayoutInfo {
@@ -41,14 +48,20 @@ struct LayoutInfo {
   const char* name;
   int nr;  // output rows per panel
   int kr;  // consecutive k of one row in a chunk
+  uint8_t int8_xor;  // int8 codes are stored as code ^ int8_xor (0 or 0x80)
 };
 
 const LayoutInfo& layout_info(LayoutId id);
 // Looks a layout up by name; returns nullptr if unknown.
 const LayoutInfo* find_layout(const std::string& name);
-// The layout of this build's SIMD family: what pack_weight produces, so that every level of the
+// The layout of this build's SIMD family: what its kernels read, so that every level of the
 // family, scalar included, runs the same packed weight.
 LayoutId family_layout();
+// The layout a weight of `bits` is stored in when `layout` is asked for: int4 weights have no
+// flipped variant (nr8_kr4_s8 -> nr8_kr4).
+LayoutId storage_layout(LayoutId layout, int bits);
+// What pack_weight produces for a weight of `bits` on this build: storage_layout(family_layout()).
+inline LayoutId native_layout(int bits) { return storage_layout(family_layout(), bits); }
 
 // Storage block for a semantic group size: the group itself (32..256, multiples of 32), or
 // min(round_up(K, 32), 256) for per-channel weights (group_size >= K).
@@ -65,6 +78,7 @@ struct WeightGeometry {
   int64_t nblocks = 0;        // ceil(K / block)
   LayoutId layout = LayoutId::nr8_kr4;
   int nr = 8, kr = 4;
+  uint8_t code_xor = 0;       // stored byte = code ^ code_xor (int8 of nr8_kr4_s8: 0x80)
   int64_t npanels = 0;        // ceil(N / nr)
   int64_t code_bytes = 0;     // codes per block: nr * block * bits / 8
   int64_t block_bytes = 0;    // codes + scales (+ offsets)
@@ -76,7 +90,7 @@ struct WeightGeometry {
 };
 
 // Validates the parameters (throws std::invalid_argument naming the problem) and fills in the
-// derived sizes.
+// derived sizes; the layout is storage_layout(layout, bits).
 WeightGeometry make_geometry(int64_t n, int64_t k, int bits, int64_t group_size, bool symmetric,
                              LayoutId layout);
 

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "layout.h"
+
 namespace qlinear {
 
 struct CodeAddress { int64_t byte; int shift; };  // shift 0: low nibble / whole byte, 4: high
@@ -14,9 +16,11 @@ inline CodeAddress code_address(int bits, int nr, int kr, int r, int64_t kk) {
   return {chunk * nr * kr + r * kr + within % kr, within < kr ? 0 : 4};
 }
 
-inline int read_code(const uint8_t* codes, int bits, int nr, int kr, int r, int64_t kk) {
-  const CodeAddress a = code_address(bits, nr, kr, r, kk);
-  return bits == 8 ? codes[a.byte] : (codes[a.byte] >> a.shift) & 0xF;
+// The code (0..15 / 0..255: q, or q + zero_point for symmetric weights) of row r, k = kk of a
+// block of g, whatever the layout stores (nr8_kr4_s8: int8 codes flipped).
+inline int read_code(const WeightGeometry& g, const uint8_t* codes, int r, int64_t kk) {
+  const CodeAddress a = code_address(g.bits, g.nr, g.kr, r, kk);
+  return g.bits == 8 ? codes[a.byte] ^ g.code_xor : (codes[a.byte] >> a.shift) & 0xF;
 }
 
 }  // namespace qlinear

@@ -59,9 +59,9 @@ void write_row_codes(const WeightGeometry& g, const uint8_t* codes, int64_t len,
   const int64_t kr = g.kr, chunk_bytes = int64_t(g.nr) * kr;
   uint8_t* out = block + r * kr;
   const auto code = [&](int64_t kk) -> uint8_t { return kk < len ? codes[kk] : 0; };
-  if (g.bits == 8) {
+  if (g.bits == 8) {  // k past len: zero bytes, as the chunks past it (layout.h)
     for (int64_t c = 0; c * kr < len; ++c, out += chunk_bytes)
-      for (int64_t i = 0; i < kr; ++i) out[i] = code(c * kr + i);
+      for (int64_t i = 0; i < kr; ++i) out[i] = c * kr + i < len ? codes[c * kr + i] ^ g.code_xor : 0;
   } else {
     for (int64_t c = 0; c * 2 * kr < len; ++c, out += chunk_bytes)
       for (int64_t i = 0; i < kr; ++i)
@@ -122,7 +122,7 @@ void unpack_weight(const WeightGeometry& g, const uint8_t* packed, QuantizedWeig
           if (n >= g.n) break;
           for (int64_t kk = 0; kk < g.block && b * g.block + kk < g.k; ++kk)
             out.codes[n * g.k + b * g.block + kk] =
-                static_cast<uint8_t>(read_code(block, g.bits, g.nr, g.kr, r, kk));
+                static_cast<uint8_t>(read_code(g, block, r, kk));
           std::memcpy(out.scale + n * g.ngroups + j, scales + r, 2);
           if (!g.symmetric) std::memcpy(out.offset + n * g.ngroups + j, scales + g.nr + r, 2);
           else out.offset[n * g.ngroups + j] = 0;
@@ -180,9 +180,10 @@ void pack_gguf_rows(const WeightGeometry& g, const GgufBlockInfo& type, const ui
           std::memcpy(out + c * chunk_bytes, &lo, 4);
           std::memcpy(out + (c + 2) * chunk_bytes, &hi, 4);
         }
-      } else {  // chunk c holds k 4c .. 4c + 3; int8 q as q + 128
+      } else {  // chunk c holds k 4c .. 4c + 3; int8 q as q + 128, stored ^ code_xor
+        const uint32_t flip = 0x80808080u ^ (0x01010101u * g.code_xor);
         for (int c = 0; c < 8; ++c) {
-          const uint32_t v = lane[c] ^ 0x80808080u;
+          const uint32_t v = lane[c] ^ flip;
           std::memcpy(out + c * chunk_bytes, &v, 4);
         }
       }

@@ -235,7 +235,6 @@ def load_weights(path, mmap_mode: bool = True, verify: bool = True) -> tuple[dic
             f.seek(0)
             buf = f.read()
     whole = np.frombuffer(buf, dtype=np.uint8)
-    family = _core.family_layout()
     out = {}
     for name, e in entries.items():
         data = whole[data_start + e["offset"]: data_start + e["offset"] + e["nbytes"]]
@@ -256,7 +255,8 @@ def load_weights(path, mmap_mode: bool = True, verify: bool = True) -> tuple[dic
         except ValueError as err:
             _fail(path, f"tensor {name!r}: {err}")
         pw = PackedWeight(handle)
-        if layout != family:  # packed for another CPU family: move the codes, no re-rounding
+        if pw.layout != _core.native_layout(bits):  # packed for another CPU family: move the codes
+            # (int8 codes are stored flipped on ARM, docs/kernels.md), no re-rounding
             codes, scale, off = pw.unpack()
             pw = pack_quantized(codes, scale, off, bits, group_size, symmetric)
         out[name] = pw

@@ -1,8 +1,8 @@
-// ARMv8.2 dot-product kernels over the nr8_kr4 layout (compiled with -march=armv8.2-a+dotprod in
+// ARMv8.2 dot-product kernels over the nr8_kr4_s8 layout (compiled with -march=armv8.2-a+dotprod in
 // this file only; dispatch calls them only when getauxval reports asimddp). Integer core with
 // SDOT by element: a 16-byte half chunk (4 rows x 4 k) against 4 activation bytes chosen by lane
 // from a 16-byte load, 16 products per instruction into one s32 per row. int4 nibbles 0..15 and
-// int8 codes flipped to code - 128 are both valid s8 operands. The level implies FP16 arithmetic
+// int8 codes as stored (code - 128) are both valid s8 operands. The level implies FP16 arithmetic
 // (cpu.h), so fp16 activations take kernels/fp16.cc's float path.
 #define QLINEAR_ARM_LEVEL dotprod
 #include "neon_common.h"
@@ -12,9 +12,9 @@ namespace arm::dotprod {
 namespace {
 
 // The GEMM's main tile: 24 activation rows x one panel (8 outputs), run as two passes of 24 rows x
-// 4 outputs (the panel's half chunks). Each unpacked weight operand (int4: AND or USHR, int8: EOR
-// per 16 bytes) then serves 24 SDOTs instead of 8 (the 8x8 tile) or 12 (a 12x8 tile): 48 SDOTs and
-// 2 unpacking instructions per 8 k (MNN's 12x8 tile: 24 + 2 per 4 k). The 24 accumulators leave
+// 4 outputs (the panel's half chunks). Each weight operand (int4: unpacked by an AND or USHR, int8:
+// loaded as stored) then serves 24 SDOTs instead of 8 (the 8x8 tile) or 12 (a 12x8 tile): per 8 k
+// 48 SDOTs and, for int4, 2 unpacking instructions (MNN's 12x8 tile: 24 + 2 per 4 k). The 24 accumulators leave
 // 8 vector registers, hence inline assembly with the allocation written out (block24). The rows'
 // activations are first copied in row-pair order (pack_rows24), so that one pointer with
 // immediate offsets reads them: 24 row pointers do not fit in the general registers, and a
@@ -45,34 +45,39 @@ inline void pack_rows24(const Int8MatmulArgs& a, int64_t m, int64_t k0, int64_t 
 // their start values loaded inside: asm takes at most 30 operands, an in-out one counts twice.)
 //
 // Per 8 k: one weight load (int8: two), 12 activation loads (pairs of rows, immediate offsets),
-// 2 unpacking instructions, 48 SDOTs. Software-pipelined: the next 8 k's weights and the next
-// group of 4 rows' activations are loaded while the current ones are in use (raw weights in v7,
-// operands v1 (k 0-3) / v2 (k 4-7), activations double-buffered in v3-v4 / v5-v6); the last 8 k
-// are a copy of the loop body without those loads, so nothing past the block is read.
+// 48 SDOTs (int4: 2 unpacking instructions). Software-pipelined: the next 8 k's weights and the
+// next group of 4 rows' activations are loaded while the current ones are in use (activations
+// double-buffered in v3-v4 / v5-v6; int4: raw weights in v7, operands v1 (k 0-3) / v2 (k 4-7);
+// int8: the k 0-3 operand alternates between v1 and v7, two 8 k per loop iteration, the k 4-7 one
+// in v2 is reloaded after its last SDOT); the last 8 k are a copy of the loop body without those
+// loads, so nothing past the block is read.
 template <int BITS>
 inline void block24(const uint8_t* w, const int8_t* x, int64_t iters, const int32_t* zsum, int64_t zstride,
                     int32x4_t (&acc)[kTileRows]) {
   // acc names: %[cN]; act registers v3-v6; lanes 0 / 2 (k 0-3 of the pair's rows), 1 / 3 (k 4-7)
 #define Q24_S(C, OP, A, L) "sdot %[" #C "].4s, " OP ".16b, v" #A ".4b[" #L "]\n\t"
-#define Q24_LO(C0, C1, C2, C3, A, B) Q24_S(C0, "v1", A, 0) Q24_S(C1, "v1", A, 2) Q24_S(C2, "v1", B, 0) Q24_S(C3, "v1", B, 2)
+#define Q24_LO(R, C0, C1, C2, C3, A, B) Q24_S(C0, R, A, 0) Q24_S(C1, R, A, 2) Q24_S(C2, R, B, 0) Q24_S(C3, R, B, 2)
 #define Q24_HI(C0, C1, C2, C3, A, B) Q24_S(C0, "v2", A, 1) Q24_S(C1, "v2", A, 3) Q24_S(C2, "v2", B, 1) Q24_S(C3, "v2", B, 3)
 #define Q24_LD(A, B, OFF) "ldr q" #A ", [x11, #" #OFF "]\n\tldr q" #B ", [x11, #" #OFF "+16]\n\t"
   // The 24 rows in 6 groups of 4, each group's SDOTs with the next group's loads between its k 0-3
-  // and k 4-7 halves (int8: FIRST flips the operand v2 after group 0's first half).
-#define Q24_GROUPS(FIRST, LAST)                                                          \
-  Q24_LO(c0, c1, c2, c3, 3, 4) FIRST Q24_LD(5, 6, 32) Q24_HI(c0, c1, c2, c3, 3, 4)                \
-  Q24_LO(c4, c5, c6, c7, 5, 6) Q24_LD(3, 4, 64) Q24_HI(c4, c5, c6, c7, 5, 6)                      \
-  Q24_LO(c8, c9, c10, c11, 3, 4) Q24_LD(5, 6, 96) Q24_HI(c8, c9, c10, c11, 3, 4)                  \
-  Q24_LO(c12, c13, c14, c15, 5, 6) Q24_LD(3, 4, 128) Q24_HI(c12, c13, c14, c15, 5, 6)            \
-  Q24_LO(c16, c17, c18, c19, 3, 4) Q24_LD(5, 6, 160) Q24_HI(c16, c17, c18, c19, 3, 4)            \
-  LAST(c20, c21, c22, c23, 5, 6)
+  // (operand R) and k 4-7 (v2) halves.
+#define Q24_GROUPS(R, LAST)                                                                 \
+  Q24_LO(R, c0, c1, c2, c3, 3, 4) Q24_LD(5, 6, 32) Q24_HI(c0, c1, c2, c3, 3, 4)                   \
+  Q24_LO(R, c4, c5, c6, c7, 5, 6) Q24_LD(3, 4, 64) Q24_HI(c4, c5, c6, c7, 5, 6)                   \
+  Q24_LO(R, c8, c9, c10, c11, 3, 4) Q24_LD(5, 6, 96) Q24_HI(c8, c9, c10, c11, 3, 4)               \
+  Q24_LO(R, c12, c13, c14, c15, 5, 6) Q24_LD(3, 4, 128) Q24_HI(c12, c13, c14, c15, 5, 6)         \
+  Q24_LO(R, c16, c17, c18, c19, 3, 4) Q24_LD(5, 6, 160) Q24_HI(c16, c17, c18, c19, 3, 4)         \
+  LAST(R, c20, c21, c22, c23, 5, 6)
   // int4: raw 16 bytes (k 0-3 low nibbles, k 4-7 high) -> v1, v2. Last group: both halves, the
   // next 8 k's first group loaded in between (pipelined body) or not (last body).
-#define Q24_LAST4_P(C0, C1, C2, C3, A, B) Q24_LO(C0, C1, C2, C3, A, B) Q24_LD(3, 4, 192) Q24_HI(C0, C1, C2, C3, A, B)
-#define Q24_LAST_N(C0, C1, C2, C3, A, B) Q24_LO(C0, C1, C2, C3, A, B) Q24_HI(C0, C1, C2, C3, A, B)
-  // int8: v2's next raw chunk is loaded once its last SDOT has issued (last group: k 4-7 first).
-#define Q24_LAST8_P(C0, C1, C2, C3, A, B) \
-  Q24_HI(C0, C1, C2, C3, A, B) "ldr q2, [x10, #96]\n\t" Q24_LD(3, 4, 192) Q24_LO(C0, C1, C2, C3, A, B)
+#define Q24_LAST4_P(R, C0, C1, C2, C3, A, B) Q24_LO(R, C0, C1, C2, C3, A, B) Q24_LD(3, 4, 192) Q24_HI(C0, C1, C2, C3, A, B)
+#define Q24_LAST_N(R, C0, C1, C2, C3, A, B) Q24_LO(R, C0, C1, C2, C3, A, B) Q24_HI(C0, C1, C2, C3, A, B)
+  // int8: v2's next chunk is loaded once its last SDOT has issued (last group: k 4-7 first).
+#define Q24_LAST8_P(R, C0, C1, C2, C3, A, B) \
+  Q24_HI(C0, C1, C2, C3, A, B) "ldr q2, [x10, #96]\n\t" Q24_LD(3, 4, 192) Q24_LO(R, C0, C1, C2, C3, A, B)
+  // int8: 8 k with the k 0-3 operand in R while the next 8 k's goes into register N.
+#define Q24_STEP8(R, N) \
+  "ldr " N ", [x10, #64]\n\t" Q24_GROUPS(R, Q24_LAST8_P) "add x10, x10, #64\n\tadd x11, x11, #192\n\t"
 #define Q24_OPERANDS                                                                              \
   [c0] "=&w"(acc[0]), [c1] "=&w"(acc[1]), [c2] "=&w"(acc[2]), [c3] "=&w"(acc[3]),                  \
       [c4] "=&w"(acc[4]), [c5] "=&w"(acc[5]), [c6] "=&w"(acc[6]), [c7] "=&w"(acc[7]),               \
@@ -99,36 +104,38 @@ inline void block24(const uint8_t* w, const int8_t* x, int64_t iters, const int3
         "and v1.16b, v7.16b, %[m].16b\n\t"
         "ushr v2.16b, v7.16b, #4\n\t"
         "ldr q7, [x10, #32]\n\t"
-        Q24_GROUPS("", Q24_LAST4_P)
+        Q24_GROUPS("v1", Q24_LAST4_P)
         "add x10, x10, #32\n\t"
         "add x11, x11, #192\n\t"
         "subs x12, x12, #1\n\t"
         "b.ne 1b\n\t"
         "and v1.16b, v7.16b, %[m].16b\n\t"
         "ushr v2.16b, v7.16b, #4\n\t"
-        Q24_GROUPS("", Q24_LAST_N)
+        Q24_GROUPS("v1", Q24_LAST_N)
         : Q24_OPERANDS
         : Q24_INPUTS, [m] "w"(vdupq_n_u8(0x0F))
         : Q24_CLOBBERS);
   } else {
+    // iters is even (block: a multiple of 32): (iters - 2) / 2 loop iterations of two 8 k, then
+    // one pipelined 8 k and the last.
     asm volatile(
         Q24_INIT
-        "ldr q7, [x10]\n\t"
+        "ldr q1, [x10]\n\t"
         "ldr q2, [x10, #32]\n\t"
         "ldr q3, [x11]\n\t"
         "ldr q4, [x11, #16]\n\t"
+        "lsr x12, x12, #1\n\t"
+        "cbz x12, 2f\n\t"
         "1:\n\t"
-        "eor v1.16b, v7.16b, %[m].16b\n\t"
-        "ldr q7, [x10, #64]\n\t"
-        Q24_GROUPS("eor v2.16b, v2.16b, %[m].16b\n\t", Q24_LAST8_P)
-        "add x10, x10, #64\n\t"
-        "add x11, x11, #192\n\t"
+        Q24_STEP8("v1", "q7")
+        Q24_STEP8("v7", "q1")
         "subs x12, x12, #1\n\t"
         "b.ne 1b\n\t"
-        "eor v1.16b, v7.16b, %[m].16b\n\t"
-        Q24_GROUPS("eor v2.16b, v2.16b, %[m].16b\n\t", Q24_LAST_N)
+        "2:\n\t"
+        Q24_STEP8("v1", "q7")
+        Q24_GROUPS("v7", Q24_LAST_N)
         : Q24_OPERANDS
-        : Q24_INPUTS, [m] "w"(vdupq_n_u8(0x80))
+        : Q24_INPUTS
         : Q24_CLOBBERS);
   }
 #undef Q24_S
@@ -139,6 +146,7 @@ inline void block24(const uint8_t* w, const int8_t* x, int64_t iters, const int3
 #undef Q24_LAST4_P
 #undef Q24_LAST_N
 #undef Q24_LAST8_P
+#undef Q24_STEP8
 #undef Q24_OPERANDS
 #undef Q24_Z1
 #undef Q24_INIT
@@ -211,8 +219,8 @@ void sdot_gemm(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int6
 const KernelTable& dotprod_kernels() {
   static const KernelTable table = [] {
     KernelTable t = with_fp16_float_path(arm::make_table<arm::SdotBlockDot, arm::SdotBlockDot, 8>(
-        Isa::dotprod, "gemv_w4a8_nr8_kr4_1x8_dotprod", "gemv_w8a8_nr8_kr4_1x8_dotprod",
-        "gemm_w4a8_nr8_kr4_24x8_dotprod", "gemm_w8a8_nr8_kr4_24x8_dotprod"));
+        Isa::dotprod, "gemv_w4a8_nr8_kr4_1x8_dotprod", "gemv_w8a8_nr8_kr4_s8_1x8_dotprod",
+        "gemm_w4a8_nr8_kr4_24x8_dotprod", "gemm_w8a8_nr8_kr4_s8_24x8_dotprod"));
     for (Int8Ukernel& k : t.int8)  // the GEMMs: sdot_gemm's 24-row tiles
       if (k.mr > 1) {
         k.fn = k.bits == 4 ? arm::dotprod::sdot_gemm<4> : arm::dotprod::sdot_gemm<8>;

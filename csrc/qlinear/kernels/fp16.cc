@@ -81,10 +81,11 @@ __attribute__((noinline)) void dequantize_block(const WeightGeometry& g, const u
       emit(vshrq_n_u8(b23, 4), out + 48);        // k 6, 7
     }
   } else {
+    const uint8x16_t flip = vdupq_n_u8(g.code_xor);  // the stored bytes back to codes (nr8_kr4_s8)
     for (int64_t kk = 0; kk < len; kk += 4, block += 32, out += 32) {  // one chunk: 4 k
       const uint8x16x2_t v = {{vld1q_u8(block), vld1q_u8(block + 16)}};
-      emit(vqtbl2q_u8(v, idx01), out);
-      emit(vqtbl2q_u8(v, idx23), out + 16);
+      emit(veorq_u8(vqtbl2q_u8(v, idx01), flip), out);
+      emit(veorq_u8(vqtbl2q_u8(v, idx23), flip), out + 16);
     }
   }
 }
@@ -330,8 +331,8 @@ KernelTable with_fp16_float_path(KernelTable t) {
   t.float16 = {
       {"gemv_w4f16_nr8_kr4_1x8_fp16", half_matmul<4>, 4, 1, 1, 1, 1},
       {"gemm_w4f16_nr8_kr4_1x8_fp16", half_matmul<4>, 4, 1, 1, 2},
-      {"gemv_w8f16_nr8_kr4_1x8_fp16", half_matmul<8>, 8, 1, 1, 1, 1},
-      {"gemm_w8f16_nr8_kr4_1x8_fp16", half_matmul<8>, 8, 1, 1, 2},
+      {"gemv_w8f16_nr8_kr4_s8_1x8_fp16", half_matmul<8>, 8, 1, 1, 1, 1},
+      {"gemm_w8f16_nr8_kr4_s8_1x8_fp16", half_matmul<8>, 8, 1, 1, 2},
   };
   return t;
 }

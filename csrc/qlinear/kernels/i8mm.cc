@@ -1,21 +1,21 @@
-// ARMv8.6 int8 matrix-multiply kernels over the nr8_kr4 layout (compiled with
+// ARMv8.6 int8 matrix-multiply kernels over the nr8_kr4_s8 layout (compiled with
 // -march=armv8.2-a+dotprod+i8mm in this file only; dispatch calls them only when getauxval
-// reports i8mm and asimddp). Both take the unsigned codes as stored (code_shift 0, as VPDPBUSD on
-// x86): USDOT / USMMLA multiply unsigned by signed bytes, so int8 codes need no flip.
+// reports i8mm and asimddp). Both take the codes as stored, s8 operands: int4 nibbles 0..15, int8
+// code - 128 (code_shift 128).
 //
-// GEMV: the dot-product GEMV (neon_common.h), int8 with USDOT by element. (A 2-row USMMLA would
-// waste half of every product at M = 1.)
+// GEMV: the dot-product GEMV (neon_common.h). (A 2-row SMMLA would waste half of every product at
+// M = 1.)
 //
-// GEMM: USMMLA multiplies an 8 x 2 block of weights (two rows of W, 8 k) by a 2 x 8 block of
+// GEMM: SMMLA multiplies an 8 x 2 block of weights (two rows of W, 8 k) by a 2 x 8 block of
 // activations (two rows of x, the same 8 k) into a 2 x 2 int32 tile. Zipping the 32-bit lanes of a
 // chunk's two k halves (int4: low and high nibbles; int8: two consecutive chunks) gives the weight
 // operands, rows (0,1) (2,3) (4,5) (6,7): the layout keeps 4 k of a row together, the instruction
 // takes 8, and no k order avoids the ZIP (any 8 bytes of one 16-byte half chunk hold two rows). A
-// tile of 12 rows amortizes each unpacked and zipped operand over 6 USMMLAs. The activations of a
+// tile of 12 rows amortizes each unpacked and zipped operand over 6 SMMLAs. The activations of a
 // tile's row pairs are interleaved once per block into the operand order (8 k of row 2i, then of
 // row 2i + 1: one load per operand) and serve a group of panels. When a call has several row
 // tiles, its panels are first staged, a few at a time, into the operand order (stage_panels: int4
-// widened to bytes, rows zipped), so that every tile's loop is loads and USMMLAs only; a call of
+// widened to bytes, rows zipped), so that every tile's loop is loads and SMMLAs only; a call of
 // fewer tiles than pay for the staging zips in its loop. fp16 activations take
 // kernels/fp16.cc's float path, as on the dotprod level.
 #define QLINEAR_ARM_LEVEL i8mm
@@ -30,7 +30,7 @@ constexpr int kTileRows = 12;
 constexpr int kPanelGroup = 8;  // panels per packed block of activations
 constexpr int kStagePanels = 4; // panels staged at a time (the driver's GEMM task): 32 x K bytes
 
-// The row pairs' activations of k [k0, k0 + block) as USMMLA operands: per 8 k, NP operands of
+// The row pairs' activations of k [k0, k0 + block) as SMMLA operands: per 8 k, NP operands of
 // 16 bytes (row 2i's 8 k, then row 2i + 1's).
 template <int NP>
 inline void pack_pairs(const int8_t* const* x, int64_t k0, int64_t block, int8_t* out) {
@@ -66,7 +66,7 @@ inline void weight_operands(const uint8_t*& w, uint8x16_t (&b)[4]) {
   }
 }
 
-// Panels [p, p + np) as USMMLA operands: per panel (8 x padded K bytes), per 8 k, the 4 operands
+// Panels [p, p + np) as SMMLA operands: per panel (8 x padded K bytes), per 8 k, the 4 operands
 // of weight_operands (64 bytes). Loads and stores of single registers (LDP / STP pairs) and the
 // geometry in locals: in the V1 model LD1 / ST1 of 4 registers make this loop 2.7 cycles per 8 k
 // (3.0 with g.block reloaded each time: out may alias it), STPs 2.0. Not inlined: its own symbol,
@@ -110,12 +110,12 @@ inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const i
     // The full tile in assembly (GCC 12 spills the intrinsics' 24 accumulators): tile (i, j) in
     // %[tij], 24 of the statement's 30 operands, loaded from init; per 8 k, the 4 weight operands
     // (int4: USHR, AND, ZIP; int8: ZIP) in v30 v28 v31 v29, 3 LDPs of 2 activation pairs, 24
-    // USMMLAs.
+    // SMMLAs.
 #define QLINEAR_MMLA_PAIR(I, A)                                                                 \
-    "usmmla %[t" I "0].4s, v30.16b, " A ".16b\n\t"                                               \
-    "usmmla %[t" I "1].4s, v28.16b, " A ".16b\n\t"                                               \
-    "usmmla %[t" I "2].4s, v31.16b, " A ".16b\n\t"                                               \
-    "usmmla %[t" I "3].4s, v29.16b, " A ".16b\n\t"
+    "smmla  %[t" I "0].4s, v30.16b, " A ".16b\n\t"                                               \
+    "smmla  %[t" I "1].4s, v28.16b, " A ".16b\n\t"                                               \
+    "smmla  %[t" I "2].4s, v31.16b, " A ".16b\n\t"                                               \
+    "smmla  %[t" I "3].4s, v29.16b, " A ".16b\n\t"
 #define QLINEAR_MMLA_INIT2(I, OFF)                                                              \
     "ldp %q[t" I "0], %q[t" I "1], [%[i], #" OFF "]\n\t"                                         \
     "ldp %q[t" I "2], %q[t" I "3], [%[i], #" OFF " + 32]\n\t"
@@ -146,12 +146,12 @@ inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const i
     : [e] "r"(xp + 16 * NP * block / 8), [i] "r"(&init[0][0])                                    \
     : "cc", "memory", "v24", "v25", "v26", "v27", "v28", "v29", "v30", "v31"
 #define QLINEAR_MMLA_SPAIR(I, A)                                                                \
-    "usmmla %[t" I "0].4s, v28.16b, " A ".16b\n\t"                                               \
-    "usmmla %[t" I "1].4s, v29.16b, " A ".16b\n\t"                                               \
-    "usmmla %[t" I "2].4s, v30.16b, " A ".16b\n\t"                                               \
-    "usmmla %[t" I "3].4s, v31.16b, " A ".16b\n\t"
+    "smmla  %[t" I "0].4s, v28.16b, " A ".16b\n\t"                                               \
+    "smmla  %[t" I "1].4s, v29.16b, " A ".16b\n\t"                                               \
+    "smmla  %[t" I "2].4s, v30.16b, " A ".16b\n\t"                                               \
+    "smmla  %[t" I "3].4s, v31.16b, " A ".16b\n\t"
     if constexpr (STAGED) {
-      // per 8 k: one 64-byte load of the 4 operands, 3 LDPs of activations, 24 USMMLAs
+      // per 8 k: one 64-byte load of the 4 operands, 3 LDPs of activations, 24 SMMLAs
       asm(QLINEAR_MMLA_INIT
           "1:\n\t"
           "ld1 {v28.16b-v31.16b}, [%[w]], #64\n\t"
@@ -200,7 +200,7 @@ inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const i
       }
       for (int i = 0; i < NP; ++i) {
         const int8x16_t a = vld1q_s8(xp + 16 * i);
-        for (int j = 0; j < 4; ++j) t[i][j] = vusmmlaq_s32(t[i][j], b[j], a);
+        for (int j = 0; j < 4; ++j) t[i][j] = vmmlaq_s32(t[i][j], vreinterpretq_s8_u8(b[j]), a);
       }
     }
   }
@@ -219,6 +219,8 @@ void mmla_rows(const Int8MatmulArgs& a, int64_t m, int64_t p0, int64_t p1, const
   constexpr int NP = R > 8 ? 6 : (R + 1) / 2;
   const WeightGeometry& g = *a.w;
   const int64_t nb = g.nblocks;
+  // the shifted sums' factor code_shift - zero_point: 0 for asymmetric int4 and symmetric int8
+  const bool shifted = (BITS == 8 ? 128 : 0) != g.zero_point();
   const int8_t* x[2 * NP];
   int64_t at[2 * NP];  // the row's (row, block 0) entry of the per-block arrays
   for (int i = 0; i < 2 * NP; ++i) {
@@ -243,10 +245,11 @@ void mmla_rows(const Int8MatmulArgs& a, int64_t m, int64_t p0, int64_t p1, const
         const int64_t r0 = at[2 * i] + b, r1 = at[2 * i + 1] + b;
         const float s[4] = {a.act.scale[r0], a.act.scale[r1], a.act.scale[r0], a.act.scale[r1]};
         sx[i] = vld1q_f32(s);
-        if (g.symmetric) {
+        if (shifted) {
           const int32_t z[4] = {a.act.shifted_sum[r0], a.act.shifted_sum[r1], a.act.shifted_sum[r0], a.act.shifted_sum[r1]};
           init[i][0] = init[i][1] = init[i][2] = init[i][3] = vld1q_s32(z);
-        } else {
+        }
+        if (!g.symmetric) {
           const float ss[4] = {a.act.scaled_sum[r0], a.act.scaled_sum[r1], a.act.scaled_sum[r0], a.act.scaled_sum[r1]};
           sxsum[i] = vld1q_f32(ss);
         }
@@ -313,20 +316,21 @@ void mmla_gemm(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int6
 }
 
 KernelTable make_i8mm_table() {
-  KernelTable t{Isa::i8mm, LayoutId::nr8_kr4, arm::quantize_acts, "quantize_acts_absmax_neon", arm::prepare_float_acts,
+  KernelTable t{Isa::i8mm, LayoutId::nr8_kr4_s8, arm::quantize_acts, "quantize_acts_absmax_neon", arm::prepare_float_acts,
                 {}, {}, {}};
-  // code_shift 0: the codes as stored (USDOT / USMMLA); int4 on SDOT, whose nibbles need no shift either.
+  // int8 codes as stored, code - 128 (code_shift 128); int4 nibbles as they are (code_shift 0).
+  constexpr int32_t kShift8 = 128;
   t.int8 = {
       {"gemv_w4a8_nr8_kr4_1x8_dotprod", arm::sdot_gemv<4>, 4, 1, 1, 1, 1},
       {"gemm_w4a8_nr8_kr4_12x8_i8mm", mmla_gemm<4>, 4, kTileRows, 1, 2},
-      {"gemv_w8a8_nr8_kr4_1x8_i8mm", arm::sdot_gemv<8, true>, 8, 1, 1, 1, 1},
-      {"gemm_w8a8_nr8_kr4_12x8_i8mm", mmla_gemm<8>, 8, kTileRows, 1, 2},
+      {"gemv_w8a8_nr8_kr4_s8_1x8_dotprod", arm::sdot_gemv<8>, 8, 1, 1, 1, 1, 1, kShift8},
+      {"gemm_w8a8_nr8_kr4_s8_12x8_i8mm", mmla_gemm<8>, 8, kTileRows, 1, 2, INT64_MAX, 1, kShift8},
   };
   t.float32 = {  // as every ARM level (make_table)
       {"gemv_w4f32_nr8_kr4_1x8_neon", arm::float_matmul<4>, 4, 1, 1, 1, 1},
       {"gemm_w4f32_nr8_kr4_1x8_neon", arm::float_matmul<4>, 4, 1, 1, 2},
-      {"gemv_w8f32_nr8_kr4_1x8_neon", arm::float_matmul<8>, 8, 1, 1, 1, 1},
-      {"gemm_w8f32_nr8_kr4_1x8_neon", arm::float_matmul<8>, 8, 1, 1, 2},
+      {"gemv_w8f32_nr8_kr4_s8_1x8_neon", arm::float_matmul<8>, 8, 1, 1, 1, 1},
+      {"gemm_w8f32_nr8_kr4_s8_1x8_neon", arm::float_matmul<8>, 8, 1, 1, 2},
   };
   return with_fp16_float_path(t);
 }

@@ -1,9 +1,9 @@
-// ARMv8.0 Advanced SIMD kernels over the nr8_kr4 layout (no extension needed: NEON is part of
+// ARMv8.0 Advanced SIMD kernels over the nr8_kr4_s8 layout (no extension needed: NEON is part of
 // every aarch64 CPU). Integer core with SMULL (s8 x s8 -> s16, 8 products), SMLAL (8 more products
 // added to them, s16) and SADALP (pairs into s32): per 8 k (two k-quads) and activation row, 4
 // SMULL + 4 SMLAL + 4 SADALP for 128 products. A pair of rows shares an accumulator ([row a
 // k0+k1, a k2+k3, row b ..]); blocks end with ADDP. int4 nibbles are 0..15 (|product| <= 1905),
-// int8 codes are flipped to code - 128 (<= 16256): the sum of two products (<= 32512) is exact in
+// int8 codes are stored as code - 128 (nr8_kr4_s8; |product| <= 16256): the sum of two products (<= 32512) is exact in
 // s16.
 #define QLINEAR_ARM_LEVEL neon
 #include "neon_common.h"
@@ -40,8 +40,7 @@ struct SmullBlockDot {
         for (int i = 0; i < MR; ++i) mac2(i, lo0, lo1, hi0, hi1, dup4(xq[i] + kk), dup4(xq[i] + kk + 4));
       }
     } else {
-      const uint8x16_t flip = vdupq_n_u8(0x80);
-      const auto load = [&](const uint8_t* p) { return vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p), flip)); };
+      const auto load = [&](const uint8_t* p) { return vld1q_s8(reinterpret_cast<const int8_t*>(p)); };
       for (int64_t kk = 0; kk < block; kk += 8, w += 64) {  // chunks of k 0-3 and k 4-7
         const int8x16_t a0 = load(w), a1 = load(w + 16), b0 = load(w + 32), b1 = load(w + 48);
         for (int i = 0; i < MR; ++i) mac2(i, a0, a1, b0, b1, dup4(xq[i] + kk), dup4(xq[i] + kk + 4));
@@ -58,8 +57,8 @@ struct SmullBlockDot {
 
 const KernelTable& neon_kernels() {
   static const KernelTable table = arm::make_table<SmullBlockDot, SmullBlockDot, 4>(
-      Isa::neon, "gemv_w4a8_nr8_kr4_1x8_neon", "gemv_w8a8_nr8_kr4_1x8_neon", "gemm_w4a8_nr8_kr4_4x8_neon",
-      "gemm_w8a8_nr8_kr4_4x8_neon");
+      Isa::neon, "gemv_w4a8_nr8_kr4_1x8_neon", "gemv_w8a8_nr8_kr4_s8_1x8_neon", "gemm_w4a8_nr8_kr4_4x8_neon",
+      "gemm_w8a8_nr8_kr4_s8_4x8_neon");
   return table;
 }
 

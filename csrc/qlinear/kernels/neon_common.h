@@ -155,17 +155,17 @@ void gemm(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p
 
 #if defined(__ARM_FEATURE_DOTPROD)
 // SDOT by element: a 16-byte half chunk (4 rows x 4 k) against 4 activation bytes chosen by lane,
-// 16 products per instruction into one s32 per row. int4 nibbles 0..15 and int8 codes flipped to
-// code - 128 are both valid s8 operands. The integer sums are exact, so the order in which the
+// 16 products per instruction into one s32 per row. int4 nibbles 0..15 and int8 codes as stored in
+// nr8_kr4_s8 (code - 128) are both valid s8 operands. The integer sums are exact, so the order in which the
 // kernels add them (several accumulators, summed at the end) does not change a bit of the result.
 //
 // GEMV (MR = 1): sdot_gemv below, 32 k per step (int4: 128 bytes, int8: 256 bytes of weights,
 // loaded 64 at a time) into four accumulators (even / odd k-quad lane x half).
 //
-// GEMM (MR rows): 8 k per iteration; each unpacked weight operand (2 per 32-byte int4 chunk half,
-// 1 AND or USHR each; int8: 1 EOR) serves all MR rows, and each row's 8 activation bytes are one
-// 64-bit load used by lane: 4 * MR SDOTs per 4 unpacking instructions (MR = 8: 89% of the issue
-// slots are SDOTs).
+// GEMM (MR rows): 8 k per iteration; each weight operand (int4: 2 per 32-byte chunk half, 1 AND
+// or USHR each; int8: loaded as it is) serves all MR rows, and each row's 8 activation bytes are
+// one 64-bit load used by lane: int4 4 * MR SDOTs per 4 unpacking instructions, int8 SDOTs and
+// loads only.
 template <int BITS, int MR>
 struct SdotBlockDot {
   static inline void run(const uint8_t* w, int64_t block, const int8_t* const* xq, int32x4_t (*acc)[2]) {
@@ -184,11 +184,10 @@ struct SdotBlockDot {
             op[1][h] = vreinterpretq_s8_u8(vshrq_n_u8(v.val[h], 4));   // k 4-7
           }
         } else {
-          const uint8x16x4_t v = vld1q_u8_x4(w);  // chunks of k 0-3 and k 4-7
+          const int8x16x4_t v = vld1q_s8_x4(reinterpret_cast<const int8_t*>(w));  // k 0-3, k 4-7
           w += 64;
-          const uint8x16_t flip = vdupq_n_u8(0x80);
           for (int c = 0; c < 2; ++c)
-            for (int h = 0; h < 2; ++h) op[c][h] = vreinterpretq_s8_u8(veorq_u8(v.val[2 * c + h], flip));
+            for (int h = 0; h < 2; ++h) op[c][h] = v.val[2 * c + h];
         }
         for (int i = 0; i < MR; ++i) {
           const int8x8_t x = vld1_s8(xq[i] + kk);
@@ -209,8 +208,7 @@ struct SdotBlockDot {
 
   // 32 k of one row: int4 128, int8 256 weight bytes from w and 32 activation bytes from x (both
   // advanced past them), into s[c][h] (c: even / odd k-quad lane, h: rows 0-3 / 4-7), 16 SDOTs
-  // in four chains. US (int8, i8mm only): USDOT takes the unsigned codes as stored, no flip.
-  template <bool US = false>
+  // in four chains.
   static inline void gemv_step32(const uint8_t*& w, const int8_t*& x, int32x4_t (&s)[2][2]) {
     const int8x16x2_t xv = vld1q_s8_x2(x);
     x += 32;
@@ -226,17 +224,12 @@ struct SdotBlockDot {
           }
       }
     } else {
-      const uint8x16_t flip = vdupq_n_u8(0x80);
       for (int q = 0; q < 4; ++q, w += 64) {  // 8 k: two 32-byte chunks of 4 k
-        const uint8x16x4_t v = vld1q_u8_x4(w);
+        const int8x16x4_t v = vld1q_s8_x4(reinterpret_cast<const int8_t*>(w));
         for (int c = 0; c < 2; ++c)
           for (int h = 0; h < 2; ++h) {
             const int lane = 2 * (q % 2) + c;
-            if constexpr (US)
-              s[c][h] = vusdotq_laneq_s32(s[c][h], v.val[2 * c + h], xv.val[q / 2], lane);
-            else
-              s[c][h] = vdotq_laneq_s32(s[c][h], vreinterpretq_s8_u8(veorq_u8(v.val[2 * c + h], flip)),
-                                        xv.val[q / 2], lane);
+            s[c][h] = vdotq_laneq_s32(s[c][h], v.val[2 * c + h], xv.val[q / 2], lane);
           }
       }
     }
@@ -289,19 +282,18 @@ struct SdotBlockDot {
   }
 
   // 64 k of one int8 row (512 weight bytes, 64 activation bytes), as gemv_step64_int4: the SDOTs of
-  // two gemv_step32 (int8) with one pointer and post-indexed loads. US: USDOT on the codes as
-  // stored (i8mm), 41 instructions instead of 73.
-  template <int TAIL, bool US = false>
+  // two gemv_step32 (int8) with one pointer and post-indexed loads: 41 instructions (the codes
+  // stored flipped, nr8_kr4_s8; with an EOR per 16 bytes it was 73).
+  template <int TAIL>
   static inline void gemv_step64_int8(const uint8_t*& w, const int8_t*& x, int32x4_t (&s)[2][2],
                                       uint16x8_t (&tail)[2]) {
     static_assert(BITS == 8 && (TAIL == 0 || TAIL == 16 || TAIL == 32));
     // 8 k (chunks of k 0-3 and k 4-7, rows 0-3 / 4-7 each) in A..D, x lanes L, L + 1 of X.
 #define QLINEAR_DOT_8K(A, B, C, D, X, L0, L1)                                                   \
-    QLINEAR_FLIP(A) QLINEAR_FLIP(B) QLINEAR_FLIP(C) QLINEAR_FLIP(D)                              \
-    QLINEAR_DOT " %[s00].4s, " A ".16b, " X ".4b[" L0 "]\n\t"                                   \
-    QLINEAR_DOT " %[s01].4s, " B ".16b, " X ".4b[" L0 "]\n\t"                                   \
-    QLINEAR_DOT " %[s10].4s, " C ".16b, " X ".4b[" L1 "]\n\t"                                   \
-    QLINEAR_DOT " %[s11].4s, " D ".16b, " X ".4b[" L1 "]\n\t"
+    "sdot %[s00].4s, " A ".16b, " X ".4b[" L0 "]\n\t"                                           \
+    "sdot %[s01].4s, " B ".16b, " X ".4b[" L0 "]\n\t"                                           \
+    "sdot %[s10].4s, " C ".16b, " X ".4b[" L1 "]\n\t"                                           \
+    "sdot %[s11].4s, " D ".16b, " X ".4b[" L1 "]\n\t"
 #define QLINEAR_LD_A "ld1 {v16.16b-v19.16b}, [%[w]], #64\n\t"
 #define QLINEAR_LD_B "ld1 {v20.16b-v23.16b}, [%[w]], #64\n\t"
 #define QLINEAR_BODY                                                                            \
@@ -321,19 +313,7 @@ struct SdotBlockDot {
       [s11] "+w"(s[1][1])
 #define QLINEAR_IN "m"(*reinterpret_cast<const uint8_t(*)[512]>(w)), "m"(*reinterpret_cast<const int8_t(*)[64]>(x))
 #define QLINEAR_CLOBBER : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27"
-    if constexpr (US) {
-#define QLINEAR_FLIP(R)
-#define QLINEAR_DOT "usdot"
-      asm(QLINEAR_BODY QLINEAR_OUT : QLINEAR_IN QLINEAR_CLOBBER);
-#undef QLINEAR_FLIP
-#undef QLINEAR_DOT
-    } else {
-#define QLINEAR_FLIP(R) "eor  " R ".16b, " R ".16b, %[f].16b\n\t"
-#define QLINEAR_DOT "sdot"
-      asm(QLINEAR_BODY QLINEAR_OUT : [f] "w"(vdupq_n_u8(0x80)), QLINEAR_IN QLINEAR_CLOBBER);
-#undef QLINEAR_FLIP
-#undef QLINEAR_DOT
-    }
+    asm(QLINEAR_BODY QLINEAR_OUT : QLINEAR_IN QLINEAR_CLOBBER);
 #undef QLINEAR_OUT
 #undef QLINEAR_IN
 #undef QLINEAR_CLOBBER
@@ -381,18 +361,17 @@ inline int32x4_t load_next_dup(const int32_t*& p) {
 // and one pointer walking the panel's codes, scales and offsets in storage order. KB: the block
 // length when fixed at compile time (the inner steps unrolled), 0 = g.block. SHIFTED / ASYM follow
 // from the weights: sum_shift = code_shift - zero_point is 0 for asymmetric int4 (0 - 0) and
-// symmetric int8 (128 - 128), so only symmetric int4 and asymmetric int8 read shifted_sum. US (int8
-// on the i8mm level): USDOT on the codes as stored, code_shift 0, so symmetric int8 reads it instead
-// (-128 * sum, as VPDPBUSD on x86). The float operations are those of panel_tile, in its order, so
+// symmetric int8 (128 - 128), so only symmetric int4 and asymmetric int8 read shifted_sum. The
+// float operations are those of panel_tile, in its order, so
 // the result is the same to the bit.
-template <int BITS, int KB, bool ASYM, bool US>
+template <int BITS, int KB, bool ASYM>
 void sdot_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
   using Dot = SdotBlockDot<BITS, 1>;
-  constexpr int kCodeShift = BITS == 8 && !US ? 128 : 0, kZeroPoint = ASYM ? 0 : (BITS == 4 ? 8 : 128);
+  constexpr int kCodeShift = BITS == 8 ? 128 : 0, kZeroPoint = ASYM ? 0 : (BITS == 4 ? 8 : 128);
   constexpr bool kShifted = kCodeShift != kZeroPoint;
   // int8 on SDOT: post-indexed per-block streams (the symmetric loop: one ADD less per block); the
   // asymmetric one reads all three through the shifted sums' pointer.
-  constexpr bool kPost = US || BITS == 8, kOnePtr = BITS == 8 && !US && ASYM && KB != 0 && KB % 64 == 0;
+  constexpr bool kPost = BITS == 8, kOnePtr = BITS == 8 && ASYM && KB != 0 && KB % 64 == 0;
   static_assert(!kOnePtr || kShifted);
   const WeightGeometry& g = *a.w;
   const int64_t block = KB ? KB : g.block, nb = g.nblocks;
@@ -438,14 +417,14 @@ void sdot_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0,
           for (int kk = 0; kk + 64 < KB; kk += 64) Dot::template gemv_step64_int4<0>(w, x, s, tail);
           Dot::template gemv_step64_int4<ASYM ? 32 : 16>(w, x, s, tail);
         } else if constexpr (BITS == 8 && KB != 0 && KB % 64 == 0) {
-          for (int kk = 0; kk + 64 < KB; kk += 64) Dot::template gemv_step64_int8<0, US>(w, x, s, tail);
-          Dot::template gemv_step64_int8<ASYM ? 32 : 16, US>(w, x, s, tail);
+          for (int kk = 0; kk + 64 < KB; kk += 64) Dot::template gemv_step64_int8<0>(w, x, s, tail);
+          Dot::template gemv_step64_int8<ASYM ? 32 : 16>(w, x, s, tail);
         } else {
           if constexpr (KB != 0) {
 #pragma GCC unroll 8
-            for (int kk = 0; kk < KB; kk += 32) Dot::template gemv_step32<US>(w, x, s);
+            for (int kk = 0; kk < KB; kk += 32) Dot::gemv_step32(w, x, s);
           } else {
-            for (int64_t kk = 0; kk < block; kk += 32) Dot::template gemv_step32<US>(w, x, s);
+            for (int64_t kk = 0; kk < block; kk += 32) Dot::gemv_step32(w, x, s);
           }
           tail[0] = vld1q_u16(reinterpret_cast<const uint16_t*>(w));
           if constexpr (ASYM) tail[1] = vld1q_u16(reinterpret_cast<const uint16_t*>(w + 16));
@@ -478,15 +457,13 @@ void sdot_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0,
   }
 }
 
-// US: USDOT for int8 (i8mm levels only; the descriptor's code_shift is then 0).
-template <int BITS, bool US = false>
+template <int BITS>
 void sdot_gemv(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
-  static_assert(!US || BITS == 8, "int4 nibbles are valid s8 operands already");
   const WeightGeometry& g = *a.w;
   const auto run = [&](auto kb) {
     constexpr int KB = decltype(kb)::value;
-    if (g.symmetric) sdot_gemv_impl<BITS, KB, false, US>(a, m0, m1, p0, p1);
-    else sdot_gemv_impl<BITS, KB, true, US>(a, m0, m1, p0, p1);
+    if (g.symmetric) sdot_gemv_impl<BITS, KB, false>(a, m0, m1, p0, p1);
+    else sdot_gemv_impl<BITS, KB, true>(a, m0, m1, p0, p1);
   };
   if (g.block == 64) run(Rows<64>{});
   else if (g.block == 32) run(Rows<32>{});
@@ -554,10 +531,12 @@ inline void dequantize_block(const WeightGeometry& g, const uint8_t* block, floa
   for (int h = 0; h < 2; ++h)
     offset[h] = g.symmetric ? vmulq_n_f32(scale[h], -zp) : load_half4(block + g.code_bytes + 16 + 8 * h);
   constexpr int kChunkK = BITS == 4 ? 8 : 4;
+  const uint32x4_t flip = vdupq_n_u32(0x01010101u * g.code_xor);  // the stored int8 bytes back to codes
   for (int64_t kk = 0; kk < g.block; kk += kChunkK) {
     const uint8_t* w = block + kk * (32 / kChunkK);
     for (int h = 0; h < 2; ++h) {  // rows 4h .. 4h+3: one 32-bit lane each
-      const uint32x4_t v = vld1q_u32(reinterpret_cast<const uint32_t*>(w + 16 * h));
+      uint32x4_t v = vld1q_u32(reinterpret_cast<const uint32_t*>(w + 16 * h));
+      if constexpr (BITS == 8) v = veorq_u32(v, flip);
       for (int i = 0; i < kChunkK; ++i) {
         // int4: k i < 4 at bits 8i (low nibble), k 4 + i at bits 8i + 4; int8: k i at bits 8i.
         const int shift = BITS == 4 ? (i < 4 ? 8 * i : 8 * (i - 4) + 4) : 8 * i;
@@ -624,8 +603,8 @@ void float_matmul(const FloatMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, 
 template <template <int, int> class GemvDot, template <int, int> class GemmDot, int GemmRows>
 KernelTable make_table(Isa isa, const char* gemv_w4, const char* gemv_w8, const char* gemm_w4,
                        const char* gemm_w8) {
-  constexpr int32_t kShift8 = 128;  // int8 codes flipped to code - 128 (s8 operands)
-  KernelTable t{isa, LayoutId::nr8_kr4, quantize_acts, "quantize_acts_absmax_neon", prepare_float_acts, {}, {}, {}};
+  constexpr int32_t kShift8 = 128;  // int8 codes stored as code - 128 (nr8_kr4_s8: s8 operands)
+  KernelTable t{isa, LayoutId::nr8_kr4_s8, quantize_acts, "quantize_acts_absmax_neon", prepare_float_acts, {}, {}, {}};
   t.int8 = {
       {gemv_w4, GemvFor<GemvDot, 4>::fn, 4, 1, 1, 1, 1},
       {gemm_w4, gemm<GemmDot, 4, GemmRows>, 4, GemmRows, 1, 2},
@@ -635,8 +614,8 @@ KernelTable make_table(Isa isa, const char* gemv_w4, const char* gemv_w8, const 
   t.float32 = {
       {"gemv_w4f32_nr8_kr4_1x8_neon", float_matmul<4>, 4, 1, 1, 1, 1},
       {"gemm_w4f32_nr8_kr4_1x8_neon", float_matmul<4>, 4, 1, 1, 2},
-      {"gemv_w8f32_nr8_kr4_1x8_neon", float_matmul<8>, 8, 1, 1, 1, 1},
-      {"gemm_w8f32_nr8_kr4_1x8_neon", float_matmul<8>, 8, 1, 1, 2},
+      {"gemv_w8f32_nr8_kr4_s8_1x8_neon", float_matmul<8>, 8, 1, 1, 1, 1},
+      {"gemm_w8f32_nr8_kr4_s8_1x8_neon", float_matmul<8>, 8, 1, 1, 2},
   };
   return t;
 }

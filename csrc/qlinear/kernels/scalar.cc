@@ -72,7 +72,7 @@ void int8_matmul(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, in
       const uint8_t* block = a.packed + panel + b * w.block_bytes;
       int32_t acc = 0;
       for (int64_t kk = 0; kk < w.block; ++kk)
-        acc += int32_t(xq[b * w.block + kk]) * read_code(block, w.bits, w.nr, w.kr, r, kk);
+        acc += int32_t(xq[b * w.block + kk]) * read_code(w, block, r, kk);
       const auto* scales = reinterpret_cast<const uint16_t*>(block + w.code_bytes);
       const float sx = a.act.scale[m * w.nblocks + b];
       const int32_t xsum = a.act.sum[m * w.nblocks + b];
@@ -120,7 +120,7 @@ void float_matmul(const FloatMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, 
       const float offset = w.symmetric ? 0.f : half_to_float(scales[w.nr + r]);
       float yb = 0.f;  // per block, as the SIMD kernels: error ~ (block + blocks) ulps
       for (int64_t kk = 0; kk < w.block; ++kk) {
-        const int q = read_code(block, w.bits, w.nr, w.kr, r, kk) - zp;
+        const int q = read_code(w, block, r, kk) - zp;
         yb += x[b * w.block + kk] * (offset + scale * float(q));
       }
       y += yb;
@@ -170,7 +170,7 @@ void half_float_matmul_twin(const HalfMatmulArgs& a, int64_t m0, int64_t m1, int
         const int chains = int(len / kChain);  // 4 or 2
         float acc[4] = {};
         for (int j = 0; j < len; ++j) {
-          const float wq = fma_half(sc, float(read_code(block, w.bits, w.nr, w.kr, r, c + j)), of);
+          const float wq = fma_half(sc, float(read_code(w, block, r, c + j)), of);
           acc[j % chains] = fma_half(half_to_float(x[c + j]), wq, acc[j % chains]);
         }
         bsum += chains == 4 ? add_half(add_half(acc[0], acc[1]), add_half(acc[2], acc[3])) : add_half(acc[0], acc[1]);
@@ -186,7 +186,7 @@ const KernelTable& scalar_kernels() {
   // kernel_info names what runs as at the other levels.
   static const KernelTable table = {
       Isa::scalar,
-      family_layout(),  // reads any layout; packs for the SIMD family of this build
+      family_layout(),  // reads any layout (read_code); packs for the SIMD family of this build
       quantize_acts, "quantize_acts_absmax_scalar",
       prepare_float_acts,
       {

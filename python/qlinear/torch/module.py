@@ -117,8 +117,8 @@ class QLinear(nn.Module):
         self._set_geometry(state["bits"], state["group_size"], state["symmetric"], state["layout"])
         self.act, self.act_block = state["act"], state["act_block"]
         self._check_act_block()
-        family = _core.family_layout()
-        if self.layout != family:  # saved on another CPU family: move the codes, no re-rounding
+        if self.layout != _core.native_layout(self.bits):  # saved on another CPU family: move the codes
+            # (int8 codes are stored flipped on ARM, docs/kernels.md), no re-rounding
             codes, scale, off = self.packed_weight.unpack()
             pw = pack_quantized(codes, scale, off, self.bits, self.group_size, self.symmetric)
             self.packed = torch.from_numpy(np.array(pw.buffer, copy=True))
@@ -144,7 +144,7 @@ class QLinear(nn.Module):
         nn.Module.__init__(m)
         m.in_features = m.out_features = 0
         m.register_buffer("packed", torch.empty(0, dtype=torch.uint8))
-        m._set_geometry(4, 0, False, _core.family_layout())
+        m._set_geometry(4, 0, False, _core.native_layout(4))
         m.act, m.act_block, m._kblock = "int8", DEFAULT_ACT_BLOCK, 0
         m.register_buffer("bias", None)
         m.register_buffer("in_scale", None)

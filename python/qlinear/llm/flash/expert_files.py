@@ -54,6 +54,7 @@ class ExpertFile:
         if len(geoms) != 1:
             raise ValueError(f"{path}: the experts are quantized differently; memory='flash' reads one geometry")
         self.gate_up, self.down = geoms.pop()
+        flash_layout.check_native((self.gate_up, self.down), self.path)
         if any(g.nbytes != n for g, n in zip((self.gate_up, self.down), (gn, dn))):
             raise ValueError(f"{path}: expert sizes do not match their geometry")
         self.expert_bytes = self.read_bytes = self.gate_up.nbytes + self.down.nbytes
@@ -99,8 +100,9 @@ class GGUFExpertFile:
                              "memory='flash' reads one type")
         self.type = types.pop()
         bits = GGUF_BITS[self.type]
-        self.gate_up = flash_layout.Geometry(2 * M, H, bits, 32, True)
-        self.down = flash_layout.Geometry(H, M, bits, 32, True)
+        layout = _core.native_layout(bits)   # pack_gguf_rows writes this CPU's layout
+        self.gate_up = flash_layout.Geometry(2 * M, H, bits, 32, True, layout)
+        self.down = flash_layout.Geometry(H, M, bits, 32, True, layout)
         self.expert_bytes = self.gate_up.nbytes + self.down.nbytes
         self.read_bytes = sum(size for _, size, _ in self.ranges[0])
         self.max_read = max(size for _, size, _ in self.ranges[0])   # one read's bytes

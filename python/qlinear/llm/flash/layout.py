@@ -77,6 +77,17 @@ class Geometry:
                 "symmetric": self.symmetric, "layout": self.layout}
 
 
+def check_native(geoms, where: str) -> None:
+    """Flash reads packed bytes into the kernels as the file has them: they must be in this CPU
+    family's layout (int8 codes are stored flipped on ARM; int4 bytes are the same everywhere)."""
+    for g in geoms:
+        want = _core.native_layout(g.bits)
+        if g.layout != want:
+            raise ValueError(f"{where}: its int{g.bits} weights are packed as {g.layout!r}, this CPU's kernels read "
+                             f"{want!r}; memory='flash' reads the file's bytes as they are: load it with "
+                             "memory='ram' (which moves the codes) or convert the model on this machine")
+
+
 class FFNLayout:
     """The bundles of one FFN layer: gate_up [2I, H] and down [H, I] packed weights."""
 
