@@ -8,8 +8,8 @@ several core models. MNN 3.6.1's hand-written aarch64 kernels for the same work 
 in its wheel's engine library (its loops by their local labels, e.g. L8LoopSz_TILE_12) and measured
 the same way, in the same table.
 
-A GEMM that first stages its weight panels per call (the i8mm level: stage_panels, its own
-symbol) has its tile loop measured as the others, the staging loop priced too (cycles per 8 k of a
+A GEMM that first stages its weight panels per call (the i8mm level's W4A8: stage_panels, its
+own symbol) has its tile loop measured as the others, the staging loop priced too (cycles per 8 k of a
 panel), and a further table gives the two together: multiply-adds per cycle at M rows per call,
 the staging pass shared by the call's M / rows tiles. The loop its calls of fewer rows run
 (operands zipped in the loop, no staging) is a row of its own.
@@ -366,27 +366,30 @@ def qlinear_descriptors() -> list[tuple[str, str, int, str, str]]:
     for level in ("neon", "dotprod", "i8mm"):
         ns = re.escape(f"qlinear::arm::{level}::")
         for bits in (4, 8):
-            # The i8mm level's GEMVs are the dotprod level's SDOT kernels (same descriptor names;
-            # int8 codes are stored flipped, nr8_kr4_s8, so SDOT takes them as loaded), compiled
-            # again in i8mm.cc: measured once, as the dotprod level's.
-            # The dot-product GEMV is its own function (sdot_gemv), the neon level's is panel_tile's.
-            lay = "nr8_kr4" if bits == 4 else "nr8_kr4_s8"
-            if level != "i8mm":
-                entry = (rf"^void {ns}sdot_gemv<{bits}>\(" if level == "dotprod" else
+            # The i8mm level's int4 GEMV is the dotprod level's SDOT kernel (same descriptor name),
+            # compiled again in i8mm.cc: measured once, as the dotprod level's; its int8 GEMV is its
+            # own (mmla_gemv, on the level's nr8_kr8_s8 weights). The dot-product GEMV is its own
+            # function (sdot_gemv), the neon level's is panel_tile's. Int8 weights: nr8_kr4_s8 on
+            # the neon / dotprod levels, nr8_kr8_s8 on the i8mm level.
+            lay = "nr8_kr4" if bits == 4 else "nr8_kr8_s8" if level == "i8mm" else "nr8_kr4_s8"
+            if level != "i8mm" or bits == 8:
+                entry = (r"^(void )?qlinear::\(anonymous namespace\)::mmla_gemv\(" if level == "i8mm" else
+                         rf"^void {ns}sdot_gemv<{bits}>\(" if level == "dotprod" else
                          rf"^void {ns}gemv<[^,]*\b{cores[level]}, {bits}>\(")
                 out.append((f"gemv_w{bits}a8_{lay}_1x8_{level}", f"W{bits}A8 GEMV", bits, level, entry))
-            # The i8mm GEMM is its own function (mmla_gemm, i8mm.cc), the dotprod level's too
-            # (sdot_gemm: 24-row tiles, then gemm's), the neon level's panel_tile's.
-            gemm = (r"^void qlinear::\(anonymous namespace\)::mmla_gemm<" + f"{bits}>\\(" if level == "i8mm" else
+            # The i8mm GEMMs are their own functions (mmla_gemm_int4 / _int8, i8mm.cc), the dotprod
+            # level's too (sdot_gemm: 24-row tiles, then gemm's), the neon level's panel_tile's.
+            gemm = (r"^(void )?qlinear::\(anonymous namespace\)::mmla_gemm_int" + f"{bits}\\(" if level == "i8mm" else
                     rf"^void {ns}(\(anonymous namespace\)::)?sdot_gemm<{bits}>\(" if level == "dotprod" else
                     rf"^void {ns}gemm<[^,]*\b{cores[level]}, {bits}, \d+>\(")
             out.append((f"gemm_w{bits}a8_{lay}_{{mr}}x8_{level}", f"W{bits}A8 GEMM", bits, level, gemm))
     for bits in (4, 8):
-        lay = "nr8_kr4" if bits == 4 else "nr8_kr4_s8"
+        lay = "nr8_kr4" if bits == 4 else "nr8_kr4_s8"   # (the i8mm level's copy: nr8_kr8_s8)
         for kind in ("gemv", "gemm"):
             out.append((f"{kind}_w{bits}f32_{lay}_1x8_neon", f"W{bits} float32 {kind.upper()}", bits, "neon",
                         rf"^void qlinear::arm::neon::float_matmul<{bits}>\("))
-            out.append((f"{kind}_w{bits}f16_{lay}_1x8_fp16", f"W{bits} float16 {kind.upper()}", bits, "fp16",
+            out.append((f"{kind}_w{bits}f16_{'nr8_kr4' if bits == 4 else 'nr8_s8'}_1x8_fp16",
+                        f"W{bits} float16 {kind.upper()}", bits, "fp16",
                         rf"^void qlinear::\(anonymous namespace\)::half_matmul<{bits}>\("))
     # The float kernels of the dotprod / i8mm levels are the neon level's float32 and fp16.cc's
     # float16 ones (make_table, with_fp16_float_path): one row each.
@@ -418,10 +421,12 @@ def pick_loops(binary: Binary, entry: re.Pattern, float_path: bool, rows: int | 
         main = min(tiles, key=lambda l: (sum(macs(i) for i in l.insns), len(l.insns)))
     if not float_path and (rows or 1) == 1:
         # An integer GEMV whose loop is the whole storage block (inner steps unrolled, the block's
-        # int -> float epilogue inside): its loop at block 64 (8 rows x 64 k of multiply slots), the
-        # asymmetric one (the longer), epilogue included.
+        # int -> float epilogue inside): its loop at block 64 (8 rows x 64 k of multiply slots; on
+        # SMMLA twice that, a GEMV using half of each tile), the asymmetric one (the longer),
+        # epilogue included.
         blocks = [l for l in mac_loops_all(loops) if any(is_conversion(i) for i in l.insns)
-                  and sum(macs(i) for i in l.insns if i.mnemonic in KEY_CLASSES[key_class(l)]) == 8 * 64]
+                  and sum(macs(i) for i in l.insns if i.mnemonic in KEY_CLASSES[key_class(l)])
+                  == 8 * 64 * (2 if key_class(l) == "smmla" else 1)]
         if blocks:
             return [max(blocks, key=lambda l: len(l.insns))], 1
     if not float_path:
@@ -453,13 +458,14 @@ def qlinear_kernels(binary: Binary) -> list[Kernel]:
         note = ("one 64-k block per iteration, its int -> float epilogue included"
                 if not float_path and any(is_conversion(i) for i in loops[-1].insns) else "")
         k = Kernel("qlinear", desc, work, bits, rows, loops, needs_i8mm=level == "i8mm", note=note)
-        if gemm and level == "i8mm":
-            # mmla_gemm stages its panels when the call has enough rows (int8 > 2 tiles, int4 > 1.5),
-            # and the staged tile loop is then the one picked above; calls of fewer rows run the
-            # loop that zips the operands itself (mmla_rows<bits, 12, false>), shown as its own row.
+        if gemm and level == "i8mm" and bits == 4:
+            # mmla_gemm_int4 stages its panels when the call has more than 1.5 tiles of rows, and
+            # the staged tile loop is then the one picked above; calls of fewer rows run the loop
+            # that zips the operands itself (mmla_rows<4, 12, false>), shown as its own row. (int8
+            # weights are stored in operand order at this level: one loop, no staging.)
             stage = innermost(binary.loops(re.compile(rf"stage_panels<{bits}>\("), follow_calls=False))
             k.stage = max(stage, key=lambda l: sum(store_bytes(i) for i in l.insns))
-            k.stage_min_rows = (2 * rows if bits == 8 else 3 * rows // 2) + 1
+            k.stage_min_rows = 3 * rows // 2 + 1
             k.note = f"staged panels: calls of >= {k.stage_min_rows} rows"
             zipped, _ = pick_loops(binary, re.compile(rf"mmla_rows<{bits}, {rows}, false>\("), False, rows)
             out.append(Kernel("qlinear", f"{desc}: mmla_rows<{bits}, {rows}, false>", work, bits, rows, zipped, needs_i8mm=True,

@@ -54,63 +54,75 @@ def test_bits_per_weight_and_layout(rng):
 
 
 def test_native_layouts():
-    """int4 is nr8_kr4 everywhere; int8 is the family's layout: its codes flipped on ARM."""
+    """int4 is nr8_kr4 everywhere; int8 is the active level's layout: x86 nr8_kr4, ARM its codes
+    flipped (the i8mm level: 8 k of a row together as well)."""
     w = np.ones((8, 64), np.float32)
     family = qlinear.cpu_info()["layout"]
-    assert family == ("nr8_kr4_s8" if platform.machine() in ("aarch64", "arm64") else "nr8_kr4")
+    if platform.machine() in ("aarch64", "arm64"):
+        assert family == ("nr8_kr8_s8" if qlinear.cpu_info()["active_isa"] == "i8mm" else "nr8_kr4_s8")
+    else:
+        assert family == "nr8_kr4"
     assert qlinear.pack_weight(w, bits=4).layout == "nr8_kr4"
     assert qlinear.pack_weight(w, bits=8).layout == family
 
 
-def _code_byte_mask(n, k, block, nbytes, symmetric):
-    """True at the bytes of an int8 nr8_kr4 weight that hold a real code (row < n, k < K)."""
-    nb = -(-k // block)
+def _int8_code_bytes(codes, block, symmetric, kr, flip):
+    """The bytes of an int8 packed weight (nr8_kr4 family, kr 4 or 8) from its codes, the layout as
+    layout.h documents it, and True where a byte holds a real code (row < N, k < K)."""
+    n, k = codes.shape
+    nb, npan = -(-k // block), -(-n // 8)
     block_bytes = 8 * block + 16 * (1 if symmetric else 2)
-    mask = np.zeros(nbytes, bool)
-    for p in range(-(-n // 8)):
+    out, real = np.zeros(npan * nb * block_bytes, np.uint8), np.zeros(npan * nb * block_bytes, bool)
+    for p in range(npan):
         for b in range(nb):
             base = (p * nb + b) * block_bytes
-            for c in range(block // 4):          # chunk c: k 4c .. 4c + 3 of rows 0..7
-                for r in range(min(8, n - 8 * p)):
-                    for i in range(4):
-                        if b * block + 4 * c + i < k:
-                            mask[base + 32 * c + 4 * r + i] = True
-    return mask
+            for r in range(min(8, n - 8 * p)):
+                for j in range(min(block, k - b * block)):   # k = b * block + j: chunk j // kr, byte j % kr
+                    at = base + (j // kr) * 8 * kr + r * kr + j % kr
+                    out[at], real[at] = codes[8 * p + r, b * block + j] ^ flip, True
+    return out, real
 
 
+@pytest.mark.parametrize("layout", ["nr8_kr4_s8", "nr8_kr8_s8"])
 @pytest.mark.parametrize("symmetric", [True, False])
-def test_flipped_int8_layout(isa, rng, symmetric):
-    """nr8_kr4_s8 (ARM's int8 layout) is nr8_kr4 with each real code byte ^ 0x80 and nothing else
-    changed; both layouts give the same results to the bit at every level (the level's own layout
-    runs its kernels, the other the scalar ones), int4 asked for in it stays nr8_kr4."""
+def test_other_int8_layouts(isa, rng, symmetric, layout):
+    """ARM's int8 layouts: nr8_kr4_s8 (nr8_kr4 with each code ^ 0x80) and the i8mm level's
+    nr8_kr8_s8 (8 k of a row together, codes ^ 0x80), byte for byte as layout.h says; every layout
+    gives the same results to the bit at the scalar level (the level's own layout runs its kernels,
+    another the scalar ones); int4 asked for in them stays nr8_kr4."""
     n, k, group = 13, 200, 64
     w = rng.standard_normal((n, k)).astype(np.float32)
     codes, scale, offset = qlinear.pack_weight(w, bits=8, group_size=group, symmetric=symmetric).unpack()
     plain = qlinear.pack_quantized(codes, scale, offset, 8, group, symmetric, layout="nr8_kr4")
-    flipped = qlinear.pack_quantized(codes, scale, offset, 8, group, symmetric, layout="nr8_kr4_s8")
-    assert (plain.layout, flipped.layout) == ("nr8_kr4", "nr8_kr4_s8")
-    diff = np.frombuffer(plain.buffer, np.uint8) ^ np.frombuffer(flipped.buffer, np.uint8)
-    mask = _code_byte_mask(n, k, group, plain.nbytes, symmetric)
-    assert np.all(diff[mask] == 0x80) and np.all(diff[~mask] == 0)
-    for got, want in zip(flipped.unpack(), (codes, scale, offset)):
+    other = qlinear.pack_quantized(codes, scale, offset, 8, group, symmetric, layout=layout)
+    assert (plain.layout, other.layout) == ("nr8_kr4", layout)
+    rest = []   # each layout's bytes with its codes zeroed: scales, offsets, zero padding
+    for pw, kr, flip in ((plain, 4, 0), (other, 8 if "kr8" in layout else 4, 0x80)):
+        want, real = _int8_code_bytes(codes, group, symmetric, kr, flip)
+        got = np.array(pw.buffer, copy=True)
+        np.testing.assert_array_equal(got[real], want[real])
+        got[real] = 0
+        rest.append(got)
+    np.testing.assert_array_equal(rest[0], rest[1])
+    for got, want in zip(other.unpack(), (codes, scale, offset)):
         np.testing.assert_array_equal(got, want)
     native = qlinear.cpu_info()["layout"]
     for m in (1, 5, 37):
         x = rng.standard_normal((m, k)).astype(np.float32)
         for xx, kw in ((x, {}), (x, {"act_block": None}), (x, {"act": "float"}), (x.astype(np.float16), {"act": "float"})):
-            got = [qlinear.matmul(xx, pw, **kw) for pw in (plain, flipped)]
-            qlinear.set_isa("scalar")   # the scalar level reads both layouts, to the same bits
-            want = [qlinear.matmul(xx, pw, **kw) for pw in (plain, flipped)]
+            got = [qlinear.matmul(xx, pw, **kw) for pw in (plain, other)]
+            qlinear.set_isa("scalar")   # the scalar level reads every layout, to the same bits
+            want = [qlinear.matmul(xx, pw, **kw) for pw in (plain, other)]
             qlinear.set_isa(isa)
             np.testing.assert_array_equal(want[0], want[1])
             tol = 1e-5 if xx.dtype == np.float32 else 2e-3   # (fp16 in, fp16 out: its last bit)
             for g in got:   # a SIMD level's float epilogue may round differently from the scalar one
                 np.testing.assert_allclose(g, want[0], rtol=tol, atol=tol * np.abs(want[0]).max())
-        for pw in (plain, flipped):
+        for pw in (plain, other):
             ran = qlinear.kernel_info(pw, m)["int8"][0]["name"]
             assert ("scalar" in ran) == (pw.layout != native or isa == "scalar"), (pw.layout, ran)
     c4, s4, o4 = qlinear.pack_weight(w, bits=4, group_size=group).unpack()
-    four = qlinear.pack_quantized(c4, s4, o4, 4, group, False, layout="nr8_kr4_s8")
+    four = qlinear.pack_quantized(c4, s4, o4, 4, group, False, layout=layout)
     assert four.layout == "nr8_kr4"
     np.testing.assert_array_equal(four.buffer, qlinear.pack_quantized(c4, s4, o4, 4, group, False).buffer)
 
@@ -120,12 +132,12 @@ def test_file_of_the_other_layout_loads_in_the_native_one(tmp_path, rng):
     w = rng.standard_normal((19, 96)).astype(np.float32)
     codes, scale, offset = qlinear.pack_weight(w, bits=8, group_size=32).unpack()
     native = qlinear.cpu_info()["layout"]
-    other = "nr8_kr4" if native == "nr8_kr4_s8" else "nr8_kr4_s8"
-    qlinear.save_weight(tmp_path / "w.qlw", qlinear.pack_quantized(codes, scale, offset, 8, 32, False, layout=other))
-    got = qlinear.load_weight(tmp_path / "w.qlw")
-    assert got.layout == native
-    for a, b in zip(got.unpack(), (codes, scale, offset)):
-        np.testing.assert_array_equal(a, b)
+    for other in {"nr8_kr4", "nr8_kr4_s8", "nr8_kr8_s8"} - {native}:
+        qlinear.save_weight(tmp_path / "w.qlw", qlinear.pack_quantized(codes, scale, offset, 8, 32, False, layout=other))
+        got = qlinear.load_weight(tmp_path / "w.qlw")
+        assert got.layout == native
+        for a, b in zip(got.unpack(), (codes, scale, offset)):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_constant_and_zero_groups_dequantize_exactly():

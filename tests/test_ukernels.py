@@ -59,7 +59,8 @@ def _cases(uk, rng):
 
 def _check(uk, rng, m, n, k, g, symmetric):
     w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
-    pw = qlinear.pack_weight(w, bits=uk["bits"], group_size=g, symmetric=symmetric)
+    # in the layout the kernel's level reads (on an i8mm CPU the active level packs int8 for SMMLA)
+    pw = qlinear.PackedWeight(_core.quantize_and_pack(w, uk["bits"], g or k, symmetric, uk["layout"]))
     x = rng.standard_normal((m, k)).astype(np.float16 if uk["family"] == "float16" else np.float32)
     bias = rng.standard_normal(n).astype(np.float32) if m % 2 else None
     where = f"m={m} n={n} k={k} group={g} symmetric={symmetric}"
@@ -121,6 +122,8 @@ def test_int8_kernels_agree_bit_for_bit(bits):
     for sym, g, n, k in ((False, 64, 75, 200), (True, 32, 9, 300), (False, None, 17, 300), (True, 128, 8, 257)):
         w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
         pw = qlinear.pack_weight(w, bits=bits, group_size=g, symmetric=sym)
+        # the same codes in each level's layout (int8: the i8mm level's differs from the others')
+        packed = {uk["layout"]: qlinear.pack_quantized(*pw.unpack(), bits, g, sym, layout=uk["layout"]) for uk in ks}
         for m in (2, 13, 25, 37):
             x = rng.standard_normal((m, k)).astype(np.float32)
             bias = rng.standard_normal(n).astype(np.float32)
@@ -130,7 +133,8 @@ def test_int8_kernels_agree_bit_for_bit(bits):
                     rows = [x] if uk["m_max"] >= m else [x[i:i + 1] for i in range(m)]
                     if all(uk["m_min"] <= len(r) <= uk["m_max"] and len(r) % uk["m_unit"] == 0 for r in rows):
                         outs[_id(uk)] = np.concatenate(
-                            [_core._run_ukernel(uk["isa"], "int8", uk["name"], r, pw._h, bias, act_block) for r in rows])
+                            [_core._run_ukernel(uk["isa"], "int8", uk["name"], r, packed[uk["layout"]]._h, bias, act_block)
+                             for r in rows])
                 first = next(iter(outs))
                 for name, y in outs.items():
                     np.testing.assert_array_equal(y, outs[first], err_msg=f"{name} vs {first}: m={m} n={n} k={k} group={g}")

@@ -183,10 +183,11 @@ const char* family_name(Family f) {
 }
 
 template <class U>
-void list_family(py::list& out, Isa isa, Family f, const std::vector<U>& kernels) {
+void list_family(py::list& out, Isa isa, LayoutId layout, Family f, const std::vector<U>& kernels) {
   for (const U& k : kernels) {
     py::dict d;
     d["isa"] = isa_name(isa);
+    d["layout"] = layout_info(storage_layout(layout, k.bits)).name;  // what its weights are packed in
     d["family"] = family_name(f);
     d["name"] = k.name;
     d["bits"] = k.bits;
@@ -204,9 +205,9 @@ py::list ukernels() {
   py::list out;
   for (Isa isa : available_isas()) {
     const KernelTable& kt = kernels_for(isa);
-    list_family(out, isa, Family::int8, kt.int8);
-    list_family(out, isa, Family::float32, kt.float32);
-    list_family(out, isa, Family::float16, kt.float16);
+    list_family(out, isa, kt.layout, Family::int8, kt.int8);
+    list_family(out, isa, kt.layout, Family::float32, kt.float32);
+    list_family(out, isa, kt.layout, Family::float16, kt.float16);
   }
   return out;
 }

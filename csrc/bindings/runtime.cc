@@ -29,7 +29,7 @@ py::dict cpu_info() {
   for (Isa isa : f.emulated) emulated.emplace_back(isa_name(isa));
   d["emulated"] = emulated;
   d["physical_cores"] = f.physical_cores;
-  d["layout"] = layout_info(family_layout()).name;
+  d["layout"] = layout_info(native_layout(8)).name;  // int8 weights' (int4: nr8_kr4 everywhere)
   return d;
 }
 
@@ -75,7 +75,7 @@ void register_runtime(py::module_& m) {
     if (!set_active_isa(isa)) throw py::value_error("ISA level '" + name + "' is not supported by this CPU");
   });
   m.def("family_layout", [] { return std::string(layout_info(family_layout()).name); });
-  // What a weight of `bits` is packed in on this build (int4: nr8_kr4 on every family).
+  // What a weight of `bits` is packed in for the active level (int4: nr8_kr4 on every level).
   m.def("native_layout", [](int bits) {
     if (bits != 4 && bits != 8) throw py::value_error("bits must be 4 or 8, got " + std::to_string(bits));
     return std::string(layout_info(native_layout(bits)).name);

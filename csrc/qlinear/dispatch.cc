@@ -61,6 +61,8 @@ std::atomic<const KernelTable*>& active() {
 
 const KernelTable& active_kernels() { return *active().load(std::memory_order_acquire); }
 
+LayoutId native_layout(int bits) { return storage_layout(active_kernels().layout, bits); }
+
 bool set_active_isa(Isa isa) {
   if (!cpu_supports(isa)) return false;
   active().store(&kernels_for(isa), std::memory_order_release);

@@ -8,6 +8,7 @@ namespace {
 const LayoutInfo kLayouts[] = {
     {LayoutId::nr8_kr4, "nr8_kr4", 8, 4, 0},
     {LayoutId::nr8_kr4_s8, "nr8_kr4_s8", 8, 4, 0x80},
+    {LayoutId::nr8_kr8_s8, "nr8_kr8_s8", 8, 8, 0x80},
 };
 }  // namespace
 
@@ -32,7 +33,7 @@ LayoutId family_layout() {
 }
 
 LayoutId storage_layout(LayoutId layout, int bits) {
-  return bits == 4 && layout == LayoutId::nr8_kr4_s8 ? LayoutId::nr8_kr4 : layout;
+  return bits == 4 && layout != LayoutId::nr8_kr4 ? LayoutId::nr8_kr4 : layout;
 }
 
 int64_t storage_block(int64_t k, int64_t group_size) {

@@ -29,6 +29,11 @@
 // no EOR in the loop (x86's VPDPBUSD wants the unsigned code, so x86 keeps nr8_kr4). int4 bytes
 // are the same in both, so an int4 weight is always nr8_kr4 (storage_layout); packed files of one
 // family load in the other with their int8 codes flipped (a copy, no re-rounding).
+//
+// nr8_kr8_s8 (int8 only; the i8mm level's) has kr = 8: chunk c holds k 8c .. 8c + 7 and byte
+// r*8 + i = code[r][8c + i] ^ 0x80, so each 16 bytes are two rows x 8 k, SMMLA's operand as loaded.
+// Which layout a weight is packed in follows the running level (native_layout); a weight of
+// another layout runs the scalar kernels until it is packed again (files: converted at load).
 #pragma once
 
 #include <cstdint>
@@ -40,7 +45,8 @@ namespace qlinear {
 
 enum class LayoutId : uint8_t {
   nr8_kr4 = 1,     // 8 rows x 4 k per 32-byte chunk: x86 AVX2 / VNNI / AMX
-  nr8_kr4_s8 = 2,  // nr8_kr4, int8 codes stored as code ^ 0x80: ARM NEON / dotprod / i8mm / fp16
+  nr8_kr4_s8 = 2,  // nr8_kr4, int8 codes stored as code ^ 0x80: ARM NEON / dotprod / fp16
+  nr8_kr8_s8 = 3,  // int8 only: 8 rows x 8 k per 64-byte chunk, codes ^ 0x80: ARM i8mm (SMMLA)
 };
 
 struct LayoutInfo {
@@ -58,10 +64,11 @@ const LayoutInfo* find_layout(const std::string& name);
 // family, scalar included, runs the same packed weight.
 LayoutId family_layout();
 // The layout a weight of `bits` is stored in when `layout` is asked for: int4 weights have no
-// flipped variant (nr8_kr4_s8 -> nr8_kr4).
+// flipped or kr 8 variant (nr8_kr4_s8, nr8_kr8_s8 -> nr8_kr4).
 LayoutId storage_layout(LayoutId layout, int bits);
-// What pack_weight produces for a weight of `bits` on this build: storage_layout(family_layout()).
-inline LayoutId native_layout(int bits) { return storage_layout(family_layout(), bits); }
+// What pack_weight produces for a weight of `bits`: the layout the active level's kernels read
+// (storage_layout of its table's layout; dispatch.cc).
+LayoutId native_layout(int bits);
 
 // Storage block for a semantic group size: the group itself (32..256, multiples of 32), or
 // min(round_up(K, 32), 256) for per-channel weights (group_size >= K).

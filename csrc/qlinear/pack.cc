@@ -144,8 +144,9 @@ void pack_gguf_rows_check(const WeightGeometry& g, const GgufBlockInfo& type, in
     throw std::invalid_argument("a row of " + std::to_string(g.k) + " values is " + std::to_string(g.k / 32) +
                                 " " + what + " blocks of " + std::to_string(type.bytes) + " bytes, got " +
                                 std::to_string(row_bytes) + " bytes");
-  if (g.kr != 4) throw std::invalid_argument("pack_gguf_rows writes layouts of 4 k per row and chunk, not " +
-                                            std::string(layout_info(g.layout).name));
+  if (g.kr != 4 && !(g.kr == 8 && bits == 8))
+    throw std::invalid_argument("pack_gguf_rows writes layouts of 4 k per row and chunk (int8: or 8), not " +
+                                std::string(layout_info(g.layout).name));
   if (rows < 0 || row0 < 0 || row0 + rows > g.n)
     throw std::invalid_argument("rows [" + std::to_string(row0) + ", " + std::to_string(row0 + rows) +
                                 ") are outside the weight's " + std::to_string(g.n));
@@ -154,7 +155,7 @@ void pack_gguf_rows_check(const WeightGeometry& g, const GgufBlockInfo& type, in
 void pack_gguf_rows(const WeightGeometry& g, const GgufBlockInfo& type, const uint8_t* src, int64_t rows,
                     int64_t row0, uint8_t* packed) {
   const bool q4 = type.type == GgufBlock::q4_0;
-  const int64_t chunk_bytes = int64_t(g.nr) * g.kr;  // kr == 4 (pack_gguf_rows_check)
+  const int64_t chunk_bytes = int64_t(g.nr) * g.kr;  // kr 4, or 8 for int8 (pack_gguf_rows_check)
   static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "32-bit lanes hold bytes in memory order");
   // On the calling thread: flash's reader threads move experts side by side, and the pool's
   // workers, woken for so little, would spin on the cores the decode step needs.
@@ -180,11 +181,11 @@ void pack_gguf_rows(const WeightGeometry& g, const GgufBlockInfo& type, const ui
           std::memcpy(out + c * chunk_bytes, &lo, 4);
           std::memcpy(out + (c + 2) * chunk_bytes, &hi, 4);
         }
-      } else {  // chunk c holds k 4c .. 4c + 3; int8 q as q + 128, stored ^ code_xor
+      } else {  // chunk c holds k kr*c .. kr*c + kr - 1; int8 q as q + 128, stored ^ code_xor
         const uint32_t flip = 0x80808080u ^ (0x01010101u * g.code_xor);
-        for (int c = 0; c < 8; ++c) {
+        for (int c = 0; c < 8; ++c) {  // 4 k at a time: kr 4, one chunk; kr 8, half of one
           const uint32_t v = lane[c] ^ flip;
-          std::memcpy(out + c * chunk_bytes, &v, 4);
+          std::memcpy(out + (c * 4 / g.kr) * chunk_bytes + (c * 4) % g.kr, &v, 4);
         }
       }
     }

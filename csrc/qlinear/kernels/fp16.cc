@@ -80,6 +80,16 @@ __attribute__((noinline)) void dequantize_block(const WeightGeometry& g, const u
       emit(vshrq_n_u8(b01, 4), out + 32);        // k 4, 5 (high nibbles)
       emit(vshrq_n_u8(b23, 4), out + 48);        // k 6, 7
     }
+  } else if (g.kr == 8) {  // nr8_kr8_s8 (the i8mm level's): 8 k of 8 rows per 64 bytes
+    static const uint8_t kGather[4][16] = {{0, 8, 16, 24, 32, 40, 48, 56, 1, 9, 17, 25, 33, 41, 49, 57},
+                                           {2, 10, 18, 26, 34, 42, 50, 58, 3, 11, 19, 27, 35, 43, 51, 59},
+                                           {4, 12, 20, 28, 36, 44, 52, 60, 5, 13, 21, 29, 37, 45, 53, 61},
+                                           {6, 14, 22, 30, 38, 46, 54, 62, 7, 15, 23, 31, 39, 47, 55, 63}};
+    const uint8x16_t flip = vdupq_n_u8(g.code_xor);
+    for (int64_t kk = 0; kk < len; kk += 8, block += 64, out += 64) {
+      const uint8x16x4_t v = vld1q_u8_x4(block);
+      for (int t = 0; t < 4; ++t) emit(veorq_u8(vqtbl4q_u8(v, vld1q_u8(kGather[t])), flip), out + 16 * t);
+    }
   } else {
     const uint8x16_t flip = vdupq_n_u8(g.code_xor);  // the stored bytes back to codes (nr8_kr4_s8)
     for (int64_t kk = 0; kk < len; kk += 4, block += 32, out += 32) {  // one chunk: 4 k
@@ -331,8 +341,9 @@ KernelTable with_fp16_float_path(KernelTable t) {
   t.float16 = {
       {"gemv_w4f16_nr8_kr4_1x8_fp16", half_matmul<4>, 4, 1, 1, 1, 1},
       {"gemm_w4f16_nr8_kr4_1x8_fp16", half_matmul<4>, 4, 1, 1, 2},
-      {"gemv_w8f16_nr8_kr4_s8_1x8_fp16", half_matmul<8>, 8, 1, 1, 1, 1},
-      {"gemm_w8f16_nr8_kr4_s8_1x8_fp16", half_matmul<8>, 8, 1, 1, 2},
+      // int8: either ARM layout (nr8_kr4_s8; nr8_kr8_s8 on the i8mm level)
+      {"gemv_w8f16_nr8_s8_1x8_fp16", half_matmul<8>, 8, 1, 1, 1, 1},
+      {"gemm_w8f16_nr8_s8_1x8_fp16", half_matmul<8>, 8, 1, 1, 2},
   };
   return t;
 }

@@ -1,22 +1,23 @@
-// ARMv8.6 int8 matrix-multiply kernels over the nr8_kr4_s8 layout (compiled with
-// -march=armv8.2-a+dotprod+i8mm in this file only; dispatch calls them only when getauxval
-// reports i8mm and asimddp). Both take the codes as stored, s8 operands: int4 nibbles 0..15, int8
-// code - 128 (code_shift 128).
-//
-// GEMV: the dot-product GEMV (neon_common.h). (A 2-row SMMLA would waste half of every product at
-// M = 1.)
+// ARMv8.6 int8 matrix-multiply kernels (compiled with -march=armv8.2-a+dotprod+i8mm in this file
+// only; dispatch calls them only when getauxval reports i8mm and asimddp). The level's int8
+// weights are packed as nr8_kr8_s8 (layout.h: per 8 k, rows (0,1) (2,3) (4,5) (6,7) x 8 k, codes
+// - 128: SMMLA's operands as stored, code_shift 128); its int4 weights are nr8_kr4 (nibbles 0..15
+// are s8 operands, code_shift 0).
 //
 // GEMM: SMMLA multiplies an 8 x 2 block of weights (two rows of W, 8 k) by a 2 x 8 block of
-// activations (two rows of x, the same 8 k) into a 2 x 2 int32 tile. Zipping the 32-bit lanes of a
-// chunk's two k halves (int4: low and high nibbles; int8: two consecutive chunks) gives the weight
-// operands, rows (0,1) (2,3) (4,5) (6,7): the layout keeps 4 k of a row together, the instruction
-// takes 8, and no k order avoids the ZIP (any 8 bytes of one 16-byte half chunk hold two rows). A
-// tile of 12 rows amortizes each unpacked and zipped operand over 6 SMMLAs. The activations of a
-// tile's row pairs are interleaved once per block into the operand order (8 k of row 2i, then of
-// row 2i + 1: one load per operand) and serve a group of panels. When a call has several row
-// tiles, its panels are first staged, a few at a time, into the operand order (stage_panels: int4
-// widened to bytes, rows zipped), so that every tile's loop is loads and SMMLAs only; a call of
-// fewer tiles than pay for the staging zips in its loop. fp16 activations take
+// activations (two rows of x, the same 8 k) into a 2 x 2 int32 tile; a tile of 12 rows x 8 outputs
+// is 24 SMMLAs per 8 k. The activations of a tile's row pairs are interleaved once per block into
+// the operand order (8 k of row 2i, then of row 2i + 1: one load per operand) and serve a group of
+// panels. int8: the loop is loads and SMMLAs only. int4: zipping the 32-bit lanes of a chunk's low
+// and high nibbles gives the weight operands (nr8_kr4 keeps 4 k of a row together, the
+// instruction takes 8); when a call has several row tiles its panels are first staged, a few at a
+// time, into the operand order (stage_panels), so that every tile's loop is loads and SMMLAs only;
+// a call of fewer tiles than pay for the staging zips in its loop.
+//
+// GEMV: int4 the dot-product level's SDOT GEMV (neon_common.h); int8 mmla_gemv: one SMMLA per 16
+// weight bytes against the activations as loaded (k 8s .. 8s + 7 in the operand's first row, the
+// next 8 in its second), even and odd 8-k steps into their own accumulators, whose useful lanes
+// (the first row's, the second's) are put together per block. fp16 activations take
 // kernels/fp16.cc's float path, as on the dotprod level.
 #define QLINEAR_ARM_LEVEL i8mm
 #include "neon_common.h"
@@ -43,31 +44,22 @@ inline void pack_pairs(const int8_t* const* x, int64_t k0, int64_t block, int8_t
     }
 }
 
-// The 4 weight operands of 8 k (rows (0,1) (2,3) (4,5) (6,7)), w advanced past them.
-template <int BITS>
-inline void weight_operands(const uint8_t*& w, uint8x16_t (&b)[4]) {
-  if constexpr (BITS == 4) {
-    const uint8x16x2_t v = vld1q_u8_x2(w);
-    w += 32;
-    for (int h = 0; h < 2; ++h) {
-      const uint32x4_t lo = vreinterpretq_u32_u8(vandq_u8(v.val[h], vdupq_n_u8(0x0F)));
-      const uint32x4_t hi = vreinterpretq_u32_u8(vshrq_n_u8(v.val[h], 4));
-      b[2 * h] = vreinterpretq_u8_u32(vzip1q_u32(lo, hi));
-      b[2 * h + 1] = vreinterpretq_u8_u32(vzip2q_u32(lo, hi));
-    }
-  } else {
-    const uint8x16x4_t v = vld1q_u8_x4(w);  // chunks of k 0-3 and k 4-7
-    w += 64;
-    for (int h = 0; h < 2; ++h) {
-      const uint32x4_t c0 = vreinterpretq_u32_u8(v.val[h]), c1 = vreinterpretq_u32_u8(v.val[2 + h]);
-      b[2 * h] = vreinterpretq_u8_u32(vzip1q_u32(c0, c1));
-      b[2 * h + 1] = vreinterpretq_u8_u32(vzip2q_u32(c0, c1));
-    }
+// The 4 weight operands of 8 k of an int4 nr8_kr4 block (rows (0,1) (2,3) (4,5) (6,7)), w
+// advanced past them. (int8 weights are nr8_kr8_s8 at this level: operands as stored.)
+inline void weight_operands_int4(const uint8_t*& w, uint8x16_t (&b)[4]) {
+  const uint8x16x2_t v = vld1q_u8_x2(w);
+  w += 32;
+  for (int h = 0; h < 2; ++h) {
+    const uint32x4_t lo = vreinterpretq_u32_u8(vandq_u8(v.val[h], vdupq_n_u8(0x0F)));
+    const uint32x4_t hi = vreinterpretq_u32_u8(vshrq_n_u8(v.val[h], 4));
+    b[2 * h] = vreinterpretq_u8_u32(vzip1q_u32(lo, hi));
+    b[2 * h + 1] = vreinterpretq_u8_u32(vzip2q_u32(lo, hi));
   }
 }
 
-// Panels [p, p + np) as SMMLA operands: per panel (8 x padded K bytes), per 8 k, the 4 operands
-// of weight_operands (64 bytes). Loads and stores of single registers (LDP / STP pairs) and the
+// Panels [p, p + np) of an int4 weight as SMMLA operands: per panel (8 x padded K bytes), per
+// 8 k, the 4 operands of weight_operands_int4 (64 bytes): the order nr8_kr8_s8 stores int8 in.
+// Loads and stores of single registers (LDP / STP pairs) and the
 // geometry in locals: in the V1 model LD1 / ST1 of 4 registers make this loop 2.7 cycles per 8 k
 // (3.0 with g.block reloaded each time: out may alias it), STPs 2.0. Not inlined: its own symbol,
 // so that bench/arm_kernels.py finds and prices its loop.
@@ -80,18 +72,14 @@ __attribute__((noinline)) void stage_panels(const WeightGeometry& g, const uint8
       const uint8_t* w = packed + (p + q) * panel_bytes + b * block_bytes;
       const uint8_t* end = out + 8 * block;
       for (; out != end; out += 64) {
-        uint32x4_t c[4];  // int4: low nibbles of rows 0-3 / 4-7, high; int8: k 0-3 of rows 0-3 / 4-7, k 4-7
-        if constexpr (BITS == 4) {
-          const uint8x16_t v0 = vld1q_u8(w), v1 = vld1q_u8(w + 16);
-          w += 32;
-          c[0] = vreinterpretq_u32_u8(vandq_u8(v0, vdupq_n_u8(0x0F)));
-          c[1] = vreinterpretq_u32_u8(vandq_u8(v1, vdupq_n_u8(0x0F)));
-          c[2] = vreinterpretq_u32_u8(vshrq_n_u8(v0, 4));
-          c[3] = vreinterpretq_u32_u8(vshrq_n_u8(v1, 4));
-        } else {
-          for (int i = 0; i < 4; ++i) c[i] = vreinterpretq_u32_u8(vld1q_u8(w + 16 * i));
-          w += 64;
-        }
+        static_assert(BITS == 4, "int8 weights are stored in operand order (nr8_kr8_s8)");
+        uint32x4_t c[4];  // low nibbles of rows 0-3 / 4-7, high nibbles
+        const uint8x16_t v0 = vld1q_u8(w), v1 = vld1q_u8(w + 16);
+        w += 32;
+        c[0] = vreinterpretq_u32_u8(vandq_u8(v0, vdupq_n_u8(0x0F)));
+        c[1] = vreinterpretq_u32_u8(vandq_u8(v1, vdupq_n_u8(0x0F)));
+        c[2] = vreinterpretq_u32_u8(vshrq_n_u8(v0, 4));
+        c[3] = vreinterpretq_u32_u8(vshrq_n_u8(v1, 4));
         vst1q_u8(out, vreinterpretq_u8_u32(vzip1q_u32(c[0], c[2])));
         vst1q_u8(out + 16, vreinterpretq_u8_u32(vzip2q_u32(c[0], c[2])));
         vst1q_u8(out + 32, vreinterpretq_u8_u32(vzip1q_u32(c[1], c[3])));
@@ -102,7 +90,8 @@ __attribute__((noinline)) void stage_panels(const WeightGeometry& g, const uint8
 
 // One block of one panel against NP packed row pairs: t[i][j] = init[i][j] + the 2 x 2 tile
 // (weight rows 2j, 2j + 1) x (activation rows 2i, 2i + 1), lanes (2j 2i, 2j 2i+1, 2j+1 2i, 2j+1 2i+1).
-// STAGED: w is stage_panels' copy of the block (operands in order, no unpacking).
+// STAGED: w holds the operands in order, no unpacking: stage_panels' copy of an int4 block, or an
+// int8 block as stored (nr8_kr8_s8).
 template <int BITS, int NP, bool STAGED>
 inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const int32x4_t (&init)[NP][4],
                       int32x4_t (&t)[NP][4]) {
@@ -175,10 +164,7 @@ inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const i
           "and  v27.16b, v27.16b, v25.16b\n\t"
           QLINEAR_MMLA_TILE QLINEAR_MMLA_OPERANDS);
     } else {
-      asm(QLINEAR_MMLA_INIT
-          "1:\n\t"
-          "ld1 {v26.16b-v29.16b}, [%[w]], #64\n\t"  // k 0-3: rows 0-3, 4-7; k 4-7: rows 0-3, 4-7
-          QLINEAR_MMLA_TILE QLINEAR_MMLA_OPERANDS);
+      static_assert(BITS == 4, "int8 blocks are operands as stored (STAGED)");
     }
 #undef QLINEAR_MMLA_PAIR
 #undef QLINEAR_MMLA_SPAIR
@@ -196,7 +182,8 @@ inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const i
         w += 64;
         b[0] = v.val[0], b[1] = v.val[1], b[2] = v.val[2], b[3] = v.val[3];
       } else {
-        weight_operands<BITS>(w, b);
+        static_assert(BITS == 4, "int8 blocks are operands as stored (STAGED)");
+        weight_operands_int4(w, b);
       }
       for (int i = 0; i < NP; ++i) {
         const int8x16_t a = vld1q_s8(xp + 16 * i);
@@ -211,7 +198,7 @@ inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const i
 // operations on the same values, computed in the tiles' lane order (row pair x weight row pair)
 // and turned into rows at the end: per output, y = fma(y, float(acc + shifted_sum), scale * s_x),
 // then (asymmetric) y = fma(y, offset, scaled_sum).
-// staged: stage_panels' copy of panels [p0, p1) (STAGED only).
+// staged: stage_panels' copy of panels [p0, p1) (int4 STAGED only).
 template <int BITS, int R, bool STAGED>
 void mmla_rows(const Int8MatmulArgs& a, int64_t m, int64_t p0, int64_t p1, const uint8_t* staged) {
   // Row pairs: an odd last row is paired with itself; 9 and 10 rows run the full tile (5 pairs
@@ -257,7 +244,8 @@ void mmla_rows(const Int8MatmulArgs& a, int64_t m, int64_t p0, int64_t p1, const
       for (int64_t q = 0; q < np; ++q) {
         const uint8_t* block = a.packed + (pg + q) * g.panel_bytes + b * g.block_bytes;
         int32x4_t t[NP][4];
-        const uint8_t* w = STAGED ? staged + ((pg - p0 + q) * nb + b) * g.block * 8 : block;
+        // int8 (nr8_kr8_s8): the block's codes are the operands; int4 staged: the copy's
+        const uint8_t* w = STAGED && BITS == 4 ? staged + ((pg - p0 + q) * nb + b) * g.block * 8 : block;
         mma_block<BITS, NP, STAGED>(w, xp, g.block, init, t);
         // scales (offsets) in lane order: (s0 s0 s1 s1) (s2 s2 s3 s3) (s4 s4 s5 s5) (s6 s6 s7 s7)
         const auto lanes = [](const uint8_t* p, float32x4_t (&v)[4]) {
@@ -289,15 +277,21 @@ void mmla_rows(const Int8MatmulArgs& a, int64_t m, int64_t p0, int64_t p1, const
   }
 }
 
-// Calls of few row tiles zip the panels' operands in the loop; more tiles share staged panels.
-template <int BITS>
-void mmla_gemm(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
-  // Where staging pays (llvm-mca, V1 / N2, per 8 k of a panel): it costs int4 2.5 / 6.0 cycles
-  // once, int8 2.0 / 4.0, and saves per 12 rows int4 2 / 4, int8 1 / 2: from ~18 rows (int4) and
-  // ~24 (int8) on.
-  if (m1 - m0 <= (BITS == 8 ? 2 * kTileRows : 3 * kTileRows / 2)) {
+// int8: the blocks' codes are the operands (nr8_kr8_s8): the tile loop reads them as stored.
+void mmla_gemm_int8(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  for_row_tiles<kTileRows>(m0, m1, [&](auto rows, int64_t m) {
+    mmla_rows<8, decltype(rows)::value, true>(a, m, p0, p1, nullptr);
+  });
+}
+
+// int4: calls of few row tiles zip the panels' operands in the loop; more tiles share staged
+// panels.
+void mmla_gemm_int4(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  // Where staging pays (llvm-mca, V1 / N2, per 8 k of a panel): it costs 2.5 / 6.0 cycles once
+  // and saves 2 / 4 per 12 rows: from ~18 rows on.
+  if (m1 - m0 <= 3 * kTileRows / 2) {
     for_row_tiles<kTileRows>(m0, m1, [&](auto rows, int64_t m) {
-      mmla_rows<BITS, decltype(rows)::value, false>(a, m, p0, p1, nullptr);
+      mmla_rows<4, decltype(rows)::value, false>(a, m, p0, p1, nullptr);
     });
     return;
   }
@@ -308,29 +302,135 @@ void mmla_gemm(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int6
   uint8_t* staged = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
   for (int64_t ps = p0; ps < p1; ps += kStagePanels) {
     const int64_t pe = std::min<int64_t>(p1, ps + kStagePanels);
-    stage_panels<BITS>(g, a.packed, ps, pe - ps, staged);
+    stage_panels<4>(g, a.packed, ps, pe - ps, staged);
     for_row_tiles<kTileRows>(m0, m1, [&](auto rows, int64_t m) {
-      mmla_rows<BITS, decltype(rows)::value, true>(a, m, ps, pe, staged);
+      mmla_rows<4, decltype(rows)::value, true>(a, m, ps, pe, staged);
     });
   }
 }
 
+// The int8 GEMV on nr8_kr8_s8: per 8-k step, 4 SMMLAs (one per row pair) against 16 activation
+// bytes whose first 8 are the step's k; lanes 0, 1 of each tile hold the rows' sums, lanes 2, 3
+// products with the following k, dropped. The float operations are panel_tile's, in its order
+// (bit-identical).
+// 64 k of one row (512 weight bytes, 64 activation bytes; both pointers advanced) into e[j]
+// (lanes 0, 1: rows 2j, 2j + 1). The activation operand of 8-k step s is x[8s .. 8s + 15] (its
+// first row the step's k; an EXT of two 16-byte loads for odd s), so that every step's sums land
+// in the same lanes: one accumulator per row pair, no second set to zero and combine per block.
+inline void mmla_step64(const uint8_t*& w, const int8_t*& x, int32x4_t (&e)[4]) {
+#define QLINEAR_STEP(X, A, B, C, D)                                                             \
+    "smmla %[e0].4s, " X ".16b, " A ".16b\n\t"                                                  \
+    "smmla %[e1].4s, " X ".16b, " B ".16b\n\t"                                                  \
+    "smmla %[e2].4s, " X ".16b, " C ".16b\n\t"                                                  \
+    "smmla %[e3].4s, " X ".16b, " D ".16b\n\t"
+#define QLINEAR_LDW(R) "ld1 {" R "}, [%[w]], #64\n\t"
+  asm("ld1 {v24.16b-v27.16b}, [%[x]], #64\n\t"
+      QLINEAR_LDW("v16.16b-v19.16b")
+      QLINEAR_LDW("v20.16b-v23.16b")
+      "ext v28.16b, v24.16b, v25.16b, #8\n\t"
+      QLINEAR_STEP("v24", "v16", "v17", "v18", "v19") QLINEAR_LDW("v16.16b-v19.16b")
+      QLINEAR_STEP("v28", "v20", "v21", "v22", "v23") QLINEAR_LDW("v20.16b-v23.16b")
+      "ext v29.16b, v25.16b, v26.16b, #8\n\t"
+      QLINEAR_STEP("v25", "v16", "v17", "v18", "v19") QLINEAR_LDW("v16.16b-v19.16b")
+      QLINEAR_STEP("v29", "v20", "v21", "v22", "v23") QLINEAR_LDW("v20.16b-v23.16b")
+      "ext v28.16b, v26.16b, v27.16b, #8\n\t"
+      QLINEAR_STEP("v26", "v16", "v17", "v18", "v19") QLINEAR_LDW("v16.16b-v19.16b")
+      QLINEAR_STEP("v28", "v20", "v21", "v22", "v23") QLINEAR_LDW("v20.16b-v23.16b")
+      "ext v29.16b, v27.16b, v27.16b, #8\n\t"
+      QLINEAR_STEP("v27", "v16", "v17", "v18", "v19")
+      QLINEAR_STEP("v29", "v20", "v21", "v22", "v23")
+      : [w] "+r"(w), [x] "+r"(x), [e0] "+w"(e[0]), [e1] "+w"(e[1]), [e2] "+w"(e[2]), [e3] "+w"(e[3])
+      : "m"(*reinterpret_cast<const uint8_t(*)[512]>(w)), "m"(*reinterpret_cast<const int8_t(*)[64]>(x))
+      : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29");
+#undef QLINEAR_LDW
+#undef QLINEAR_STEP
+}
+
+template <int KB, bool ASYM>
+void mmla_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  const WeightGeometry& g = *a.w;
+  const int64_t block = KB ? KB : g.block, nb = g.nblocks;
+  for (int64_t m = m0; m < m1; ++m) {
+    float* out = a.y + m * a.ldy;
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint8_t* w = a.packed + p * g.panel_bytes;
+      const int8_t* x = a.act.q + m * a.act.ldq;
+      float32x4_t y0 = vdupq_n_f32(0.f), y1 = vdupq_n_f32(0.f);
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t at = m * nb + b;
+        const float s_x = a.act.scale[at];
+        // the shifted sum (128 - zero_point) * sum: asymmetric weights only (symmetric: 0)
+        int32x4_t e[4];
+        for (int j = 0; j < 4; ++j) e[j] = ASYM ? vdupq_n_s32(a.act.shifted_sum[at]) : vdupq_n_s32(0);
+        const auto step16 = [&] {  // 16 k: steps 2s (x[0..15]) and 2s + 1 (x[8..15], then anything)
+          const int8x16_t x0 = vld1q_s8(x), x1 = vextq_s8(x0, x0, 8);
+          const int8x16x4_t we = vld1q_s8_x4(reinterpret_cast<const int8_t*>(w));
+          const int8x16x4_t wo = vld1q_s8_x4(reinterpret_cast<const int8_t*>(w) + 64);
+          for (int j = 0; j < 4; ++j) e[j] = vmmlaq_s32(vmmlaq_s32(e[j], x0, we.val[j]), x1, wo.val[j]);
+          x += 16, w += 128;
+        };
+        if constexpr (KB != 0 && KB % 64 == 0) {
+          for (int kk = 0; kk < KB; kk += 64) mmla_step64(w, x, e);
+        } else if constexpr (KB != 0) {
+#pragma GCC unroll 8
+          for (int kk = 0; kk < KB; kk += 16) step16();
+        } else {
+          for (int64_t kk = 0; kk < block; kk += 16) step16();
+        }
+        // rows 0-3: lanes 0, 1 of e0 and e1; rows 4-7: of e2 and e3
+        const auto rows = [](int32x4_t e0, int32x4_t e1) {
+          return vreinterpretq_s32_s64(vzip1q_s64(vreinterpretq_s64_s32(e0), vreinterpretq_s64_s32(e1)));
+        };
+        const int32x4_t s0 = rows(e[0], e[1]), s1 = rows(e[2], e[3]);
+        const float16x8_t sc = vreinterpretq_f16_u16(vld1q_u16(reinterpret_cast<const uint16_t*>(w)));
+        y0 = vfmaq_f32(y0, vcvtq_f32_s32(s0), vmulq_n_f32(vcvt_f32_f16(vget_low_f16(sc)), s_x));
+        y1 = vfmaq_f32(y1, vcvtq_f32_s32(s1), vmulq_n_f32(vcvt_high_f32_f16(sc), s_x));
+        if constexpr (ASYM) {
+          const float xs = a.act.scaled_sum[at];
+          const float16x8_t off = vreinterpretq_f16_u16(vld1q_u16(reinterpret_cast<const uint16_t*>(w + 16)));
+          y0 = vfmaq_n_f32(y0, vcvt_f32_f16(vget_low_f16(off)), xs);
+          y1 = vfmaq_n_f32(y1, vcvt_high_f32_f16(off), xs);
+        }
+        w += ASYM ? 32 : 16;
+      }
+      const int64_t n0 = p * 8, rows = std::min<int64_t>(8, g.n - n0);
+      float tmp[8];
+      vst1q_f32(tmp, y0);
+      vst1q_f32(tmp + 4, y1);
+      for (int64_t r = 0; r < rows; ++r) out[n0 + r] = a.bias ? tmp[r] + a.bias[n0 + r] : tmp[r];
+    }
+  }
+}
+
+void mmla_gemv(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  const WeightGeometry& g = *a.w;
+  const auto run = [&](auto kb) {
+    constexpr int KB = decltype(kb)::value;
+    if (g.symmetric) mmla_gemv_impl<KB, false>(a, m0, m1, p0, p1);
+    else mmla_gemv_impl<KB, true>(a, m0, m1, p0, p1);
+  };
+  if (g.block == 64) run(Rows<64>{});
+  else if (g.block == 32) run(Rows<32>{});
+  else if (g.block == 128) run(Rows<128>{});
+  else run(Rows<0>{});
+}
+
 KernelTable make_i8mm_table() {
-  KernelTable t{Isa::i8mm, LayoutId::nr8_kr4_s8, arm::quantize_acts, "quantize_acts_absmax_neon", arm::prepare_float_acts,
+  KernelTable t{Isa::i8mm, LayoutId::nr8_kr8_s8, arm::quantize_acts, "quantize_acts_absmax_neon", arm::prepare_float_acts,
                 {}, {}, {}};
   // int8 codes as stored, code - 128 (code_shift 128); int4 nibbles as they are (code_shift 0).
   constexpr int32_t kShift8 = 128;
   t.int8 = {
       {"gemv_w4a8_nr8_kr4_1x8_dotprod", arm::sdot_gemv<4>, 4, 1, 1, 1, 1},
-      {"gemm_w4a8_nr8_kr4_12x8_i8mm", mmla_gemm<4>, 4, kTileRows, 1, 2},
-      {"gemv_w8a8_nr8_kr4_s8_1x8_dotprod", arm::sdot_gemv<8>, 8, 1, 1, 1, 1, 1, kShift8},
-      {"gemm_w8a8_nr8_kr4_s8_12x8_i8mm", mmla_gemm<8>, 8, kTileRows, 1, 2, INT64_MAX, 1, kShift8},
+      {"gemm_w4a8_nr8_kr4_12x8_i8mm", mmla_gemm_int4, 4, kTileRows, 1, 2},
+      {"gemv_w8a8_nr8_kr8_s8_1x8_i8mm", mmla_gemv, 8, 1, 1, 1, 1, 1, kShift8},
+      {"gemm_w8a8_nr8_kr8_s8_12x8_i8mm", mmla_gemm_int8, 8, kTileRows, 1, 2, INT64_MAX, 1, kShift8},
   };
   t.float32 = {  // as every ARM level (make_table)
       {"gemv_w4f32_nr8_kr4_1x8_neon", arm::float_matmul<4>, 4, 1, 1, 1, 1},
       {"gemm_w4f32_nr8_kr4_1x8_neon", arm::float_matmul<4>, 4, 1, 1, 2},
-      {"gemv_w8f32_nr8_kr4_s8_1x8_neon", arm::float_matmul<8>, 8, 1, 1, 1, 1},
-      {"gemm_w8f32_nr8_kr4_s8_1x8_neon", arm::float_matmul<8>, 8, 1, 1, 2},
+      {"gemv_w8f32_nr8_kr8_s8_1x8_neon", arm::float_matmul<8>, 8, 1, 1, 1, 1},
+      {"gemm_w8f32_nr8_kr8_s8_1x8_neon", arm::float_matmul<8>, 8, 1, 1, 2},
   };
   return with_fp16_float_path(t);
 }

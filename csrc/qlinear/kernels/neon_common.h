@@ -336,9 +336,9 @@ struct SdotBlockDot {
 };
 
 // *p++, with POST as one post-indexed load: GCC 12 indexes the per-block streams (scales, sums)
-// from a counter instead, one more instruction per block. Taken where USDOT runs (out-of-order
-// i8mm cores); on the in-order Cortex-A55 (dotprod, no i8mm) the compiler's placement of its own
-// loads is 1% faster in llvm-mca's model than the asm's, for that instruction more.
+// from a counter instead, one more instruction per block. Taken by the int8 GEMV; for int4, on
+// the in-order Cortex-A55, the compiler's placement of its own loads was 1% faster in llvm-mca's
+// model than the asm's, for that instruction more.
 template <bool POST>
 inline float load_next(const float*& p) {
   if constexpr (!POST) return *p++;
@@ -522,6 +522,14 @@ inline float prepare_float_acts(const FloatActArgs& a, int64_t m0, int64_t m1) {
   return nan ? NAN : absmax;
 }
 
+// Table indices gathering k and k + 1 (t = 0..3: k = 2t) of 8 rows from 8 k of an int8
+// nr8_kr8_s8 block (64 bytes: row r's 8 k at 16 (r / 2) + 8 (r % 2)), rows in order.
+alignas(16) inline constexpr uint8_t kKr8Gather[4][16] = {
+    {0, 8, 16, 24, 32, 40, 48, 56, 1, 9, 17, 25, 33, 41, 49, 57},
+    {2, 10, 18, 26, 34, 42, 50, 58, 3, 11, 19, 27, 35, 43, 51, 59},
+    {4, 12, 20, 28, 36, 44, 52, 60, 5, 13, 21, 29, 37, 45, 53, 61},
+    {6, 14, 22, 30, 38, 46, 54, 62, 7, 15, 23, 31, 39, 47, 55, 63}};
+
 // w'[k][r] of one block (8 rows), k-major.
 template <int BITS>
 inline void dequantize_block(const WeightGeometry& g, const uint8_t* block, float* out) {
@@ -530,6 +538,22 @@ inline void dequantize_block(const WeightGeometry& g, const uint8_t* block, floa
   float32x4_t offset[2];
   for (int h = 0; h < 2; ++h)
     offset[h] = g.symmetric ? vmulq_n_f32(scale[h], -zp) : load_half4(block + g.code_bytes + 16 + 8 * h);
+  if (BITS == 8 && g.kr == 8) {  // nr8_kr8_s8 (the i8mm level's): gathered by table lookups
+    const uint8x16_t flip = vdupq_n_u8(g.code_xor);
+    for (int64_t kk = 0; kk < g.block; kk += 8) {
+      const uint8x16x4_t v = vld1q_u8_x4(block + kk * 8);
+      for (int t = 0; t < 4; ++t) {
+        const uint8x16_t two = veorq_u8(vqtbl4q_u8(v, vld1q_u8(kKr8Gather[t])), flip);  // k, k + 1
+        const uint16x8_t q[2] = {vmovl_u8(vget_low_u8(two)), vmovl_high_u8(two)};
+        for (int i = 0; i < 2; ++i) {
+          float* o = out + (kk + 2 * t + i) * 8;
+          vst1q_f32(o, vfmaq_f32(offset[0], vcvtq_f32_u32(vmovl_u16(vget_low_u16(q[i]))), scale[0]));
+          vst1q_f32(o + 4, vfmaq_f32(offset[1], vcvtq_f32_u32(vmovl_high_u16(q[i])), scale[1]));
+        }
+      }
+    }
+    return;
+  }
   constexpr int kChunkK = BITS == 4 ? 8 : 4;
   const uint32x4_t flip = vdupq_n_u32(0x01010101u * g.code_xor);  // the stored int8 bytes back to codes
   for (int64_t kk = 0; kk < g.block; kk += kChunkK) {
