@@ -378,10 +378,10 @@ void mmla_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0,
           for (int64_t kk = 0; kk < block; kk += 16) step16();
         }
         // rows 0-3: lanes 0, 1 of e0 and e1; rows 4-7: of e2 and e3
-        const auto rows = [](int32x4_t e0, int32x4_t e1) {
+        const auto pairs = [](int32x4_t e0, int32x4_t e1) {
           return vreinterpretq_s32_s64(vzip1q_s64(vreinterpretq_s64_s32(e0), vreinterpretq_s64_s32(e1)));
         };
-        const int32x4_t s0 = rows(e[0], e[1]), s1 = rows(e[2], e[3]);
+        const int32x4_t s0 = pairs(e[0], e[1]), s1 = pairs(e[2], e[3]);
         const float16x8_t sc = vreinterpretq_f16_u16(vld1q_u16(reinterpret_cast<const uint16_t*>(w)));
         y0 = vfmaq_f32(y0, vcvtq_f32_s32(s0), vmulq_n_f32(vcvt_f32_f16(vget_low_f16(sc)), s_x));
         y1 = vfmaq_f32(y1, vcvtq_f32_s32(s1), vmulq_n_f32(vcvt_high_f32_f16(sc), s_x));
