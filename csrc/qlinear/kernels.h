@@ -179,6 +179,11 @@ const KernelTable& dotprod_kernels();
 const KernelTable& i8mm_kernels();
 #endif
 
+// Whether a level's kernels read a weight's packed layout (else the scalar ones run it).
+inline bool table_reads(const KernelTable& t, const WeightGeometry& w) {
+  return storage_layout(t.layout, w.bits) == w.layout;
+}
+
 // The table in use: the best level of this CPU, capped by QLINEAR_ISA at start-up.
 const KernelTable& active_kernels();
 // The table of a given level (must be supported: see cpu_supports).

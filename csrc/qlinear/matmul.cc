@@ -36,7 +36,7 @@ constexpr int64_t kMinParallelWork = 1 << 18;
 
 const KernelTable& kernels_for_weight(const WeightGeometry& w) {
   const KernelTable& table = active_kernels();
-  return storage_layout(table.layout, w.bits) == w.layout ? table : scalar_kernels();
+  return table_reads(table, w) ? table : scalar_kernels();
 }
 
 void quantize_activations(const void* x, DType dtype, int64_t m, int64_t ldx, int64_t k,
@@ -284,7 +284,7 @@ namespace {
 template <class U>
 void check_runs(const KernelTable& kt, const U& k, const MatmulRequest& r) {
   const WeightGeometry& w = *r.w;
-  if (kt.isa != Isa::scalar && storage_layout(kt.layout, w.bits) != w.layout)
+  if (kt.isa != Isa::scalar && !table_reads(kt, w))
     throw std::invalid_argument(std::string(k.name) + " reads another layout than the weight's");
   if (!k.serves(w.bits, r.m) || r.m % k.m_unit != 0)
     throw std::invalid_argument(std::string(k.name) + " does not serve " + std::to_string(r.m) + " rows of " +

@@ -1,16 +1,18 @@
 // ARMv8.2 FP16-arithmetic kernels: the float path for float16 activations (compiled with
-// -march=armv8.2-a+fp16 in this file only; dispatch calls them only when getauxval reports fphp
-// and asimdhp). The weights stay packed and are dequantized to fp16 in registers, 8 output rows
-// per vector; products are summed with FMLA on float16x8_t over chunks of 64 k (32 at the end of
-// an odd block) and flushed into float32 (fp16_path.h: normalization, error bound; scalar.cc: the
-// bit-identical twin). The fp16 level takes the neon level's int8 kernels and float32-activation
-// path; the dotprod and i8mm levels add these kernels to theirs (with_fp16_float_path).
+// -march=armv8.2-a+fp16 in this file only; dispatch calls them only when getauxval reports fphp and
+// asimdhp). The weights (int4 nr8_kr4; int8 nr8_kr4_s8, or nr8_kr8_s8 on the i8mm level) stay
+// packed and are dequantized to fp16 in registers, 8 output rows per vector; products are summed
+// with FMLA on float16x8_t over chunks of 64 k (32 at the end of an odd block) and flushed into
+// float32 (fp16_path.h: normalization, error bound; scalar.cc: the bit-identical twin). The fp16
+// level takes the neon level's int8 kernels and float32-activation path; the dotprod and i8mm
+// levels add these kernels to theirs (with_fp16_float_path).
 #include <arm_neon.h>
 
 #include <algorithm>
 
 #include "../fp16_path.h"
 #include "../kernels.h"
+#include "../layout_access.h"  // kKr8Gather
 
 #if !defined(__ARM_FEATURE_FP16_VECTOR_ARITHMETIC)
 #error "kernels/fp16.cc must be compiled with -march=armv8.2-a+fp16"
@@ -81,14 +83,10 @@ __attribute__((noinline)) void dequantize_block(const WeightGeometry& g, const u
       emit(vshrq_n_u8(b23, 4), out + 48);        // k 6, 7
     }
   } else if (g.kr == 8) {  // nr8_kr8_s8 (the i8mm level's): 8 k of 8 rows per 64 bytes
-    static const uint8_t kGather[4][16] = {{0, 8, 16, 24, 32, 40, 48, 56, 1, 9, 17, 25, 33, 41, 49, 57},
-                                           {2, 10, 18, 26, 34, 42, 50, 58, 3, 11, 19, 27, 35, 43, 51, 59},
-                                           {4, 12, 20, 28, 36, 44, 52, 60, 5, 13, 21, 29, 37, 45, 53, 61},
-                                           {6, 14, 22, 30, 38, 46, 54, 62, 7, 15, 23, 31, 39, 47, 55, 63}};
     const uint8x16_t flip = vdupq_n_u8(g.code_xor);
     for (int64_t kk = 0; kk < len; kk += 8, block += 64, out += 64) {
       const uint8x16x4_t v = vld1q_u8_x4(block);
-      for (int t = 0; t < 4; ++t) emit(veorq_u8(vqtbl4q_u8(v, vld1q_u8(kGather[t])), flip), out + 16 * t);
+      for (int t = 0; t < 4; ++t) emit(veorq_u8(vqtbl4q_u8(v, vld1q_u8(kKr8Gather[t])), flip), out + 16 * t);
     }
   } else {
     const uint8x16_t flip = vdupq_n_u8(g.code_xor);  // the stored bytes back to codes (nr8_kr4_s8)

@@ -1,10 +1,10 @@
-// ARMv8.0 Advanced SIMD kernels over the nr8_kr4_s8 layout (no extension needed: NEON is part of
-// every aarch64 CPU). Integer core with SMULL (s8 x s8 -> s16, 8 products), SMLAL (8 more products
-// added to them, s16) and SADALP (pairs into s32): per 8 k (two k-quads) and activation row, 4
-// SMULL + 4 SMLAL + 4 SADALP for 128 products. A pair of rows shares an accumulator ([row a
-// k0+k1, a k2+k3, row b ..]); blocks end with ADDP. int4 nibbles are 0..15 (|product| <= 1905),
-// int8 codes are stored as code - 128 (nr8_kr4_s8; |product| <= 16256): the sum of two products (<= 32512) is exact in
-// s16.
+// ARMv8.0 Advanced SIMD kernels over the nr8_kr4 (int4) and nr8_kr4_s8 (int8) layouts (no extension
+// needed: NEON is part of every aarch64 CPU). Integer core with SMULL (s8 x s8 -> s16, 8 products),
+// SMLAL (8 more products added to them, s16) and SADALP (pairs into s32): per 8 k (two k-quads) and
+// activation row, 4 SMULL + 4 SMLAL + 4 SADALP for 128 products. A pair of rows shares an
+// accumulator ([row a k0+k1, a k2+k3, row b ..]); blocks end with ADDP. int4 nibbles are 0..15
+// (|product| <= 1905), int8 codes are stored as code - 128 (nr8_kr4_s8; |product| <= 16256): the
+// sum of two products (<= 32512) is exact in s16.
 #define QLINEAR_ARM_LEVEL neon
 #include "neon_common.h"
 

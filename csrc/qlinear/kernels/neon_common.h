@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "../kernels.h"
+#include "../layout_access.h"  // kKr8Gather
 #include "tiling.h"
 
 namespace qlinear::arm {
@@ -521,14 +522,6 @@ inline float prepare_float_acts(const FloatActArgs& a, int64_t m0, int64_t m1) {
   }
   return nan ? NAN : absmax;
 }
-
-// Table indices gathering k and k + 1 (t = 0..3: k = 2t) of 8 rows from 8 k of an int8
-// nr8_kr8_s8 block (64 bytes: row r's 8 k at 16 (r / 2) + 8 (r % 2)), rows in order.
-alignas(16) inline constexpr uint8_t kKr8Gather[4][16] = {
-    {0, 8, 16, 24, 32, 40, 48, 56, 1, 9, 17, 25, 33, 41, 49, 57},
-    {2, 10, 18, 26, 34, 42, 50, 58, 3, 11, 19, 27, 35, 43, 51, 59},
-    {4, 12, 20, 28, 36, 44, 52, 60, 5, 13, 21, 29, 37, 45, 53, 61},
-    {6, 14, 22, 30, 38, 46, 54, 62, 7, 15, 23, 31, 39, 47, 55, 63}};
 
 // w'[k][r] of one block (8 rows), k-major.
 template <int BITS>
