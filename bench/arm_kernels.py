@@ -12,7 +12,9 @@ A GEMM that first stages its weight panels per call (the i8mm level's W4A8: stag
 own symbol) has its tile loop measured as the others, the staging loop priced too (cycles per 8 k of a
 panel), and a further table gives the two together: multiply-adds per cycle at M rows per call,
 the staging pass shared by the call's M / rows tiles. The loop its calls of fewer rows run
-(operands zipped in the loop, no staging) is a row of its own.
+(operands unpacked in the loop, no staging) is a row of its own. The i8mm level's kernels for the
+dotprod level's layouts (files converted on other ARM CPUs: KernelTable::also) are the dotprod
+level's, but for its int4 GEMM on SMMLA (gemm_w4a8_nr8_kr4_12x8_i8mm), shown too.
 
 Per kernel and core model it prints: cycles per loop iteration, multiply-adds per cycle, the share
 of the core's issue rate of the kernel's multiply instruction (SDOT, SMMLA, FMLA, or for the plain
@@ -366,31 +368,33 @@ def qlinear_descriptors() -> list[tuple[str, str, int, str, str]]:
     for level in ("neon", "dotprod", "i8mm"):
         ns = re.escape(f"qlinear::arm::{level}::")
         for bits in (4, 8):
-            # The i8mm level's int4 GEMV is the dotprod level's SDOT kernel (same descriptor name),
-            # compiled again in i8mm.cc: measured once, as the dotprod level's; its int8 GEMV is its
-            # own (mmla_gemv, on the level's nr8_kr8_s8 weights). The dot-product GEMV is its own
-            # function (sdot_gemv), the neon level's is panel_tile's. Int8 weights: nr8_kr4_s8 on
-            # the neon / dotprod levels, nr8_kr8_s8 on the i8mm level.
-            lay = "nr8_kr4" if bits == 4 else "nr8_kr8_s8" if level == "i8mm" else "nr8_kr4_s8"
-            if level != "i8mm" or bits == 8:
-                entry = (r"^(void )?qlinear::\(anonymous namespace\)::mmla_gemv\(" if level == "i8mm" else
-                         rf"^void {ns}sdot_gemv<{bits}>\(" if level == "dotprod" else
-                         rf"^void {ns}gemv<[^,]*\b{cores[level]}, {bits}>\(")
-                out.append((f"gemv_w{bits}a8_{lay}_1x8_{level}", f"W{bits}A8 GEMV", bits, level, entry))
-            # The i8mm GEMMs are their own functions (mmla_gemm_int4 / _int8, i8mm.cc), the dotprod
+            # Layouts: nr8_kr4 (int4) / nr8_kr4_s8 (int8) on the neon / dotprod levels, nr8_kr8 /
+            # nr8_kr8_s8 on the i8mm level. The dot-product GEMV is its own function (sdot_gemv),
+            # the neon level's is panel_tile's, the i8mm level's mmla_gemv.
+            lay = ("nr8_kr8" if bits == 4 else "nr8_kr8_s8") if level == "i8mm" else ("nr8_kr4" if bits == 4 else "nr8_kr4_s8")
+            entry = (rf"^(void )?qlinear::\(anonymous namespace\)::mmla_gemv<{bits}>\(" if level == "i8mm" else
+                     rf"^void {ns}sdot_gemv<{bits}>\(" if level == "dotprod" else
+                     rf"^void {ns}gemv<[^,]*\b{cores[level]}, {bits}>\(")
+            out.append((f"gemv_w{bits}a8_{lay}_1x8_{level}", f"W{bits}A8 GEMV", bits, level, entry))
+            # The i8mm GEMMs are their own functions (mmla_gemm_int4<kr> / _int8, i8mm.cc), the dotprod
             # level's too (sdot_gemm: 24-row tiles, then gemm's), the neon level's panel_tile's.
-            gemm = (r"^(void )?qlinear::\(anonymous namespace\)::mmla_gemm_int" + f"{bits}\\(" if level == "i8mm" else
+            gemm = (r"^(void )?qlinear::\(anonymous namespace\)::" + ("mmla_gemm_int4<8>\\(" if bits == 4 else "mmla_gemm_int8\\(")
+                    if level == "i8mm" else
                     rf"^void {ns}(\(anonymous namespace\)::)?sdot_gemm<{bits}>\(" if level == "dotprod" else
                     rf"^void {ns}gemm<[^,]*\b{cores[level]}, {bits}, \d+>\(")
             out.append((f"gemm_w{bits}a8_{lay}_{{mr}}x8_{level}", f"W{bits}A8 GEMM", bits, level, gemm))
+    # The i8mm level's GEMM for int4 of the dotprod level's layout (files converted elsewhere,
+    # read by flash as they are: KernelTable::also); its other kernels there are the dotprod level's.
+    out.append(("gemm_w4a8_nr8_kr4_{mr}x8_i8mm", "W4A8 GEMM", 4, "i8mm",
+                r"^(void )?qlinear::\(anonymous namespace\)::mmla_gemm_int4<4>\("))
     for bits in (4, 8):
-        lay = "nr8_kr4" if bits == 4 else "nr8_kr4_s8"   # (the i8mm level's copy: nr8_kr8_s8)
+        lay = "nr8_kr4" if bits == 4 else "nr8_kr4_s8"   # (the i8mm level's copies: nr8_kr8 / nr8_kr8_s8)
         for kind in ("gemv", "gemm"):
             out.append((f"{kind}_w{bits}f32_{lay}_1x8_neon", f"W{bits} float32 {kind.upper()}", bits, "neon",
                         rf"^void qlinear::arm::neon::float_matmul<{bits}>\("))
-            out.append((f"{kind}_w{bits}f16_{'nr8_kr4' if bits == 4 else 'nr8_s8'}_1x8_fp16",
+            out.append((f"{kind}_w{bits}f16_{lay}_1x8_fp16",
                         f"W{bits} float16 {kind.upper()}", bits, "fp16",
-                        rf"^void qlinear::\(anonymous namespace\)::half_matmul<{bits}>\("))
+                        rf"^void qlinear::\(anonymous namespace\)::half_matmul<{bits}, 4>\("))
     # The float kernels of the dotprod / i8mm levels are the neon level's float32 and fp16.cc's
     # float16 ones (make_table, with_fp16_float_path): one row each.
     return out
@@ -459,17 +463,21 @@ def qlinear_kernels(binary: Binary) -> list[Kernel]:
                 if not float_path and any(is_conversion(i) for i in loops[-1].insns) else "")
         k = Kernel("qlinear", desc, work, bits, rows, loops, needs_i8mm=level == "i8mm", note=note)
         if gemm and level == "i8mm" and bits == 4:
-            # mmla_gemm_int4 stages its panels when the call has more than 1.5 tiles of rows, and
-            # the staged tile loop is then the one picked above; calls of fewer rows run the loop
-            # that zips the operands itself (mmla_rows<4, 12, false>), shown as its own row. (int8
-            # weights are stored in operand order at this level: one loop, no staging.)
-            stage = innermost(binary.loops(re.compile(rf"stage_panels<{bits}>\("), follow_calls=False))
+            # mmla_gemm_int4<kr> stages its panels when the call has enough rows (nr8_kr8: more
+            # than 2 tiles, nr8_kr4: 1.5) and then runs mmla_rows<4, kr, 12, true>; calls of fewer
+            # rows run the loop that unpacks the operands itself (mmla_rows<4, kr, 12, false>),
+            # shown as its own row. (int8 weights are stored in operand order at this level: one
+            # loop, no staging.)
+            kr = 8 if "_kr8_" in desc else 4
+            k.loops, _ = pick_loops(binary, re.compile(rf"mmla_rows<{bits}, {kr}, {rows}, true>\("), False, rows)
+            stage = innermost(binary.loops(re.compile(rf"stage_panels<{kr}>\("), follow_calls=False))
             k.stage = max(stage, key=lambda l: sum(store_bytes(i) for i in l.insns))
-            k.stage_min_rows = 3 * rows // 2 + 1
+            k.stage_min_rows = 2 * rows + 1 if kr == 8 else 3 * rows // 2 + 1
             k.note = f"staged panels: calls of >= {k.stage_min_rows} rows"
-            zipped, _ = pick_loops(binary, re.compile(rf"mmla_rows<{bits}, {rows}, false>\("), False, rows)
-            out.append(Kernel("qlinear", f"{desc}: mmla_rows<{bits}, {rows}, false>", work, bits, rows, zipped, needs_i8mm=True,
-                              note=f"calls of < {k.stage_min_rows} rows: operands zipped in the loop"))
+            inloop, _ = pick_loops(binary, re.compile(rf"mmla_rows<{bits}, {kr}, {rows}, false>\("), False, rows)
+            how = "AND / USHR" if kr == 8 else "AND / USHR / ZIP"
+            out.append(Kernel("qlinear", f"{desc}: mmla_rows<{bits}, {kr}, {rows}, false>", work, bits, rows, inloop,
+                              needs_i8mm=True, note=f"calls of < {k.stage_min_rows} rows: operands unpacked in the loop ({how})"))
         out.append(k)
     return out
 

@@ -346,14 +346,20 @@ def test_read_plan_follows_the_devices_readahead(models, monkeypatch, read_ahead
             llm.load(models["plain"], memory="flash", reader_threads=bad, progress=False)
 
 
-def test_int8_file_of_the_other_cpu_family(models, tmp_path):
-    """An int8 model converted on the other CPU family (its int8 codes in the other layout, x86's
-    nr8_kr4 or ARM's nr8_kr4_s8): memory='ram' moves the codes (same logits); flash, which reads the
-    file's bytes into the kernels as they are, refuses it and says what to do."""
+@pytest.mark.parametrize("bits", [4, 8])
+def test_file_of_another_layout(models, tmp_path, bits):
+    """A model converted on another CPU (int8: x86's nr8_kr4 or ARM's nr8_kr4_s8; int4: nr8_kr4 or
+    the i8mm level's nr8_kr8): memory='ram' moves the codes (same logits); flash, which reads the
+    file's bytes into the kernels as they are, runs it if the level reads that layout (the i8mm
+    level reads the dotprod level's) and otherwise refuses it and says what to do."""
     from qlinear import _format
-    src = llm.convert(models["ck"], tmp_path / "q8", bits=8, progress=False)
-    other = "nr8_kr4" if qlinear.cpu_info()["layout"] == "nr8_kr4_s8" else "nr8_kr4_s8"
-    moved = tmp_path / "q8other"
+    src = llm.convert(models["ck"], tmp_path / "q", bits=bits, progress=False)
+    native = qlinear._core.native_layout(bits)
+    if bits == 8:
+        other = "nr8_kr4_s8" if native == "nr8_kr4" else "nr8_kr4"
+    else:
+        other = "nr8_kr8" if native == "nr8_kr4" else "nr8_kr4"
+    moved = tmp_path / "qother"
     shutil.copytree(src, moved)
     tensors, meta = _format.load_weights(src / "model.qlinear")
     for name, t in tensors.items():
@@ -362,6 +368,11 @@ def test_int8_file_of_the_other_cpu_family(models, tmp_path):
             tensors[name] = qlinear.pack_quantized(codes, scale, offset, t.bits, t.group_size, t.symmetric, other)
     _format.save_weights(moved / "model.qlinear", tensors, meta)
     assert _format.tensor_entries(moved / "model.qlinear")[0]["layers.0.down"]["layout"] == other
-    np.testing.assert_array_equal(llm.load(moved, progress=False).logits(IDS), llm.load(src, progress=False).logits(IDS))
+    want = llm.load(src, progress=False).logits(IDS)
+    np.testing.assert_array_equal(llm.load(moved, progress=False).logits(IDS), want)
+    if qlinear._core.reads_layout(other, bits):
+        with llm.load(moved, memory="flash", progress=False) as m:
+            np.testing.assert_array_equal(m.logits(IDS), want)
+        return
     with pytest.raises(ValueError, match="memory='ram'"):
         llm.load(moved, memory="flash", progress=False)

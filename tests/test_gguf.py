@@ -413,7 +413,7 @@ def test_pack_gguf_rows_equal_packing_the_moved_codes(qtype):
         d = raw[..., :2].copy().view(np.float16)[..., 0]
         q = raw[..., 2:]
         codes = np.concatenate([q & 15, q >> 4], -1) if bits == 4 else q ^ 0x80
-        for layout in ("nr8_kr4", "nr8_kr4_s8", "nr8_kr8_s8"):   # x86's, ARM's, ARM i8mm's (int8)
+        for layout in ("nr8_kr4", "nr8_kr4_s8", "nr8_kr8_s8"):   # x86's, ARM's, ARM i8mm's (int4: nr8_kr8)
             want = _core.pack_quantized(codes.reshape(n, k), d, None, bits, 32, True, layout)
             buf = np.full(want.nbytes, 0, np.uint8)
             dst = _core.PackedWeightHandle(buf, n, k, bits, 32, True, layout)

@@ -43,62 +43,94 @@ def test_pack_matches_reference(rng, bits, symmetric, group_size, n, k):
     assert clipped.mean() < 0.01
 
 
+def _native(bits):
+    """The layout pack_weight produces at the active level (layout.h)."""
+    if platform.machine() not in ("aarch64", "arm64"):
+        return "nr8_kr4"
+    if qlinear.cpu_info()["active_isa"] == "i8mm":
+        return "nr8_kr8_s8" if bits == 8 else "nr8_kr8"
+    return "nr8_kr4_s8" if bits == 8 else "nr8_kr4"
+
+
+def _read_at_speed(isa, layout, bits):
+    """Whether a level's own kernels run a weight of this layout (else the scalar ones do): its
+    own layout, and on the i8mm level the dotprod level's too (the scalar level: every one)."""
+    arm = {4: {"nr8_kr4"}, 8: {"nr8_kr4_s8"}}
+    every = {"nr8_kr4", "nr8_kr4_s8", "nr8_kr8", "nr8_kr8_s8"}
+    reads = {"scalar": {4: every, 8: every}, "neon": arm, "fp16": arm, "dotprod": arm,
+             "i8mm": {4: {"nr8_kr4", "nr8_kr8"}, 8: {"nr8_kr4_s8", "nr8_kr8_s8"}}}
+    return layout in reads.get(isa, {4: {"nr8_kr4"}, 8: {"nr8_kr4"}})[bits]   # x86 levels: nr8_kr4
+
+
 def test_bits_per_weight_and_layout(rng):
     w = rng.standard_normal((4096, 4096)).astype(np.float32)
     pw = qlinear.pack_weight(w, bits=4, group_size=64)
     assert pw.bits_per_weight == pytest.approx(4.5)  # 4 + 2 x 16 bits per 64 weights
     assert qlinear.pack_weight(w[:64], bits=4, group_size=128, symmetric=True).bits_per_weight == pytest.approx(4.125)
     assert pw.nbytes == 4096 * 4096 * 9 // 16
-    assert pw.layout == "nr8_kr4"  # int4: the same bytes on every CPU family
+    assert pw.layout == _native(4)
     assert pw.scale_dtype == np.float16
 
 
 def test_native_layouts():
-    """int4 is nr8_kr4 everywhere; int8 is the active level's layout: x86 nr8_kr4, ARM its codes
-    flipped (the i8mm level: 8 k of a row together as well)."""
+    """Weights are packed in the active level's layout: x86 nr8_kr4; ARM int8 codes flipped
+    (nr8_kr4_s8); the i8mm level 8 k of a row together (nr8_kr8 / nr8_kr8_s8)."""
     w = np.ones((8, 64), np.float32)
-    family = qlinear.cpu_info()["layout"]
-    if platform.machine() in ("aarch64", "arm64"):
-        assert family == ("nr8_kr8_s8" if qlinear.cpu_info()["active_isa"] == "i8mm" else "nr8_kr4_s8")
-    else:
-        assert family == "nr8_kr4"
-    assert qlinear.pack_weight(w, bits=4).layout == "nr8_kr4"
-    assert qlinear.pack_weight(w, bits=8).layout == family
+    assert qlinear.cpu_info()["layout"] == _native(8)
+    for bits in (4, 8):
+        assert qlinear.pack_weight(w, bits=bits).layout == _native(bits)
+        assert qlinear._core.native_layout(bits) == _native(bits)
 
 
-def _int8_code_bytes(codes, block, symmetric, kr, flip):
-    """The bytes of an int8 packed weight (nr8_kr4 family, kr 4 or 8) from its codes, the layout as
-    layout.h documents it, and True where a byte holds a real code (row < N, k < K)."""
+def test_the_layouts_a_level_reads(isa):
+    for layout, bits in (("nr8_kr4", 4), ("nr8_kr8", 4), ("nr8_kr4", 8), ("nr8_kr4_s8", 8), ("nr8_kr8_s8", 8)):
+        assert qlinear._core.reads_layout(layout, bits) == _read_at_speed(isa, layout, bits), (layout, bits)
+    assert not qlinear._core.reads_layout("nr8_kr8", 8)    # int4-only / int8-only names
+    assert not qlinear._core.reads_layout("nr8_kr8_s8", 4)
+    with pytest.raises(ValueError, match="unknown packed layout"):
+        qlinear._core.reads_layout("nr4", 4)
+
+
+def _code_bytes(codes, block, symmetric, bits, kr, flip):
+    """The bytes of a packed weight (kr 4 or 8) from its codes, the layout as layout.h documents it,
+    and True where a byte holds a real code (row < N, k < K)."""
     n, k = codes.shape
     nb, npan = -(-k // block), -(-n // 8)
-    block_bytes = 8 * block + 16 * (1 if symmetric else 2)
+    block_bytes = 8 * block * bits // 8 + 16 * (1 if symmetric else 2)
     out, real = np.zeros(npan * nb * block_bytes, np.uint8), np.zeros(npan * nb * block_bytes, bool)
     for p in range(npan):
         for b in range(nb):
             base = (p * nb + b) * block_bytes
             for r in range(min(8, n - 8 * p)):
-                for j in range(min(block, k - b * block)):   # k = b * block + j: chunk j // kr, byte j % kr
-                    at = base + (j // kr) * 8 * kr + r * kr + j % kr
-                    out[at], real[at] = codes[8 * p + r, b * block + j] ^ flip, True
+                for j in range(min(block, k - b * block)):
+                    code = int(codes[8 * p + r, b * block + j])
+                    if bits == 8:   # k = b * block + j: chunk j // kr, byte j % kr
+                        at = base + (j // kr) * 8 * kr + r * kr + j % kr
+                        out[at] = code ^ flip
+                    else:           # chunk j // 2kr; its first kr k in the low nibbles, the next kr in the high
+                        within = j % (2 * kr)
+                        at = base + (j // (2 * kr)) * 8 * kr + r * kr + within % kr
+                        out[at] |= code << (0 if within < kr else 4)
+                    real[at] = True
     return out, real
 
 
-@pytest.mark.parametrize("layout", ["nr8_kr4_s8", "nr8_kr8_s8"])
+@pytest.mark.parametrize("bits, layout", [(8, "nr8_kr4_s8"), (8, "nr8_kr8_s8"), (4, "nr8_kr8")])
 @pytest.mark.parametrize("symmetric", [True, False])
-def test_other_int8_layouts(isa, rng, symmetric, layout):
-    """ARM's int8 layouts: nr8_kr4_s8 (nr8_kr4 with each code ^ 0x80) and the i8mm level's
-    nr8_kr8_s8 (8 k of a row together, codes ^ 0x80), byte for byte as layout.h says; every layout
-    gives the same results to the bit at the scalar level (the level's own layout runs its kernels,
-    another the scalar ones); int4 asked for in them stays nr8_kr4."""
+def test_other_layouts(isa, rng, symmetric, bits, layout):
+    """ARM's layouts: nr8_kr4_s8 (nr8_kr4 with each int8 code ^ 0x80) and the i8mm level's
+    nr8_kr8_s8 (8 k of a row together, codes ^ 0x80) and nr8_kr8 (int4: 16 k of a row in 8 bytes),
+    byte for byte as layout.h says; every layout gives the same results to the bit at the scalar
+    level (a layout the level reads runs its kernels, another the scalar ones)."""
     n, k, group = 13, 200, 64
     w = rng.standard_normal((n, k)).astype(np.float32)
-    codes, scale, offset = qlinear.pack_weight(w, bits=8, group_size=group, symmetric=symmetric).unpack()
-    plain = qlinear.pack_quantized(codes, scale, offset, 8, group, symmetric, layout="nr8_kr4")
-    other = qlinear.pack_quantized(codes, scale, offset, 8, group, symmetric, layout=layout)
+    codes, scale, offset = qlinear.pack_weight(w, bits=bits, group_size=group, symmetric=symmetric).unpack()
+    plain = qlinear.pack_quantized(codes, scale, offset, bits, group, symmetric, layout="nr8_kr4")
+    other = qlinear.pack_quantized(codes, scale, offset, bits, group, symmetric, layout=layout)
     assert (plain.layout, other.layout) == ("nr8_kr4", layout)
     rest = []   # each layout's bytes with its codes zeroed: scales, offsets, zero padding
     for pw, kr, flip in ((plain, 4, 0), (other, 8 if "kr8" in layout else 4, 0x80)):
-        want, real = _int8_code_bytes(codes, group, symmetric, kr, flip)
+        want, real = _code_bytes(codes, group, symmetric, bits, kr, flip)
         got = np.array(pw.buffer, copy=True)
         np.testing.assert_array_equal(got[real], want[real])
         got[real] = 0
@@ -106,7 +138,6 @@ def test_other_int8_layouts(isa, rng, symmetric, layout):
     np.testing.assert_array_equal(rest[0], rest[1])
     for got, want in zip(other.unpack(), (codes, scale, offset)):
         np.testing.assert_array_equal(got, want)
-    native = qlinear.cpu_info()["layout"]
     for m in (1, 5, 37):
         x = rng.standard_normal((m, k)).astype(np.float32)
         for xx, kw in ((x, {}), (x, {"act_block": None}), (x, {"act": "float"}), (x.astype(np.float16), {"act": "float"})):
@@ -120,20 +151,28 @@ def test_other_int8_layouts(isa, rng, symmetric, layout):
                 np.testing.assert_allclose(g, want[0], rtol=tol, atol=tol * np.abs(want[0]).max())
         for pw in (plain, other):
             ran = qlinear.kernel_info(pw, m)["int8"][0]["name"]
-            assert ("scalar" in ran) == (pw.layout != native or isa == "scalar"), (pw.layout, ran)
-    c4, s4, o4 = qlinear.pack_weight(w, bits=4, group_size=group).unpack()
-    four = qlinear.pack_quantized(c4, s4, o4, 4, group, False, layout=layout)
-    assert four.layout == "nr8_kr4"
-    np.testing.assert_array_equal(four.buffer, qlinear.pack_quantized(c4, s4, o4, 4, group, False).buffer)
+            assert ("scalar" in ran) == (isa == "scalar" or not _read_at_speed(isa, pw.layout, bits)), (pw.layout, ran)
 
 
-def test_file_of_the_other_layout_loads_in_the_native_one(tmp_path, rng):
-    """A weight saved on the other CPU family (int8: the other layout) loads in this one's, same codes."""
+def test_int4_and_int8_names_of_a_layout(rng):
+    """A layout asked for a width it has no variant of gives that width's one of the same kr."""
+    w = rng.standard_normal((9, 64)).astype(np.float32)
+    for bits, asked, got in ((4, "nr8_kr4_s8", "nr8_kr4"), (4, "nr8_kr8_s8", "nr8_kr8"), (8, "nr8_kr8", "nr8_kr8_s8")):
+        c, s, o = qlinear.pack_weight(w, bits=bits, group_size=32).unpack()
+        pw = qlinear.pack_quantized(c, s, o, bits, 32, False, layout=asked)
+        assert pw.layout == got
+        np.testing.assert_array_equal(pw.buffer, qlinear.pack_quantized(c, s, o, bits, 32, False, layout=got).buffer)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_file_of_the_other_layout_loads_in_the_native_one(tmp_path, rng, bits):
+    """A weight saved on another CPU (family or level) loads in this one's layout, same codes."""
     w = rng.standard_normal((19, 96)).astype(np.float32)
-    codes, scale, offset = qlinear.pack_weight(w, bits=8, group_size=32).unpack()
-    native = qlinear.cpu_info()["layout"]
-    for other in {"nr8_kr4", "nr8_kr4_s8", "nr8_kr8_s8"} - {native}:
-        qlinear.save_weight(tmp_path / "w.qlw", qlinear.pack_quantized(codes, scale, offset, 8, 32, False, layout=other))
+    codes, scale, offset = qlinear.pack_weight(w, bits=bits, group_size=32).unpack()
+    native = _native(bits)
+    layouts = {"nr8_kr4", "nr8_kr4_s8", "nr8_kr8_s8"} if bits == 8 else {"nr8_kr4", "nr8_kr8"}
+    for other in layouts - {native}:
+        qlinear.save_weight(tmp_path / "w.qlw", qlinear.pack_quantized(codes, scale, offset, bits, 32, False, layout=other))
         got = qlinear.load_weight(tmp_path / "w.qlw")
         assert got.layout == native
         for a, b in zip(got.unpack(), (codes, scale, offset)):

@@ -204,19 +204,20 @@ void list_family(py::list& out, Isa isa, LayoutId layout, Family f, const std::v
 py::list ukernels() {
   py::list out;
   for (Isa isa : available_isas()) {
-    const KernelTable& kt = kernels_for(isa);
-    list_family(out, isa, kt.layout, Family::int8, kt.int8);
-    list_family(out, isa, kt.layout, Family::float32, kt.float32);
-    list_family(out, isa, kt.layout, Family::float16, kt.float16);
+    for (const KernelTable* kt = &kernels_for(isa); kt != nullptr; kt = kt->also) {
+      list_family(out, isa, kt->layout, Family::int8, kt->int8);
+      list_family(out, isa, kt->layout, Family::float32, kt->float32);
+      list_family(out, isa, kt->layout, Family::float16, kt->float16);
+    }
   }
   return out;
 }
 
 template <class U>
-size_t find_kernel(const std::vector<U>& kernels, const std::string& name) {
+std::optional<size_t> find_kernel(const std::vector<U>& kernels, const std::string& name) {
   for (size_t i = 0; i < kernels.size(); ++i)
     if (name == kernels[i].name) return i;
-  throw py::value_error("no kernel named '" + name + "' at this level");
+  return std::nullopt;
 }
 
 py::array run_ukernel_py(const std::string& isa_str, const std::string& family, const std::string& name,
@@ -224,15 +225,21 @@ py::array run_ukernel_py(const std::string& isa_str, const std::string& family, 
   Isa isa;
   if (!parse_isa(isa_str, &isa)) throw py::value_error("unknown ISA level '" + isa_str + "'");
   if (!cpu_supports(isa)) throw py::value_error("ISA level '" + isa_str + "' is not supported by this CPU");
-  const KernelTable& kt = kernels_for(isa);
   Family f;
-  size_t index;
-  if (family == "int8") f = Family::int8, index = find_kernel(kt.int8, name);
-  else if (family == "float32") f = Family::float32, index = find_kernel(kt.float32, name);
-  else if (family == "float16") f = Family::float16, index = find_kernel(kt.float16, name);
+  if (family == "int8") f = Family::int8;
+  else if (family == "float32") f = Family::float32;
+  else if (family == "float16") f = Family::float16;
   else throw py::value_error("family must be 'int8', 'float32' or 'float16', got '" + family + "'");
-  return py_matmul_with(x, w, bias, py::none(), act_block,
-                        [&](const MatmulRequest& r) { run_ukernel(kt, f, index, r); });
+  // the level's table, or the one for its other layouts (KernelTable::also) that lists the name
+  for (const KernelTable* kt = &kernels_for(isa); kt != nullptr; kt = kt->also) {
+    const std::optional<size_t> index = f == Family::int8      ? find_kernel(kt->int8, name)
+                                        : f == Family::float32 ? find_kernel(kt->float32, name)
+                                                               : find_kernel(kt->float16, name);
+    if (index.has_value())
+      return py_matmul_with(x, w, bias, py::none(), act_block,
+                            [&](const MatmulRequest& r) { run_ukernel(*kt, f, *index, r); });
+  }
+  throw py::value_error("no kernel named '" + name + "' at this level");
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ py::dict cpu_info() {
   for (Isa isa : f.emulated) emulated.emplace_back(isa_name(isa));
   d["emulated"] = emulated;
   d["physical_cores"] = f.physical_cores;
-  d["layout"] = layout_info(native_layout(8)).name;  // int8 weights' (int4: nr8_kr4 everywhere)
+  d["layout"] = layout_info(native_layout(8)).name;  // int8 weights' (int4: native_layout(4))
   return d;
 }
 
@@ -75,11 +75,24 @@ void register_runtime(py::module_& m) {
     if (!set_active_isa(isa)) throw py::value_error("ISA level '" + name + "' is not supported by this CPU");
   });
   m.def("family_layout", [] { return std::string(layout_info(family_layout()).name); });
-  // What a weight of `bits` is packed in for the active level (int4: nr8_kr4 on every level).
+  // What a weight of `bits` is packed in for the active level.
   m.def("native_layout", [](int bits) {
     if (bits != 4 && bits != 8) throw py::value_error("bits must be 4 or 8, got " + std::to_string(bits));
     return std::string(layout_info(native_layout(bits)).name);
   }, py::arg("bits"));
+  // Whether the active level's own kernels run a weight of `bits` packed in `layout` (else the
+  // scalar ones would): the native layout, and on the i8mm level the dotprod level's too; the
+  // scalar level reads every layout.
+  m.def("reads_layout", [](const std::string& layout, int bits) {
+    if (bits != 4 && bits != 8) throw py::value_error("bits must be 4 or 8, got " + std::to_string(bits));
+    const LayoutInfo* info = find_layout(layout);
+    if (info == nullptr) throw py::value_error("unknown packed layout '" + layout + "'");
+    WeightGeometry g;
+    g.bits = bits;
+    g.layout = storage_layout(info->id, bits);
+    if (g.layout != info->id) return false;  // an int4-only name for int8, or the reverse
+    return active_kernels().isa == Isa::scalar || table_for(active_kernels(), g) != nullptr;
+  }, py::arg("layout"), py::arg("bits"));
 }
 
 }  // namespace qlinear::bindings

@@ -154,6 +154,9 @@ struct KernelTable {
   // fp16 activations in FP16 arithmetic (levels with FEAT_FP16); where empty, fp16 activations
   // are converted and take the float32 kernels.
   std::vector<HalfUkernel> float16;
+  // The same level's kernels for the weights of another layout that it also reads at speed (the
+  // i8mm level: the dotprod level's layouts, as files converted on other ARM CPUs have), or null.
+  const KernelTable* also = nullptr;
 };
 
 // The scalar twin of the FP16-arithmetic kernels (bit-identical results, any layout, any CPU):
@@ -179,9 +182,15 @@ const KernelTable& dotprod_kernels();
 const KernelTable& i8mm_kernels();
 #endif
 
-// Whether a level's kernels read a weight's packed layout (else the scalar ones run it).
+// Whether a table's kernels read a weight's packed layout.
 inline bool table_reads(const KernelTable& t, const WeightGeometry& w) {
   return storage_layout(t.layout, w.bits) == w.layout;
+}
+// The table of level `t` that reads the weight's layout (t, or t.also), or null: then the scalar
+// kernels run it.
+inline const KernelTable* table_for(const KernelTable& t, const WeightGeometry& w) {
+  if (table_reads(t, w)) return &t;
+  return t.also != nullptr && table_reads(*t.also, w) ? t.also : nullptr;
 }
 
 // The table in use: the best level of this CPU, capped by QLINEAR_ISA at start-up.

@@ -9,6 +9,7 @@ const LayoutInfo kLayouts[] = {
     {LayoutId::nr8_kr4, "nr8_kr4", 8, 4, 0},
     {LayoutId::nr8_kr4_s8, "nr8_kr4_s8", 8, 4, 0x80},
     {LayoutId::nr8_kr8_s8, "nr8_kr8_s8", 8, 8, 0x80},
+    {LayoutId::nr8_kr8, "nr8_kr8", 8, 8, 0},
 };
 }  // namespace
 
@@ -33,7 +34,9 @@ LayoutId family_layout() {
 }
 
 LayoutId storage_layout(LayoutId layout, int bits) {
-  return bits == 4 && layout != LayoutId::nr8_kr4 ? LayoutId::nr8_kr4 : layout;
+  const bool kr8 = layout_info(layout).kr == 8;
+  if (bits == 4) return kr8 ? LayoutId::nr8_kr8 : LayoutId::nr8_kr4;
+  return layout == LayoutId::nr8_kr8 ? LayoutId::nr8_kr8_s8 : layout;
 }
 
 int64_t storage_block(int64_t k, int64_t group_size) {

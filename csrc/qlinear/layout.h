@@ -30,10 +30,15 @@
 // are the same in both, so an int4 weight is always nr8_kr4 (storage_layout); packed files of one
 // family load in the other with their int8 codes flipped (a copy, no re-rounding).
 //
-// nr8_kr8_s8 (int8 only; the i8mm level's) has kr = 8: chunk c holds k 8c .. 8c + 7 and byte
-// r*8 + i = code[r][8c + i] ^ 0x80, so each 16 bytes are two rows x 8 k, SMMLA's operand as loaded.
+// The i8mm level's layouts have kr = 8, so that each 16 bytes are two rows x 8 k, SMMLA's operand:
+// nr8_kr8_s8 (int8): chunk c holds k 8c .. 8c + 7, byte r*8 + i = code[r][8c + i] ^ 0x80, the
+// operand as loaded; nr8_kr8 (int4): chunk c holds k 16c .. 16c + 15, byte r*8 + i =
+// code[r][16c + i] | code[r][16c + 8 + i] << 4, so one AND and one shift give the operands of
+// two 8-k steps (nr8_kr4 needs a ZIP per operand as well).
 // Which layout a weight is packed in follows the running level (native_layout); a weight of
-// another layout runs the scalar kernels until it is packed again (files: converted at load).
+// another layout runs the kernels of a level that reads it (the i8mm level also reads the dotprod
+// level's layouts: files converted on other ARM CPUs), else the scalar ones until it is packed
+// again (files: converted at load).
 #pragma once
 
 #include <cstdint>
@@ -47,6 +52,7 @@ enum class LayoutId : uint8_t {
   nr8_kr4 = 1,     // 8 rows x 4 k per 32-byte chunk: x86 AVX2 / VNNI / AMX
   nr8_kr4_s8 = 2,  // nr8_kr4, int8 codes stored as code ^ 0x80: ARM NEON / dotprod / fp16
   nr8_kr8_s8 = 3,  // int8 only: 8 rows x 8 k per 64-byte chunk, codes ^ 0x80: ARM i8mm (SMMLA)
+  nr8_kr8 = 4,     // int4 only: 8 rows x 16 k per 64-byte chunk: ARM i8mm (SMMLA)
 };
 
 struct LayoutInfo {
@@ -64,7 +70,7 @@ const LayoutInfo* find_layout(const std::string& name);
 // family, scalar included, runs the same packed weight.
 LayoutId family_layout();
 // The layout a weight of `bits` is stored in when `layout` is asked for: int4 weights have no
-// flipped or kr 8 variant (nr8_kr4_s8, nr8_kr8_s8 -> nr8_kr4).
+// flipped variant (nr8_kr4_s8 -> nr8_kr4), kr 8 is nr8_kr8 for int4 and nr8_kr8_s8 for int8.
 LayoutId storage_layout(LayoutId layout, int bits);
 // What pack_weight produces for a weight of `bits`: the layout the active level's kernels read
 // (storage_layout of its table's layout; dispatch.cc).
@@ -85,7 +91,7 @@ struct WeightGeometry {
   int64_t nblocks = 0;        // ceil(K / block)
   LayoutId layout = LayoutId::nr8_kr4;
   int nr = 8, kr = 4;
-  uint8_t code_xor = 0;       // stored byte = code ^ code_xor (int8 of nr8_kr4_s8: 0x80)
+  uint8_t code_xor = 0;       // stored byte = code ^ code_xor (int8 of nr8_kr4_s8 / nr8_kr8_s8: 0x80)
   int64_t npanels = 0;        // ceil(N / nr)
   int64_t code_bytes = 0;     // codes per block: nr * block * bits / 8
   int64_t block_bytes = 0;    // codes + scales (+ offsets)

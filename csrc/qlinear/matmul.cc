@@ -35,8 +35,8 @@ constexpr int64_t kMinParallelWork = 1 << 18;
 }  // namespace
 
 const KernelTable& kernels_for_weight(const WeightGeometry& w) {
-  const KernelTable& table = active_kernels();
-  return table_reads(table, w) ? table : scalar_kernels();
+  const KernelTable* table = table_for(active_kernels(), w);
+  return table != nullptr ? *table : scalar_kernels();
 }
 
 void quantize_activations(const void* x, DType dtype, int64_t m, int64_t ldx, int64_t k,

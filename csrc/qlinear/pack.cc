@@ -144,8 +144,8 @@ void pack_gguf_rows_check(const WeightGeometry& g, const GgufBlockInfo& type, in
     throw std::invalid_argument("a row of " + std::to_string(g.k) + " values is " + std::to_string(g.k / 32) +
                                 " " + what + " blocks of " + std::to_string(type.bytes) + " bytes, got " +
                                 std::to_string(row_bytes) + " bytes");
-  if (g.kr != 4 && !(g.kr == 8 && bits == 8))
-    throw std::invalid_argument("pack_gguf_rows writes layouts of 4 k per row and chunk (int8: or 8), not " +
+  if (g.kr != 4 && g.kr != 8)
+    throw std::invalid_argument("pack_gguf_rows writes layouts of 4 or 8 k per row and chunk, not " +
                                 std::string(layout_info(g.layout).name));
   if (rows < 0 || row0 < 0 || row0 + rows > g.n)
     throw std::invalid_argument("rows [" + std::to_string(row0) + ", " + std::to_string(row0 + rows) +
@@ -155,7 +155,7 @@ void pack_gguf_rows_check(const WeightGeometry& g, const GgufBlockInfo& type, in
 void pack_gguf_rows(const WeightGeometry& g, const GgufBlockInfo& type, const uint8_t* src, int64_t rows,
                     int64_t row0, uint8_t* packed) {
   const bool q4 = type.type == GgufBlock::q4_0;
-  const int64_t chunk_bytes = int64_t(g.nr) * g.kr;  // kr 4, or 8 for int8 (pack_gguf_rows_check)
+  const int64_t chunk_bytes = int64_t(g.nr) * g.kr;  // kr 4 or 8 (pack_gguf_rows_check)
   static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "32-bit lanes hold bytes in memory order");
   // On the calling thread: flash's reader threads move experts side by side, and the pool's
   // workers, woken for so little, would spin on the cores the decode step needs.
@@ -171,7 +171,18 @@ void pack_gguf_rows(const WeightGeometry& g, const GgufBlockInfo& type, const ui
       // 4 bytes at a time: one 32-bit lane is one row's 4 bytes of a chunk
       uint32_t lane[8];
       std::memcpy(lane, q, q4 ? 16 : 32);
-      if (q4) {
+      if (q4 && g.kr == 8) {
+        // chunk c holds k 16c .. 16c + 15 as bytes code(16c + j) | code(16c + 8 + j) << 4: with
+        // Q4_0's bytes 0-7 (values 0-7 | 16-23) and 8-15 (8-15 | 24-31), chunk 0 is their low
+        // nibbles, chunk 1 their high ones
+        constexpr uint64_t kLow = 0x0F0F0F0F0F0F0F0Full;
+        uint64_t a, h;
+        std::memcpy(&a, q, 8);
+        std::memcpy(&h, q + 8, 8);
+        const uint64_t lo = (a & kLow) | ((h & kLow) << 4), hi = ((a >> 4) & kLow) | (h & ~kLow);
+        std::memcpy(out, &lo, 8);
+        std::memcpy(out + chunk_bytes, &hi, 8);
+      } else if (q4) {
         // chunk c holds k 8c .. 8c + 7 as bytes code(8c + j) | code(8c + 4 + j) << 4 (layout.h);
         // byte j of Q4_0 holds values j (low nibble) and j + 16 (high nibble)
         constexpr uint32_t kLow = 0x0F0F0F0Fu;

@@ -1,6 +1,6 @@
 // ARMv8.2 FP16-arithmetic kernels: the float path for float16 activations (compiled with
 // -march=armv8.2-a+fp16 in this file only; dispatch calls them only when getauxval reports fphp and
-// asimdhp). The weights (int4 nr8_kr4; int8 nr8_kr4_s8, or nr8_kr8_s8 on the i8mm level) stay
+// asimdhp). The weights (int4 nr8_kr4, int8 nr8_kr4_s8; nr8_kr8 / nr8_kr8_s8 on the i8mm level) stay
 // packed and are dequantized to fp16 in registers, 8 output rows per vector; products are summed
 // with FMLA on float16x8_t over chunks of 64 k (32 at the end of an odd block) and flushed into
 // float32 (fp16_path.h: normalization, error bound; scalar.cc: the bit-identical twin). The fp16
@@ -57,7 +57,7 @@ inline BlockConstants block_constants(const WeightGeometry& g, const uint8_t* bl
 // (row r's kr = 4 consecutive k sit at bytes 4r .. 4r + 3 of a chunk), then u8 -> u16 -> f16 and
 // one FMA with the block's constants. Not inlined: inlined into half_matmul (two blocks' constants
 // live), GCC 12 passes the table lookup's register pair through the stack.
-template <int BITS>
+template <int BITS, int KR>
 __attribute__((noinline)) void dequantize_block(const WeightGeometry& g, const uint8_t* block,
                                                 const BlockConstants& c, float16_t* out) {
   static const uint8_t kIdx[2][16] = {{0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29},
@@ -72,7 +72,22 @@ __attribute__((noinline)) void dequantize_block(const WeightGeometry& g, const u
     vst1q_f16(dst, vfmaq_f16(offset, q0, scale));
     vst1q_f16(dst + 8, vfmaq_f16(offset, q1, scale));
   };
-  if constexpr (BITS == 4) {
+  if constexpr (KR == 8) {  // nr8_kr8_s8 / nr8_kr8 (the i8mm level's): 8 k of 8 rows per 64 bytes
+    const uint8x16_t flip = vdupq_n_u8(g.code_xor);
+    const auto step8 = [&](const uint8x16x4_t& v, float16_t* dst) {
+      for (int t = 0; t < 4; ++t) emit(veorq_u8(vqtbl4q_u8(v, vld1q_u8(kKr8Gather[t])), flip), dst + 16 * t);
+    };
+    if constexpr (BITS == 8) {
+      for (int64_t kk = 0; kk < len; kk += 8, block += 64, out += 64) step8(vld1q_u8_x4(block), out);
+    } else {  // int4: a 64-byte chunk's low nibbles are k 0-7, its high nibbles k 8-15
+      for (int64_t kk = 0; kk < len; kk += 16, block += 64, out += 128) {
+        uint8x16x4_t lo = vld1q_u8_x4(block), hi;
+        for (int j = 0; j < 4; ++j) hi.val[j] = vshrq_n_u8(lo.val[j], 4), lo.val[j] = vandq_u8(lo.val[j], vdupq_n_u8(0x0F));
+        step8(lo, out);
+        step8(hi, out + 64);
+      }
+    }
+  } else if constexpr (BITS == 4) {
     const uint8x16_t low4 = vdupq_n_u8(0x0F);
     for (int64_t kk = 0; kk < len; kk += 8, block += 32, out += 64) {  // one chunk: 8 k
       const uint8x16x2_t v = {{vld1q_u8(block), vld1q_u8(block + 16)}};
@@ -81,12 +96,6 @@ __attribute__((noinline)) void dequantize_block(const WeightGeometry& g, const u
       emit(vandq_u8(b23, low4), out + 16);       // k 2, 3
       emit(vshrq_n_u8(b01, 4), out + 32);        // k 4, 5 (high nibbles)
       emit(vshrq_n_u8(b23, 4), out + 48);        // k 6, 7
-    }
-  } else if (g.kr == 8) {  // nr8_kr8_s8 (the i8mm level's): 8 k of 8 rows per 64 bytes
-    const uint8x16_t flip = vdupq_n_u8(g.code_xor);
-    for (int64_t kk = 0; kk < len; kk += 8, block += 64, out += 64) {
-      const uint8x16x4_t v = vld1q_u8_x4(block);
-      for (int t = 0; t < 4; ++t) emit(veorq_u8(vqtbl4q_u8(v, vld1q_u8(kKr8Gather[t])), flip), out + 16 * t);
     }
   } else {
     const uint8x16_t flip = vdupq_n_u8(g.code_xor);  // the stored bytes back to codes (nr8_kr4_s8)
@@ -286,7 +295,7 @@ inline void block_rows4(const float16_t* w, const float16_t* const* x, int64_t b
 
 // Every block of a panel is dequantized once and used by all rows of x, four at a time (block_rows4),
 // the rows left one at a time (GEMV: one row), two blocks at a time (block_rows1).
-template <int BITS>
+template <int BITS, int KR>
 void half_matmul(const HalfMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
   const WeightGeometry& g = *a.w;
   alignas(16) float16_t wbuf[2 * 256 * 8];  // two blocks (block <= 256)
@@ -301,7 +310,7 @@ void half_matmul(const HalfMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, in
       for (int64_t i = 0; i < nb; ++i) {
         const uint8_t* block = panel + (b + i) * g.block_bytes;
         c[i] = block_constants<BITS>(g, block);
-        dequantize_block<BITS>(g, block, c[i], wbuf + i * 8 * g.block);
+        dequantize_block<BITS, KR>(g, block, c[i], wbuf + i * 8 * g.block);
       }
       const auto flush = [&](int64_t i, int64_t m, const float32x4_t (&sum)[2]) {  // block b + i, row m
         const int64_t bi = b + i;
@@ -336,13 +345,21 @@ void half_matmul(const HalfMatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, in
 }  // namespace
 
 KernelTable with_fp16_float_path(KernelTable t) {
-  t.float16 = {
-      {"gemv_w4f16_nr8_kr4_1x8_fp16", half_matmul<4>, 4, 1, 1, 1, 1},
-      {"gemm_w4f16_nr8_kr4_1x8_fp16", half_matmul<4>, 4, 1, 1, 2},
-      // int8: either ARM layout (nr8_kr4_s8; nr8_kr8_s8 on the i8mm level)
-      {"gemv_w8f16_nr8_s8_1x8_fp16", half_matmul<8>, 8, 1, 1, 1, 1},
-      {"gemm_w8f16_nr8_s8_1x8_fp16", half_matmul<8>, 8, 1, 1, 2},
-  };
+  // the table's kr (its layouts): the dequantization is compiled for it
+  if (layout_info(t.layout).kr == 8)
+    t.float16 = {
+        {"gemv_w4f16_nr8_kr8_1x8_fp16", half_matmul<4, 8>, 4, 1, 1, 1, 1},
+        {"gemm_w4f16_nr8_kr8_1x8_fp16", half_matmul<4, 8>, 4, 1, 1, 2},
+        {"gemv_w8f16_nr8_kr8_s8_1x8_fp16", half_matmul<8, 8>, 8, 1, 1, 1, 1},
+        {"gemm_w8f16_nr8_kr8_s8_1x8_fp16", half_matmul<8, 8>, 8, 1, 1, 2},
+    };
+  else
+    t.float16 = {
+        {"gemv_w4f16_nr8_kr4_1x8_fp16", half_matmul<4, 4>, 4, 1, 1, 1, 1},
+        {"gemm_w4f16_nr8_kr4_1x8_fp16", half_matmul<4, 4>, 4, 1, 1, 2},
+        {"gemv_w8f16_nr8_kr4_s8_1x8_fp16", half_matmul<8, 4>, 8, 1, 1, 1, 1},
+        {"gemm_w8f16_nr8_kr4_s8_1x8_fp16", half_matmul<8, 4>, 8, 1, 1, 2},
+    };
   return t;
 }
 

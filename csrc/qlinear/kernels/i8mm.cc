@@ -1,23 +1,24 @@
 // ARMv8.6 int8 matrix-multiply kernels (compiled with -march=armv8.2-a+dotprod+i8mm in this file
-// only; dispatch calls them only when getauxval reports i8mm and asimddp). The level's int8
-// weights are packed as nr8_kr8_s8 (layout.h: per 8 k, rows (0,1) (2,3) (4,5) (6,7) x 8 k, codes
-// - 128: SMMLA's operands as stored, code_shift 128); its int4 weights are nr8_kr4 (nibbles 0..15
-// are s8 operands, code_shift 0).
+// only; dispatch calls them only when getauxval reports i8mm and asimddp). The level packs weights
+// with kr = 8 (layout.h), SMMLA's operand shape: int8 as nr8_kr8_s8 (per 8 k, rows (0,1) (2,3)
+// (4,5) (6,7) x 8 k, codes - 128: the operands as stored, code_shift 128), int4 as nr8_kr8 (per
+// 16 k the same, low nibbles k 0-7, high nibbles k 8-15: one AND or shift per operand; nibbles
+// 0..15 are s8 operands, code_shift 0). It also reads the dotprod level's layouts (files converted
+// on other ARM CPUs, which flash reads as they are): the dotprod level's kernels, its int4 GEMM on
+// SMMLA (nr8_kr4: a ZIP per operand besides).
 //
 // GEMM: SMMLA multiplies an 8 x 2 block of weights (two rows of W, 8 k) by a 2 x 8 block of
 // activations (two rows of x, the same 8 k) into a 2 x 2 int32 tile; a tile of 12 rows x 8 outputs
 // is 24 SMMLAs per 8 k. The activations of a tile's row pairs are interleaved once per block into
 // the operand order (8 k of row 2i, then of row 2i + 1: one load per operand) and serve a group of
-// panels. int8: the loop is loads and SMMLAs only. int4: zipping the 32-bit lanes of a chunk's low
-// and high nibbles gives the weight operands (nr8_kr4 keeps 4 k of a row together, the
-// instruction takes 8); when a call has several row tiles its panels are first staged, a few at a
-// time, into the operand order (stage_panels), so that every tile's loop is loads and SMMLAs only;
-// a call of fewer tiles than pay for the staging zips in its loop.
+// panels. int8: the loop is loads and SMMLAs only. int4: the loop unpacks the weight operands
+// (nr8_kr8: AND / shift; nr8_kr4: and ZIP); when a call has enough row tiles its panels are first
+// staged, a few at a time, into the operand order (stage_panels), so that every tile's loop is
+// loads and SMMLAs only.
 //
-// GEMV: int4 the dot-product level's SDOT GEMV (neon_common.h); int8 mmla_gemv: one SMMLA per 16
-// weight bytes against the activations as loaded (k 8s .. 8s + 7 in the operand's first row, the
-// next 8 in its second), even and odd 8-k steps into their own accumulators, whose useful lanes
-// (the first row's, the second's) are put together per block. fp16 activations take
+// GEMV (mmla_gemv): one SMMLA per 16 weight bytes of int8 (per 8 int4 ones, after the AND or
+// shift) against the activations as loaded (k 8s .. 8s + 7 in the operand's first row, the next 8
+// in its second), so that lanes 0-1 of each accumulator are the rows' sums. fp16 activations take
 // kernels/fp16.cc's float path, as on the dotprod level.
 #define QLINEAR_ARM_LEVEL i8mm
 #include "neon_common.h"
@@ -45,8 +46,8 @@ inline void pack_pairs(const int8_t* const* x, int64_t k0, int64_t block, int8_t
 }
 
 // The 4 weight operands of 8 k of an int4 nr8_kr4 block (rows (0,1) (2,3) (4,5) (6,7)), w
-// advanced past them. (int8 weights are nr8_kr8_s8 at this level: operands as stored.)
-inline void weight_operands_int4(const uint8_t*& w, uint8x16_t (&b)[4]) {
+// advanced past them: the 32-bit lanes (4 k of a row) of the low and high nibbles zipped.
+inline void zipped_operands(const uint8_t*& w, uint8x16_t (&b)[4]) {
   const uint8x16x2_t v = vld1q_u8_x2(w);
   w += 32;
   for (int h = 0; h < 2; ++h) {
@@ -57,13 +58,13 @@ inline void weight_operands_int4(const uint8_t*& w, uint8x16_t (&b)[4]) {
   }
 }
 
-// Panels [p, p + np) of an int4 weight as SMMLA operands: per panel (8 x padded K bytes), per
-// 8 k, the 4 operands of weight_operands_int4 (64 bytes): the order nr8_kr8_s8 stores int8 in.
-// Loads and stores of single registers (LDP / STP pairs) and the
-// geometry in locals: in the V1 model LD1 / ST1 of 4 registers make this loop 2.7 cycles per 8 k
-// (3.0 with g.block reloaded each time: out may alias it), STPs 2.0. Not inlined: its own symbol,
-// so that bench/arm_kernels.py finds and prices its loop.
-template <int BITS>
+// Panels [p, p + np) of an int4 weight of kr KR as SMMLA operands: per panel (8 x padded K bytes),
+// per 8 k, the 4 operands (64 bytes): the order nr8_kr8_s8 stores int8 in. Loads and stores of
+// single registers (LDP / STP pairs) and the geometry in locals: in the V1 model LD1 / ST1 of 4
+// registers make the nr8_kr4 loop 2.7 cycles per 8 k (3.0 with g.block reloaded each time: out may
+// alias it), STPs 2.0. Not inlined: its own symbol, so that bench/arm_kernels.py finds and prices
+// its loop.
+template <int KR>
 __attribute__((noinline)) void stage_panels(const WeightGeometry& g, const uint8_t* packed, int64_t p, int64_t np,
                                             uint8_t* out) {
   const int64_t block = g.block, nb = g.nblocks, panel_bytes = g.panel_bytes, block_bytes = g.block_bytes;
@@ -71,19 +72,34 @@ __attribute__((noinline)) void stage_panels(const WeightGeometry& g, const uint8
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* w = packed + (p + q) * panel_bytes + b * block_bytes;
       const uint8_t* end = out + 8 * block;
-      for (; out != end; out += 64) {
-        static_assert(BITS == 4, "int8 weights are stored in operand order (nr8_kr8_s8)");
-        uint32x4_t c[4];  // low nibbles of rows 0-3 / 4-7, high nibbles
-        const uint8x16_t v0 = vld1q_u8(w), v1 = vld1q_u8(w + 16);
-        w += 32;
-        c[0] = vreinterpretq_u32_u8(vandq_u8(v0, vdupq_n_u8(0x0F)));
-        c[1] = vreinterpretq_u32_u8(vandq_u8(v1, vdupq_n_u8(0x0F)));
-        c[2] = vreinterpretq_u32_u8(vshrq_n_u8(v0, 4));
-        c[3] = vreinterpretq_u32_u8(vshrq_n_u8(v1, 4));
-        vst1q_u8(out, vreinterpretq_u8_u32(vzip1q_u32(c[0], c[2])));
-        vst1q_u8(out + 16, vreinterpretq_u8_u32(vzip2q_u32(c[0], c[2])));
-        vst1q_u8(out + 32, vreinterpretq_u8_u32(vzip1q_u32(c[1], c[3])));
-        vst1q_u8(out + 48, vreinterpretq_u8_u32(vzip2q_u32(c[1], c[3])));
+      if constexpr (KR == 8) {
+        for (; out != end; out += 128) {  // 16 k: the low nibbles are k 0-7, the high k 8-15
+          const uint8x16_t v0 = vld1q_u8(w), v1 = vld1q_u8(w + 16), v2 = vld1q_u8(w + 32), v3 = vld1q_u8(w + 48);
+          w += 64;
+          const uint8x16_t m = vdupq_n_u8(0x0F);
+          vst1q_u8(out, vandq_u8(v0, m));
+          vst1q_u8(out + 16, vandq_u8(v1, m));
+          vst1q_u8(out + 32, vandq_u8(v2, m));
+          vst1q_u8(out + 48, vandq_u8(v3, m));
+          vst1q_u8(out + 64, vshrq_n_u8(v0, 4));
+          vst1q_u8(out + 80, vshrq_n_u8(v1, 4));
+          vst1q_u8(out + 96, vshrq_n_u8(v2, 4));
+          vst1q_u8(out + 112, vshrq_n_u8(v3, 4));
+        }
+      } else {
+        for (; out != end; out += 64) {
+          uint32x4_t c[4];  // low nibbles of rows 0-3 / 4-7, high nibbles
+          const uint8x16_t v0 = vld1q_u8(w), v1 = vld1q_u8(w + 16);
+          w += 32;
+          c[0] = vreinterpretq_u32_u8(vandq_u8(v0, vdupq_n_u8(0x0F)));
+          c[1] = vreinterpretq_u32_u8(vandq_u8(v1, vdupq_n_u8(0x0F)));
+          c[2] = vreinterpretq_u32_u8(vshrq_n_u8(v0, 4));
+          c[3] = vreinterpretq_u32_u8(vshrq_n_u8(v1, 4));
+          vst1q_u8(out, vreinterpretq_u8_u32(vzip1q_u32(c[0], c[2])));
+          vst1q_u8(out + 16, vreinterpretq_u8_u32(vzip2q_u32(c[0], c[2])));
+          vst1q_u8(out + 32, vreinterpretq_u8_u32(vzip1q_u32(c[1], c[3])));
+          vst1q_u8(out + 48, vreinterpretq_u8_u32(vzip2q_u32(c[1], c[3])));
+        }
       }
     }
 }
@@ -91,10 +107,11 @@ __attribute__((noinline)) void stage_panels(const WeightGeometry& g, const uint8
 // One block of one panel against NP packed row pairs: t[i][j] = init[i][j] + the 2 x 2 tile
 // (weight rows 2j, 2j + 1) x (activation rows 2i, 2i + 1), lanes (2j 2i, 2j 2i+1, 2j+1 2i, 2j+1 2i+1).
 // STAGED: w holds the operands in order, no unpacking: stage_panels' copy of an int4 block, or an
-// int8 block as stored (nr8_kr8_s8).
-template <int BITS, int NP, bool STAGED>
+// int8 block as stored (nr8_kr8_s8). Else int4 of kr KR, unpacked in the loop.
+template <int BITS, int KR, int NP, bool STAGED>
 inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const int32x4_t (&init)[NP][4],
                       int32x4_t (&t)[NP][4]) {
+  static_assert(STAGED || BITS == 4, "int8 blocks are operands as stored (STAGED)");
   if constexpr (NP == 6) {
     // The full tile in assembly (GCC 12 spills the intrinsics' 24 accumulators): tile (i, j) in
     // %[tij], 24 of the statement's 30 operands, loaded from init; per 8 k, the 4 weight operands
@@ -153,7 +170,42 @@ inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const i
           "cmp %[x], %[e]\n\t"
           "b.ne 1b\n\t"
           QLINEAR_MMLA_OPERANDS);
-    } else if constexpr (BITS == 4) {
+    } else if constexpr (KR == 8) {
+      // per 16 k, two row pairs of weights at a time: LDP, AND (k 0-7) and USHR (k 8-15) into
+      // v30 v31 / v28 v29, each against the 12 activation operands of the 16 k (6 LDPs; read again
+      // for the other two pairs): 48 SMMLAs, 8 unpacking instructions
+#define QLINEAR_MMLA_HALF(I, J0, J1, W0, W1, A)                                                 \
+    "smmla  %[t" I J0 "].4s, " W0 ".16b, " A ".16b\n\t"                                          \
+    "smmla  %[t" I J1 "].4s, " W1 ".16b, " A ".16b\n\t"
+#define QLINEAR_MMLA_PAIRS(J0, J1, LDX0, LDX1, LDX2, LDX3, LDX4, LDX5)                         \
+    "ldp q28, q29, [%[w]], #32\n\t"                                                             \
+    "and  v30.16b, v28.16b, v25.16b\n\t"                                                        \
+    "and  v31.16b, v29.16b, v25.16b\n\t"                                                        \
+    "ushr v28.16b, v28.16b, #4\n\t"                                                             \
+    "ushr v29.16b, v29.16b, #4\n\t"                                                             \
+    LDX0 QLINEAR_MMLA_HALF("0", J0, J1, "v30", "v31", "v26") QLINEAR_MMLA_HALF("1", J0, J1, "v30", "v31", "v27") \
+    LDX1 QLINEAR_MMLA_HALF("2", J0, J1, "v30", "v31", "v26") QLINEAR_MMLA_HALF("3", J0, J1, "v30", "v31", "v27") \
+    LDX2 QLINEAR_MMLA_HALF("4", J0, J1, "v30", "v31", "v26") QLINEAR_MMLA_HALF("5", J0, J1, "v30", "v31", "v27") \
+    LDX3 QLINEAR_MMLA_HALF("0", J0, J1, "v28", "v29", "v26") QLINEAR_MMLA_HALF("1", J0, J1, "v28", "v29", "v27") \
+    LDX4 QLINEAR_MMLA_HALF("2", J0, J1, "v28", "v29", "v26") QLINEAR_MMLA_HALF("3", J0, J1, "v28", "v29", "v27") \
+    LDX5 QLINEAR_MMLA_HALF("4", J0, J1, "v28", "v29", "v26") QLINEAR_MMLA_HALF("5", J0, J1, "v28", "v29", "v27")
+#define QLINEAR_LDX(OFF) "ldp q26, q27, [%[x], #" OFF "]\n\t"
+#define QLINEAR_LDX_NEXT "ldp q26, q27, [%[x]], #32\n\t"
+      asm(QLINEAR_MMLA_INIT
+          "movi v25.16b, #0x0f\n\t"
+          "1:\n\t"
+          QLINEAR_MMLA_PAIRS("0", "1", QLINEAR_LDX_NEXT, QLINEAR_LDX_NEXT, QLINEAR_LDX_NEXT, QLINEAR_LDX_NEXT,
+                             QLINEAR_LDX_NEXT, QLINEAR_LDX_NEXT)
+          QLINEAR_MMLA_PAIRS("2", "3", QLINEAR_LDX("-192"), QLINEAR_LDX("-160"), QLINEAR_LDX("-128"),
+                             QLINEAR_LDX("-96"), QLINEAR_LDX("-64"), QLINEAR_LDX("-32"))
+          "cmp %[x], %[e]\n\t"
+          "b.ne 1b\n\t"
+          QLINEAR_MMLA_OPERANDS);
+#undef QLINEAR_LDX_NEXT
+#undef QLINEAR_LDX
+#undef QLINEAR_MMLA_PAIRS
+#undef QLINEAR_MMLA_HALF
+    } else {
       asm(QLINEAR_MMLA_INIT
           "movi v25.16b, #0x0f\n\t"
           "1:\n\t"
@@ -163,8 +215,6 @@ inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const i
           "and  v26.16b, v26.16b, v25.16b\n\t"
           "and  v27.16b, v27.16b, v25.16b\n\t"
           QLINEAR_MMLA_TILE QLINEAR_MMLA_OPERANDS);
-    } else {
-      static_assert(BITS == 4, "int8 blocks are operands as stored (STAGED)");
     }
 #undef QLINEAR_MMLA_PAIR
 #undef QLINEAR_MMLA_SPAIR
@@ -175,19 +225,30 @@ inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const i
   } else {
     for (int i = 0; i < NP; ++i)
       for (int j = 0; j < 4; ++j) t[i][j] = init[i][j];
-    for (int64_t kk = 0; kk < block; kk += 8, xp += 16 * NP) {
+    const auto step8 = [&](const uint8x16_t (&b)[4]) {  // 8 k: the 4 weight operands, NP activation ones
+      for (int i = 0; i < NP; ++i) {
+        const int8x16_t a = vld1q_s8(xp + 16 * i);
+        for (int j = 0; j < 4; ++j) t[i][j] = vmmlaq_s32(t[i][j], vreinterpretq_s8_u8(b[j]), a);
+      }
+      xp += 16 * NP;
+    };
+    for (int64_t kk = 0; kk < block; kk += STAGED || KR == 4 ? 8 : 16) {
       uint8x16_t b[4];
       if constexpr (STAGED) {
         const uint8x16x4_t v = vld1q_u8_x4(w);
         w += 64;
-        b[0] = v.val[0], b[1] = v.val[1], b[2] = v.val[2], b[3] = v.val[3];
+        for (int j = 0; j < 4; ++j) b[j] = v.val[j];
+        step8(b);
+      } else if constexpr (KR == 8) {
+        const uint8x16x4_t v = vld1q_u8_x4(w);
+        w += 64;
+        for (int j = 0; j < 4; ++j) b[j] = vandq_u8(v.val[j], vdupq_n_u8(0x0F));
+        step8(b);
+        for (int j = 0; j < 4; ++j) b[j] = vshrq_n_u8(v.val[j], 4);
+        step8(b);
       } else {
-        static_assert(BITS == 4, "int8 blocks are operands as stored (STAGED)");
-        weight_operands_int4(w, b);
-      }
-      for (int i = 0; i < NP; ++i) {
-        const int8x16_t a = vld1q_s8(xp + 16 * i);
-        for (int j = 0; j < 4; ++j) t[i][j] = vmmlaq_s32(t[i][j], vreinterpretq_s8_u8(b[j]), a);
+        zipped_operands(w, b);
+        step8(b);
       }
     }
   }
@@ -198,8 +259,8 @@ inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const i
 // operations on the same values, computed in the tiles' lane order (row pair x weight row pair)
 // and turned into rows at the end: per output, y = fma(y, float(acc + shifted_sum), scale * s_x),
 // then (asymmetric) y = fma(y, offset, scaled_sum).
-// staged: stage_panels' copy of panels [p0, p1) (int4 STAGED only).
-template <int BITS, int R, bool STAGED>
+// staged: stage_panels' copy of panels [p0, p1) (int4 STAGED only). KR: the int4 weight's kr.
+template <int BITS, int KR, int R, bool STAGED>
 void mmla_rows(const Int8MatmulArgs& a, int64_t m, int64_t p0, int64_t p1, const uint8_t* staged) {
   // Row pairs: an odd last row is paired with itself; 9 and 10 rows run the full tile (5 pairs
   // would spill as intrinsics), the rows past R repeating the last.
@@ -246,7 +307,7 @@ void mmla_rows(const Int8MatmulArgs& a, int64_t m, int64_t p0, int64_t p1, const
         int32x4_t t[NP][4];
         // int8 (nr8_kr8_s8): the block's codes are the operands; int4 staged: the copy's
         const uint8_t* w = STAGED && BITS == 4 ? staged + ((pg - p0 + q) * nb + b) * g.block * 8 : block;
-        mma_block<BITS, NP, STAGED>(w, xp, g.block, init, t);
+        mma_block<BITS, KR, NP, STAGED>(w, xp, g.block, init, t);
         // scales (offsets) in lane order: (s0 s0 s1 s1) (s2 s2 s3 s3) (s4 s4 s5 s5) (s6 s6 s7 s7)
         const auto lanes = [](const uint8_t* p, float32x4_t (&v)[4]) {
           const float32x4_t lo = arm::load_half4(p), hi = arm::load_half4(p + 8);
@@ -280,18 +341,21 @@ void mmla_rows(const Int8MatmulArgs& a, int64_t m, int64_t p0, int64_t p1, const
 // int8: the blocks' codes are the operands (nr8_kr8_s8): the tile loop reads them as stored.
 void mmla_gemm_int8(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
   for_row_tiles<kTileRows>(m0, m1, [&](auto rows, int64_t m) {
-    mmla_rows<8, decltype(rows)::value, true>(a, m, p0, p1, nullptr);
+    mmla_rows<8, 8, decltype(rows)::value, true>(a, m, p0, p1, nullptr);
   });
 }
 
-// int4: calls of few row tiles zip the panels' operands in the loop; more tiles share staged
-// panels.
+// int4 of kr KR: calls of few row tiles unpack the panels' operands in the loop; more tiles share
+// staged panels.
+template <int KR>
 void mmla_gemm_int4(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
-  // Where staging pays (llvm-mca, V1 / N2, per 8 k of a panel): it costs 2.5 / 6.0 cycles once
-  // and saves 2 / 4 per 12 rows: from ~18 rows on.
-  if (m1 - m0 <= 3 * kTileRows / 2) {
+  // Where staging pays (llvm-mca, V1 / N2, per 8 k of a panel): nr8_kr4: it costs 2.5 / 6.0
+  // cycles once and saves 2 / 4 per 12 rows: from ~18 rows on; nr8_kr8: it costs 1.8 / 4.0 and
+  // saves 1.0 / 2.0 per 12 rows: from 2 tiles on (break-even at 24 rows).
+  constexpr int64_t kStageFrom = KR == 8 ? 2 * kTileRows + 1 : 3 * kTileRows / 2 + 1;
+  if (m1 - m0 < kStageFrom) {
     for_row_tiles<kTileRows>(m0, m1, [&](auto rows, int64_t m) {
-      mmla_rows<4, decltype(rows)::value, false>(a, m, p0, p1, nullptr);
+      mmla_rows<4, KR, decltype(rows)::value, false>(a, m, p0, p1, nullptr);
     });
     return;
   }
@@ -302,28 +366,29 @@ void mmla_gemm_int4(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0,
   uint8_t* staged = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
   for (int64_t ps = p0; ps < p1; ps += kStagePanels) {
     const int64_t pe = std::min<int64_t>(p1, ps + kStagePanels);
-    stage_panels<4>(g, a.packed, ps, pe - ps, staged);
+    stage_panels<KR>(g, a.packed, ps, pe - ps, staged);
     for_row_tiles<kTileRows>(m0, m1, [&](auto rows, int64_t m) {
-      mmla_rows<4, decltype(rows)::value, true>(a, m, ps, pe, staged);
+      mmla_rows<4, KR, decltype(rows)::value, true>(a, m, ps, pe, staged);
     });
   }
 }
 
-// The int8 GEMV on nr8_kr8_s8: per 8-k step, 4 SMMLAs (one per row pair) against 16 activation
-// bytes whose first 8 are the step's k; lanes 0, 1 of each tile hold the rows' sums, lanes 2, 3
-// products with the following k, dropped. The float operations are panel_tile's, in its order
-// (bit-identical).
-// 64 k of one row (512 weight bytes, 64 activation bytes; both pointers advanced) into e[j]
-// (lanes 0, 1: rows 2j, 2j + 1). The activation operand of 8-k step s is x[8s .. 8s + 15] (its
-// first row the step's k; an EXT of two 16-byte loads for odd s), so that every step's sums land
-// in the same lanes: one accumulator per row pair, no second set to zero and combine per block.
-inline void mmla_step64(const uint8_t*& w, const int8_t*& x, int32x4_t (&e)[4]) {
+// The GEMV on nr8_kr8_s8 / nr8_kr8: per 8-k step, 4 SMMLAs (one per row pair) against 16
+// activation bytes whose first 8 are the step's k; lanes 0, 1 of each tile hold the rows' sums,
+// lanes 2, 3 products with the following k, dropped. The float operations are panel_tile's, in
+// its order (bit-identical).
+// 64 k of one row (both pointers advanced) into e[j] (lanes 0, 1: rows 2j, 2j + 1). The activation
+// operand of 8-k step s is x[8s .. 8s + 15] (its first row the step's k; an EXT of two 16-byte
+// loads for odd s), so that every step's sums land in the same lanes: one accumulator per row
+// pair, no second set to zero and combine per block. int8: 512 weight bytes, the operands as
+// loaded; int4: 256 bytes, each 64 the operands of two steps (AND: the even step, USHR: the odd).
 #define QLINEAR_STEP(X, A, B, C, D)                                                             \
     "smmla %[e0].4s, " X ".16b, " A ".16b\n\t"                                                  \
     "smmla %[e1].4s, " X ".16b, " B ".16b\n\t"                                                  \
     "smmla %[e2].4s, " X ".16b, " C ".16b\n\t"                                                  \
     "smmla %[e3].4s, " X ".16b, " D ".16b\n\t"
 #define QLINEAR_LDW(R) "ld1 {" R "}, [%[w]], #64\n\t"
+inline void mmla_step64(const uint8_t*& w, const int8_t*& x, int32x4_t (&e)[4]) {
   asm("ld1 {v24.16b-v27.16b}, [%[x]], #64\n\t"
       QLINEAR_LDW("v16.16b-v19.16b")
       QLINEAR_LDW("v20.16b-v23.16b")
@@ -342,14 +407,43 @@ inline void mmla_step64(const uint8_t*& w, const int8_t*& x, int32x4_t (&e)[4]) 
       : [w] "+r"(w), [x] "+r"(x), [e0] "+w"(e[0]), [e1] "+w"(e[1]), [e2] "+w"(e[2]), [e3] "+w"(e[3])
       : "m"(*reinterpret_cast<const uint8_t(*)[512]>(w)), "m"(*reinterpret_cast<const int8_t(*)[64]>(x))
       : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29");
-#undef QLINEAR_LDW
-#undef QLINEAR_STEP
 }
 
-template <int KB, bool ASYM>
+inline void mmla_step64_int4(const uint8_t*& w, const int8_t*& x, int32x4_t (&e)[4], uint8x16_t low4) {
+#define QLINEAR_UNPACK                                                                          \
+    "ushr v20.16b, v16.16b, #4\n\t" "ushr v21.16b, v17.16b, #4\n\t"                             \
+    "ushr v22.16b, v18.16b, #4\n\t" "ushr v23.16b, v19.16b, #4\n\t"                             \
+    "and v16.16b, v16.16b, %[m].16b\n\t" "and v17.16b, v17.16b, %[m].16b\n\t"                     \
+    "and v18.16b, v18.16b, %[m].16b\n\t" "and v19.16b, v19.16b, %[m].16b\n\t"
+  asm("ld1 {v24.16b-v27.16b}, [%[x]], #64\n\t"
+      QLINEAR_LDW("v16.16b-v19.16b") QLINEAR_UNPACK
+      "ext v28.16b, v24.16b, v25.16b, #8\n\t"
+      QLINEAR_STEP("v24", "v16", "v17", "v18", "v19") QLINEAR_STEP("v28", "v20", "v21", "v22", "v23")
+      QLINEAR_LDW("v16.16b-v19.16b") QLINEAR_UNPACK
+      "ext v29.16b, v25.16b, v26.16b, #8\n\t"
+      QLINEAR_STEP("v25", "v16", "v17", "v18", "v19") QLINEAR_STEP("v29", "v20", "v21", "v22", "v23")
+      QLINEAR_LDW("v16.16b-v19.16b") QLINEAR_UNPACK
+      "ext v28.16b, v26.16b, v27.16b, #8\n\t"
+      QLINEAR_STEP("v26", "v16", "v17", "v18", "v19") QLINEAR_STEP("v28", "v20", "v21", "v22", "v23")
+      QLINEAR_LDW("v16.16b-v19.16b") QLINEAR_UNPACK
+      "ext v29.16b, v27.16b, v27.16b, #8\n\t"
+      QLINEAR_STEP("v27", "v16", "v17", "v18", "v19") QLINEAR_STEP("v29", "v20", "v21", "v22", "v23")
+      : [w] "+r"(w), [x] "+r"(x), [e0] "+w"(e[0]), [e1] "+w"(e[1]), [e2] "+w"(e[2]), [e3] "+w"(e[3])
+      : [m] "w"(low4), "m"(*reinterpret_cast<const uint8_t(*)[256]>(w)), "m"(*reinterpret_cast<const int8_t(*)[64]>(x))
+      : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29");
+#undef QLINEAR_UNPACK
+}
+#undef QLINEAR_LDW
+#undef QLINEAR_STEP
+
+template <int BITS, int KB, bool ASYM>
 void mmla_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
   const WeightGeometry& g = *a.w;
   const int64_t block = KB ? KB : g.block, nb = g.nblocks;
+  // the shifted sum (code_shift - zero_point) * sum is not zero for asymmetric int8 (128) and
+  // symmetric int4 (-8)
+  constexpr bool kShifted = (BITS == 8) == ASYM;
+  const uint8x16_t low4 = vdupq_n_u8(0x0F);
   for (int64_t m = m0; m < m1; ++m) {
     float* out = a.y + m * a.ldy;
     for (int64_t p = p0; p < p1; ++p) {
@@ -359,18 +453,28 @@ void mmla_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0,
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t at = m * nb + b;
         const float s_x = a.act.scale[at];
-        // the shifted sum (128 - zero_point) * sum: asymmetric weights only (symmetric: 0)
         int32x4_t e[4];
-        for (int j = 0; j < 4; ++j) e[j] = ASYM ? vdupq_n_s32(a.act.shifted_sum[at]) : vdupq_n_s32(0);
+        for (int j = 0; j < 4; ++j) e[j] = kShifted ? vdupq_n_s32(a.act.shifted_sum[at]) : vdupq_n_s32(0);
         const auto step16 = [&] {  // 16 k: steps 2s (x[0..15]) and 2s + 1 (x[8..15], then anything)
           const int8x16_t x0 = vld1q_s8(x), x1 = vextq_s8(x0, x0, 8);
-          const int8x16x4_t we = vld1q_s8_x4(reinterpret_cast<const int8_t*>(w));
-          const int8x16x4_t wo = vld1q_s8_x4(reinterpret_cast<const int8_t*>(w) + 64);
-          for (int j = 0; j < 4; ++j) e[j] = vmmlaq_s32(vmmlaq_s32(e[j], x0, we.val[j]), x1, wo.val[j]);
-          x += 16, w += 128;
+          int8x16_t we[4], wo[4];
+          if constexpr (BITS == 8) {
+            const int8x16x4_t v0 = vld1q_s8_x4(reinterpret_cast<const int8_t*>(w));
+            const int8x16x4_t v1 = vld1q_s8_x4(reinterpret_cast<const int8_t*>(w) + 64);
+            for (int j = 0; j < 4; ++j) we[j] = v0.val[j], wo[j] = v1.val[j];
+          } else {
+            const uint8x16x4_t v = vld1q_u8_x4(w);
+            for (int j = 0; j < 4; ++j)
+              we[j] = vreinterpretq_s8_u8(vandq_u8(v.val[j], low4)), wo[j] = vreinterpretq_s8_u8(vshrq_n_u8(v.val[j], 4));
+          }
+          for (int j = 0; j < 4; ++j) e[j] = vmmlaq_s32(vmmlaq_s32(e[j], x0, we[j]), x1, wo[j]);
+          x += 16, w += 16 * BITS;
         };
         if constexpr (KB != 0 && KB % 64 == 0) {
-          for (int kk = 0; kk < KB; kk += 64) mmla_step64(w, x, e);
+          for (int kk = 0; kk < KB; kk += 64) {
+            if constexpr (BITS == 8) mmla_step64(w, x, e);
+            else mmla_step64_int4(w, x, e, low4);
+          }
         } else if constexpr (KB != 0) {
 #pragma GCC unroll 8
           for (int kk = 0; kk < KB; kk += 16) step16();
@@ -402,17 +506,29 @@ void mmla_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0,
   }
 }
 
+template <int BITS>
 void mmla_gemv(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
   const WeightGeometry& g = *a.w;
   const auto run = [&](auto kb) {
     constexpr int KB = decltype(kb)::value;
-    if (g.symmetric) mmla_gemv_impl<KB, false>(a, m0, m1, p0, p1);
-    else mmla_gemv_impl<KB, true>(a, m0, m1, p0, p1);
+    if (g.symmetric) mmla_gemv_impl<BITS, KB, false>(a, m0, m1, p0, p1);
+    else mmla_gemv_impl<BITS, KB, true>(a, m0, m1, p0, p1);
   };
   if (g.block == 64) run(Rows<64>{});
   else if (g.block == 32) run(Rows<32>{});
   else if (g.block == 128) run(Rows<128>{});
   else run(Rows<0>{});
+}
+
+// The kernels for the dotprod level's layouts (int4 nr8_kr4, int8 nr8_kr4_s8: files converted on
+// other ARM CPUs, which flash hands to the kernels as they are): the dotprod level's, its int4
+// GEMM on SMMLA.
+KernelTable make_i8mm_kr4_table() {
+  KernelTable t = dotprod_kernels();
+  t.isa = Isa::i8mm;
+  for (Int8Ukernel& k : t.int8)
+    if (k.bits == 4 && k.mr > 1) k = {"gemm_w4a8_nr8_kr4_12x8_i8mm", mmla_gemm_int4<4>, 4, kTileRows, 1, 2};
+  return t;
 }
 
 KernelTable make_i8mm_table() {
@@ -421,17 +537,19 @@ KernelTable make_i8mm_table() {
   // int8 codes as stored, code - 128 (code_shift 128); int4 nibbles as they are (code_shift 0).
   constexpr int32_t kShift8 = 128;
   t.int8 = {
-      {"gemv_w4a8_nr8_kr4_1x8_dotprod", arm::sdot_gemv<4>, 4, 1, 1, 1, 1},
-      {"gemm_w4a8_nr8_kr4_12x8_i8mm", mmla_gemm_int4, 4, kTileRows, 1, 2},
-      {"gemv_w8a8_nr8_kr8_s8_1x8_i8mm", mmla_gemv, 8, 1, 1, 1, 1, 1, kShift8},
+      {"gemv_w4a8_nr8_kr8_1x8_i8mm", mmla_gemv<4>, 4, 1, 1, 1, 1},
+      {"gemm_w4a8_nr8_kr8_12x8_i8mm", mmla_gemm_int4<8>, 4, kTileRows, 1, 2},
+      {"gemv_w8a8_nr8_kr8_s8_1x8_i8mm", mmla_gemv<8>, 8, 1, 1, 1, 1, 1, kShift8},
       {"gemm_w8a8_nr8_kr8_s8_12x8_i8mm", mmla_gemm_int8, 8, kTileRows, 1, 2, INT64_MAX, 1, kShift8},
   };
-  t.float32 = {  // as every ARM level (make_table)
-      {"gemv_w4f32_nr8_kr4_1x8_neon", arm::float_matmul<4>, 4, 1, 1, 1, 1},
-      {"gemm_w4f32_nr8_kr4_1x8_neon", arm::float_matmul<4>, 4, 1, 1, 2},
+  t.float32 = {  // as every ARM level (make_table), on kr 8
+      {"gemv_w4f32_nr8_kr8_1x8_neon", arm::float_matmul<4>, 4, 1, 1, 1, 1},
+      {"gemm_w4f32_nr8_kr8_1x8_neon", arm::float_matmul<4>, 4, 1, 1, 2},
       {"gemv_w8f32_nr8_kr8_s8_1x8_neon", arm::float_matmul<8>, 8, 1, 1, 1, 1},
       {"gemm_w8f32_nr8_kr8_s8_1x8_neon", arm::float_matmul<8>, 8, 1, 1, 2},
   };
+  static const KernelTable kr4 = make_i8mm_kr4_table();
+  t.also = &kr4;
   return with_fp16_float_path(t);
 }
 

@@ -531,22 +531,34 @@ inline void dequantize_block(const WeightGeometry& g, const uint8_t* block, floa
   float32x4_t offset[2];
   for (int h = 0; h < 2; ++h)
     offset[h] = g.symmetric ? vmulq_n_f32(scale[h], -zp) : load_half4(block + g.code_bytes + 16 + 8 * h);
-  if (BITS == 8 && g.kr == 8) {  // nr8_kr8_s8 (the i8mm level's): gathered by table lookups
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+  // nr8_kr8_s8 / nr8_kr8: only the i8mm level reads them (table_reads), so only its copy has this
+  if (g.kr == 8) {  // gathered by table lookups
     const uint8x16_t flip = vdupq_n_u8(g.code_xor);
-    for (int64_t kk = 0; kk < g.block; kk += 8) {
-      const uint8x16x4_t v = vld1q_u8_x4(block + kk * 8);
+    const auto step8 = [&](const uint8x16x4_t& v, int64_t k0) {  // 8 k of 8 rows, as nr8_kr8_s8
       for (int t = 0; t < 4; ++t) {
         const uint8x16_t two = veorq_u8(vqtbl4q_u8(v, vld1q_u8(kKr8Gather[t])), flip);  // k, k + 1
         const uint16x8_t q[2] = {vmovl_u8(vget_low_u8(two)), vmovl_high_u8(two)};
         for (int i = 0; i < 2; ++i) {
-          float* o = out + (kk + 2 * t + i) * 8;
+          float* o = out + (k0 + 2 * t + i) * 8;
           vst1q_f32(o, vfmaq_f32(offset[0], vcvtq_f32_u32(vmovl_u16(vget_low_u16(q[i]))), scale[0]));
           vst1q_f32(o + 4, vfmaq_f32(offset[1], vcvtq_f32_u32(vmovl_high_u16(q[i])), scale[1]));
         }
       }
+    };
+    if constexpr (BITS == 8) {
+      for (int64_t kk = 0; kk < g.block; kk += 8) step8(vld1q_u8_x4(block + kk * 8), kk);
+    } else {  // a 64-byte chunk (16 k): its low nibbles are k 0-7, its high nibbles k 8-15
+      for (int64_t kk = 0; kk < g.block; kk += 16) {
+        uint8x16x4_t lo = vld1q_u8_x4(block + kk * 4), hi;
+        for (int j = 0; j < 4; ++j) hi.val[j] = vshrq_n_u8(lo.val[j], 4), lo.val[j] = vandq_u8(lo.val[j], vdupq_n_u8(0x0F));
+        step8(lo, kk);
+        step8(hi, kk + 8);
+      }
     }
     return;
   }
+#endif
   constexpr int kChunkK = BITS == 4 ? 8 : 4;
   const uint32x4_t flip = vdupq_n_u32(0x01010101u * g.code_xor);  // the stored int8 bytes back to codes
   for (int64_t kk = 0; kk < g.block; kk += kChunkK) {

@@ -78,11 +78,12 @@ class Geometry:
 
 
 def check_native(geoms, where: str) -> None:
-    """Flash reads packed bytes into the kernels as the file has them: they must be in this CPU
-    family's layout (int8 codes are stored flipped on ARM; int4 bytes are the same everywhere)."""
+    """Flash reads packed bytes into the kernels as the file has them: the running level's kernels
+    must read their layout (its own, or on the i8mm level the dotprod level's as well): int8 codes
+    are stored flipped on ARM, and the i8mm level keeps 8 k of a row together."""
     for g in geoms:
-        want = _core.native_layout(g.bits)
-        if g.layout != want:
+        if not _core.reads_layout(g.layout, g.bits):
+            want = _core.native_layout(g.bits)
             raise ValueError(f"{where}: its int{g.bits} weights are packed as {g.layout!r}, this CPU's kernels read "
                              f"{want!r}; memory='flash' reads the file's bytes as they are: load it with "
                              "memory='ram' (which moves the codes) or convert the model on this machine")
