@@ -409,7 +409,8 @@ def mac_loops_all(loops: list[Loop]) -> list[Loop]:
     return [l for l in loops if sum(macs(i) for i in l.insns)]
 
 
-def pick_loops(binary: Binary, entry: re.Pattern, float_path: bool, rows: int | None = None) -> tuple[list[Loop], int]:
+def pick_loops(binary: Binary, entry: re.Pattern, float_path: bool, rows: int | None = None,
+               panels: int = 1) -> tuple[list[Loop], int]:
     """The kernel's loops: the innermost loop with the most multiply slots (a GEMM: of its widest row
     tile); float path: the dequantization loop (innermost loop with int->float conversions) too."""
     loops = innermost(binary.loops(entry))
@@ -425,12 +426,12 @@ def pick_loops(binary: Binary, entry: re.Pattern, float_path: bool, rows: int | 
         main = min(tiles, key=lambda l: (sum(macs(i) for i in l.insns), len(l.insns)))
     if not float_path and (rows or 1) == 1:
         # An integer GEMV whose loop is the whole storage block (inner steps unrolled, the block's
-        # int -> float epilogue inside): its loop at block 64 (8 rows x 64 k of multiply slots; on
-        # SMMLA twice that, a GEMV using half of each tile), the asymmetric one (the longer),
-        # epilogue included.
+        # int -> float epilogue inside): its loop at block 64 (8 rows x 64 k of multiply slots per
+        # panel, of `panels` panels (the i8mm int4 GEMV: two); on SMMLA twice that, a GEMV using
+        # half of each tile), the asymmetric one (the longer), epilogue included.
         blocks = [l for l in mac_loops_all(loops) if any(is_conversion(i) for i in l.insns)
                   and sum(macs(i) for i in l.insns if i.mnemonic in KEY_CLASSES[key_class(l)])
-                  == 8 * 64 * (2 if key_class(l) == "smmla" else 1)]
+                  == panels * 8 * 64 * (2 if key_class(l) == "smmla" else 1)]
         if blocks:
             return [max(blocks, key=lambda l: len(l.insns))], 1
     if not float_path:
@@ -458,9 +459,13 @@ def qlinear_kernels(binary: Binary) -> list[Kernel]:
             desc = desc.replace("{mr}", str(rows))
         if desc.encode() + b"\0" not in rodata:
             raise RuntimeError(f"descriptor {desc} is not in {binary.path}: the script's list is out of date")
-        loops, rows = pick_loops(binary, pattern, float_path, rows if not float_path else (1 if not gemm else 0))
-        note = ("one 64-k block per iteration, its int -> float epilogue included"
-                if not float_path and any(is_conversion(i) for i in loops[-1].insns) else "")
+        # the i8mm int4 GEMV runs two panels per iteration (mmla_step64_int4x2)
+        panels = 2 if level == "i8mm" and bits == 4 and not gemm and not float_path else 1
+        loops, rows = pick_loops(binary, pattern, float_path, rows if not float_path else (1 if not gemm else 0), panels)
+        note = ""
+        if not float_path and any(is_conversion(i) for i in loops[-1].insns):
+            note = ("one 64-k block" + (" of two panels" if panels == 2 else "") +
+                    " per iteration, its int -> float epilogue included")
         k = Kernel("qlinear", desc, work, bits, rows, loops, needs_i8mm=level == "i8mm", note=note)
         if gemm and level == "i8mm" and bits == 4:
             # mmla_gemm_int4<kr> stages its panels when the call has enough rows (nr8_kr8: more

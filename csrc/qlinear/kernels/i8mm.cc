@@ -375,18 +375,20 @@ void mmla_gemm_int4(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0,
 
 // The GEMV on nr8_kr8_s8 / nr8_kr8: per 8-k step, 4 SMMLAs (one per row pair) against 16
 // activation bytes whose first 8 are the step's k; lanes 0, 1 of each tile hold the rows' sums,
-// lanes 2, 3 products with the following k, dropped. The float operations are panel_tile's, in
-// its order (bit-identical).
+// lanes 2, 3 products with the following k, dropped. int4 runs two panels at a time where its
+// block is a multiple of 64 k. The float operations are panel_tile's, in its order
+// (bit-identical).
 // 64 k of one row (both pointers advanced) into e[j] (lanes 0, 1: rows 2j, 2j + 1). The activation
 // operand of 8-k step s is x[8s .. 8s + 15] (its first row the step's k; an EXT of two 16-byte
 // loads for odd s), so that every step's sums land in the same lanes: one accumulator per row
 // pair, no second set to zero and combine per block. int8: 512 weight bytes, the operands as
 // loaded; int4: 256 bytes, each 64 the operands of two steps (AND: the even step, USHR: the odd).
-#define QLINEAR_STEP(X, A, B, C, D)                                                             \
-    "smmla %[e0].4s, " X ".16b, " A ".16b\n\t"                                                  \
-    "smmla %[e1].4s, " X ".16b, " B ".16b\n\t"                                                  \
-    "smmla %[e2].4s, " X ".16b, " C ".16b\n\t"                                                  \
-    "smmla %[e3].4s, " X ".16b, " D ".16b\n\t"
+#define QLINEAR_STEP_INTO(E, X, A, B, C, D)                                                     \
+    "smmla %[" E "0].4s, " X ".16b, " A ".16b\n\t"                                              \
+    "smmla %[" E "1].4s, " X ".16b, " B ".16b\n\t"                                              \
+    "smmla %[" E "2].4s, " X ".16b, " C ".16b\n\t"                                              \
+    "smmla %[" E "3].4s, " X ".16b, " D ".16b\n\t"
+#define QLINEAR_STEP(X, A, B, C, D) QLINEAR_STEP_INTO("e", X, A, B, C, D)
 #define QLINEAR_LDW(R) "ld1 {" R "}, [%[w]], #64\n\t"
 inline void mmla_step64(const uint8_t*& w, const int8_t*& x, int32x4_t (&e)[4]) {
   asm("ld1 {v24.16b-v27.16b}, [%[x]], #64\n\t"
@@ -409,12 +411,12 @@ inline void mmla_step64(const uint8_t*& w, const int8_t*& x, int32x4_t (&e)[4]) 
       : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29");
 }
 
-inline void mmla_step64_int4(const uint8_t*& w, const int8_t*& x, int32x4_t (&e)[4], uint8x16_t low4) {
 #define QLINEAR_UNPACK                                                                          \
     "ushr v20.16b, v16.16b, #4\n\t" "ushr v21.16b, v17.16b, #4\n\t"                             \
     "ushr v22.16b, v18.16b, #4\n\t" "ushr v23.16b, v19.16b, #4\n\t"                             \
     "and v16.16b, v16.16b, %[m].16b\n\t" "and v17.16b, v17.16b, %[m].16b\n\t"                     \
     "and v18.16b, v18.16b, %[m].16b\n\t" "and v19.16b, v19.16b, %[m].16b\n\t"
+inline void mmla_step64_int4(const uint8_t*& w, const int8_t*& x, int32x4_t (&e)[4], uint8x16_t low4) {
   asm("ld1 {v24.16b-v27.16b}, [%[x]], #64\n\t"
       QLINEAR_LDW("v16.16b-v19.16b") QLINEAR_UNPACK
       "ext v28.16b, v24.16b, v25.16b, #8\n\t"
@@ -431,78 +433,127 @@ inline void mmla_step64_int4(const uint8_t*& w, const int8_t*& x, int32x4_t (&e)
       : [w] "+r"(w), [x] "+r"(x), [e0] "+w"(e[0]), [e1] "+w"(e[1]), [e2] "+w"(e[2]), [e3] "+w"(e[3])
       : [m] "w"(low4), "m"(*reinterpret_cast<const uint8_t(*)[256]>(w)), "m"(*reinterpret_cast<const int8_t(*)[64]>(x))
       : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29");
-#undef QLINEAR_UNPACK
 }
+
+// The same for two panels at once (int4), sharing the activation loads and EXTs: 64 k of each.
+inline void mmla_step64_int4x2(const uint8_t*& wa, const uint8_t*& wb, const int8_t*& x, int32x4_t (&ea)[4],
+                               int32x4_t (&eb)[4], uint8x16_t low4) {
+#define QLINEAR_CHUNK(XE, XO)                                                                   \
+    "ld1 {v16.16b-v19.16b}, [%[wa]], #64\n\t" QLINEAR_UNPACK                                    \
+    QLINEAR_STEP_INTO("a", XE, "v16", "v17", "v18", "v19") QLINEAR_STEP_INTO("a", XO, "v20", "v21", "v22", "v23") \
+    "ld1 {v16.16b-v19.16b}, [%[wb]], #64\n\t" QLINEAR_UNPACK                                    \
+    QLINEAR_STEP_INTO("b", XE, "v16", "v17", "v18", "v19") QLINEAR_STEP_INTO("b", XO, "v20", "v21", "v22", "v23")
+  asm("ld1 {v24.16b-v27.16b}, [%[x]], #64\n\t"
+      "ext v28.16b, v24.16b, v25.16b, #8\n\t" QLINEAR_CHUNK("v24", "v28")
+      "ext v29.16b, v25.16b, v26.16b, #8\n\t" QLINEAR_CHUNK("v25", "v29")
+      "ext v28.16b, v26.16b, v27.16b, #8\n\t" QLINEAR_CHUNK("v26", "v28")
+      "ext v29.16b, v27.16b, v27.16b, #8\n\t" QLINEAR_CHUNK("v27", "v29")
+      : [wa] "+r"(wa), [wb] "+r"(wb), [x] "+r"(x), [a0] "+w"(ea[0]), [a1] "+w"(ea[1]), [a2] "+w"(ea[2]),
+        [a3] "+w"(ea[3]), [b0] "+w"(eb[0]), [b1] "+w"(eb[1]), [b2] "+w"(eb[2]), [b3] "+w"(eb[3])
+      : [m] "w"(low4), "m"(*reinterpret_cast<const uint8_t(*)[256]>(wa)),
+        "m"(*reinterpret_cast<const uint8_t(*)[256]>(wb)), "m"(*reinterpret_cast<const int8_t(*)[64]>(x))
+      : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29");
+#undef QLINEAR_CHUNK
+}
+#undef QLINEAR_UNPACK
 #undef QLINEAR_LDW
 #undef QLINEAR_STEP
+#undef QLINEAR_STEP_INTO
 
-template <int BITS, int KB, bool ASYM>
-void mmla_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+// A block's int32 tiles e (lanes 0, 1: rows 2j, 2j + 1) into the panel's outputs y (rows 0-3,
+// 4-7), w at the block's scales, advanced past them (and the offsets).
+template <bool ASYM>
+inline void block_epilogue(const Int8MatmulArgs& a, int64_t at, float s_x, const int32x4_t (&e)[4], const uint8_t*& w,
+                           float32x4_t (&y)[2]) {
+  const auto pairs = [](int32x4_t e0, int32x4_t e1) {
+    return vreinterpretq_s32_s64(vzip1q_s64(vreinterpretq_s64_s32(e0), vreinterpretq_s64_s32(e1)));
+  };
+  const int32x4_t s0 = pairs(e[0], e[1]), s1 = pairs(e[2], e[3]);
+  const float16x8_t sc = vreinterpretq_f16_u16(vld1q_u16(reinterpret_cast<const uint16_t*>(w)));
+  y[0] = vfmaq_f32(y[0], vcvtq_f32_s32(s0), vmulq_n_f32(vcvt_f32_f16(vget_low_f16(sc)), s_x));
+  y[1] = vfmaq_f32(y[1], vcvtq_f32_s32(s1), vmulq_n_f32(vcvt_high_f32_f16(sc), s_x));
+  if constexpr (ASYM) {
+    const float xs = a.act.scaled_sum[at];
+    const float16x8_t off = vreinterpretq_f16_u16(vld1q_u16(reinterpret_cast<const uint16_t*>(w + 16)));
+    y[0] = vfmaq_n_f32(y[0], vcvt_f32_f16(vget_low_f16(off)), xs);
+    y[1] = vfmaq_n_f32(y[1], vcvt_high_f32_f16(off), xs);
+  }
+  w += ASYM ? 32 : 16;
+}
+
+inline void store_panel(const Int8MatmulArgs& a, int64_t m, int64_t p, const float32x4_t (&y)[2]) {
+  const int64_t n0 = p * 8, rows = std::min<int64_t>(8, a.w->n - n0);
+  float tmp[8];
+  vst1q_f32(tmp, y[0]);
+  vst1q_f32(tmp + 4, y[1]);
+  float* out = a.y + m * a.ldy;
+  for (int64_t r = 0; r < rows; ++r) out[n0 + r] = a.bias ? tmp[r] + a.bias[n0 + r] : tmp[r];
+}
+
+// NP panels from panel p for row m (NP 2: int4 at a block of a multiple of 64 k, the panels
+// sharing the activation operands).
+template <int BITS, int KB, bool ASYM, int NP>
+inline void mmla_gemv_panels(const Int8MatmulArgs& a, int64_t m, int64_t p, uint8x16_t low4) {
+  static_assert(NP == 1 || (BITS == 4 && KB != 0 && KB % 64 == 0), "two panels at a time: int4, 64-k steps");
   const WeightGeometry& g = *a.w;
   const int64_t block = KB ? KB : g.block, nb = g.nblocks;
   // the shifted sum (code_shift - zero_point) * sum is not zero for asymmetric int8 (128) and
   // symmetric int4 (-8)
   constexpr bool kShifted = (BITS == 8) == ASYM;
+  // per panel: its weights, its outputs (rows 0-3, 4-7), its block's tiles; distinct variables,
+  // not arrays indexed by panel (GCC keeps those in memory around the asm)
+  const uint8_t* w0 = a.packed + p * g.panel_bytes;
+  const uint8_t* w1 = w0 + (NP - 1) * g.panel_bytes;
+  float32x4_t y0[2] = {vdupq_n_f32(0.f), vdupq_n_f32(0.f)}, y1[2] = {y0[0], y0[1]};
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t at = m * nb + b;
+    const float s_x = a.act.scale[at];
+    const int8_t* x = a.act.q + m * a.act.ldq + b * block;
+    const int32x4_t init = kShifted ? vdupq_n_s32(a.act.shifted_sum[at]) : vdupq_n_s32(0);
+    int32x4_t e0[4] = {init, init, init, init}, e1[4] = {init, init, init, init};
+    const auto step16 = [&] {  // 16 k: steps 2s (x[0..15]) and 2s + 1 (x[8..15], then anything)
+      const int8x16_t x0 = vld1q_s8(x), x1 = vextq_s8(x0, x0, 8);
+      int8x16_t we[4], wo[4];
+      if constexpr (BITS == 8) {
+        const int8x16x4_t v0 = vld1q_s8_x4(reinterpret_cast<const int8_t*>(w0));
+        const int8x16x4_t v1 = vld1q_s8_x4(reinterpret_cast<const int8_t*>(w0) + 64);
+        for (int j = 0; j < 4; ++j) we[j] = v0.val[j], wo[j] = v1.val[j];
+      } else {
+        const uint8x16x4_t v = vld1q_u8_x4(w0);
+        for (int j = 0; j < 4; ++j)
+          we[j] = vreinterpretq_s8_u8(vandq_u8(v.val[j], low4)), wo[j] = vreinterpretq_s8_u8(vshrq_n_u8(v.val[j], 4));
+      }
+      for (int j = 0; j < 4; ++j) e0[j] = vmmlaq_s32(vmmlaq_s32(e0[j], x0, we[j]), x1, wo[j]);
+      x += 16, w0 += 16 * BITS;
+    };
+    if constexpr (KB != 0 && KB % 64 == 0) {
+      for (int kk = 0; kk < KB; kk += 64) {
+        if constexpr (NP == 2) mmla_step64_int4x2(w0, w1, x, e0, e1, low4);
+        else if constexpr (BITS == 8) mmla_step64(w0, x, e0);
+        else mmla_step64_int4(w0, x, e0, low4);
+      }
+    } else if constexpr (KB != 0) {
+#pragma GCC unroll 8
+      for (int kk = 0; kk < KB; kk += 16) step16();
+    } else {
+      for (int64_t kk = 0; kk < block; kk += 16) step16();
+    }
+    block_epilogue<ASYM>(a, at, s_x, e0, w0, y0);
+    if constexpr (NP == 2) block_epilogue<ASYM>(a, at, s_x, e1, w1, y1);
+  }
+  store_panel(a, m, p, y0);
+  if constexpr (NP == 2) store_panel(a, m, p + 1, y1);
+}
+
+template <int BITS, int KB, bool ASYM>
+void mmla_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
+  constexpr bool kPairs = BITS == 4 && KB != 0 && KB % 64 == 0;
   const uint8x16_t low4 = vdupq_n_u8(0x0F);
   for (int64_t m = m0; m < m1; ++m) {
-    float* out = a.y + m * a.ldy;
-    for (int64_t p = p0; p < p1; ++p) {
-      const uint8_t* w = a.packed + p * g.panel_bytes;
-      const int8_t* x = a.act.q + m * a.act.ldq;
-      float32x4_t y0 = vdupq_n_f32(0.f), y1 = vdupq_n_f32(0.f);
-      for (int64_t b = 0; b < nb; ++b) {
-        const int64_t at = m * nb + b;
-        const float s_x = a.act.scale[at];
-        int32x4_t e[4];
-        for (int j = 0; j < 4; ++j) e[j] = kShifted ? vdupq_n_s32(a.act.shifted_sum[at]) : vdupq_n_s32(0);
-        const auto step16 = [&] {  // 16 k: steps 2s (x[0..15]) and 2s + 1 (x[8..15], then anything)
-          const int8x16_t x0 = vld1q_s8(x), x1 = vextq_s8(x0, x0, 8);
-          int8x16_t we[4], wo[4];
-          if constexpr (BITS == 8) {
-            const int8x16x4_t v0 = vld1q_s8_x4(reinterpret_cast<const int8_t*>(w));
-            const int8x16x4_t v1 = vld1q_s8_x4(reinterpret_cast<const int8_t*>(w) + 64);
-            for (int j = 0; j < 4; ++j) we[j] = v0.val[j], wo[j] = v1.val[j];
-          } else {
-            const uint8x16x4_t v = vld1q_u8_x4(w);
-            for (int j = 0; j < 4; ++j)
-              we[j] = vreinterpretq_s8_u8(vandq_u8(v.val[j], low4)), wo[j] = vreinterpretq_s8_u8(vshrq_n_u8(v.val[j], 4));
-          }
-          for (int j = 0; j < 4; ++j) e[j] = vmmlaq_s32(vmmlaq_s32(e[j], x0, we[j]), x1, wo[j]);
-          x += 16, w += 16 * BITS;
-        };
-        if constexpr (KB != 0 && KB % 64 == 0) {
-          for (int kk = 0; kk < KB; kk += 64) {
-            if constexpr (BITS == 8) mmla_step64(w, x, e);
-            else mmla_step64_int4(w, x, e, low4);
-          }
-        } else if constexpr (KB != 0) {
-#pragma GCC unroll 8
-          for (int kk = 0; kk < KB; kk += 16) step16();
-        } else {
-          for (int64_t kk = 0; kk < block; kk += 16) step16();
-        }
-        // rows 0-3: lanes 0, 1 of e0 and e1; rows 4-7: of e2 and e3
-        const auto pairs = [](int32x4_t e0, int32x4_t e1) {
-          return vreinterpretq_s32_s64(vzip1q_s64(vreinterpretq_s64_s32(e0), vreinterpretq_s64_s32(e1)));
-        };
-        const int32x4_t s0 = pairs(e[0], e[1]), s1 = pairs(e[2], e[3]);
-        const float16x8_t sc = vreinterpretq_f16_u16(vld1q_u16(reinterpret_cast<const uint16_t*>(w)));
-        y0 = vfmaq_f32(y0, vcvtq_f32_s32(s0), vmulq_n_f32(vcvt_f32_f16(vget_low_f16(sc)), s_x));
-        y1 = vfmaq_f32(y1, vcvtq_f32_s32(s1), vmulq_n_f32(vcvt_high_f32_f16(sc), s_x));
-        if constexpr (ASYM) {
-          const float xs = a.act.scaled_sum[at];
-          const float16x8_t off = vreinterpretq_f16_u16(vld1q_u16(reinterpret_cast<const uint16_t*>(w + 16)));
-          y0 = vfmaq_n_f32(y0, vcvt_f32_f16(vget_low_f16(off)), xs);
-          y1 = vfmaq_n_f32(y1, vcvt_high_f32_f16(off), xs);
-        }
-        w += ASYM ? 32 : 16;
-      }
-      const int64_t n0 = p * 8, rows = std::min<int64_t>(8, g.n - n0);
-      float tmp[8];
-      vst1q_f32(tmp, y0);
-      vst1q_f32(tmp + 4, y1);
-      for (int64_t r = 0; r < rows; ++r) out[n0 + r] = a.bias ? tmp[r] + a.bias[n0 + r] : tmp[r];
-    }
+    int64_t p = p0;
+    if constexpr (kPairs)
+      for (; p + 2 <= p1; p += 2) mmla_gemv_panels<BITS, KB, ASYM, 2>(a, m, p, low4);
+    for (; p < p1; ++p) mmla_gemv_panels<BITS, KB, ASYM, 1>(a, m, p, low4);
   }
 }
 
