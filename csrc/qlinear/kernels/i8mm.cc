@@ -115,8 +115,8 @@ inline void mma_block(const uint8_t* w, const int8_t* xp, int64_t block, const i
   if constexpr (NP == 6) {
     // The full tile in assembly (GCC 12 spills the intrinsics' 24 accumulators): tile (i, j) in
     // %[tij], 24 of the statement's 30 operands, loaded from init; per 8 k, the 4 weight operands
-    // (int4: USHR, AND, ZIP; int8: ZIP) in v30 v28 v31 v29, 3 LDPs of 2 activation pairs, 24
-    // SMMLAs.
+    // (staged: one load; nr8_kr4: USHR, AND, ZIP) in v28-v31, 3 LDPs of 2 activation pairs, 24
+    // SMMLAs (nr8_kr8: per 16 k, below).
 #define QLINEAR_MMLA_PAIR(I, A)                                                                 \
     "smmla  %[t" I "0].4s, v30.16b, " A ".16b\n\t"                                               \
     "smmla  %[t" I "1].4s, v28.16b, " A ".16b\n\t"                                               \
