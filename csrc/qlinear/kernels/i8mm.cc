@@ -411,43 +411,36 @@ inline void mmla_step64(const uint8_t*& w, const int8_t*& x, int32x4_t (&e)[4]) 
       : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29");
 }
 
-#define QLINEAR_UNPACK                                                                          \
+// int4: per 16 k, the 64 loaded bytes' low nibbles (v16-v19: the even step's operands) and high
+// nibbles (v20-v23: the odd step's), each against its activation operand (XE, XO); E names the
+// accumulators, W the weight pointer. QLINEAR_INT4_BLOCK: 64 k, the activation operands shared.
+#define QLINEAR_INT4_CHUNK(E, W, XE, XO)                                                        \
+    "ld1 {v16.16b-v19.16b}, [%[" W "]], #64\n\t"                                               \
     "ushr v20.16b, v16.16b, #4\n\t" "ushr v21.16b, v17.16b, #4\n\t"                             \
     "ushr v22.16b, v18.16b, #4\n\t" "ushr v23.16b, v19.16b, #4\n\t"                             \
     "and v16.16b, v16.16b, %[m].16b\n\t" "and v17.16b, v17.16b, %[m].16b\n\t"                     \
-    "and v18.16b, v18.16b, %[m].16b\n\t" "and v19.16b, v19.16b, %[m].16b\n\t"
+    "and v18.16b, v18.16b, %[m].16b\n\t" "and v19.16b, v19.16b, %[m].16b\n\t"                     \
+    QLINEAR_STEP_INTO(E, XE, "v16", "v17", "v18", "v19") QLINEAR_STEP_INTO(E, XO, "v20", "v21", "v22", "v23")
+#define QLINEAR_INT4_BLOCK(CHUNK)                                                               \
+    "ld1 {v24.16b-v27.16b}, [%[x]], #64\n\t"                                                    \
+    "ext v28.16b, v24.16b, v25.16b, #8\n\t" CHUNK("v24", "v28")                                  \
+    "ext v29.16b, v25.16b, v26.16b, #8\n\t" CHUNK("v25", "v29")                                  \
+    "ext v28.16b, v26.16b, v27.16b, #8\n\t" CHUNK("v26", "v28")                                  \
+    "ext v29.16b, v27.16b, v27.16b, #8\n\t" CHUNK("v27", "v29")
 inline void mmla_step64_int4(const uint8_t*& w, const int8_t*& x, int32x4_t (&e)[4], uint8x16_t low4) {
-  asm("ld1 {v24.16b-v27.16b}, [%[x]], #64\n\t"
-      QLINEAR_LDW("v16.16b-v19.16b") QLINEAR_UNPACK
-      "ext v28.16b, v24.16b, v25.16b, #8\n\t"
-      QLINEAR_STEP("v24", "v16", "v17", "v18", "v19") QLINEAR_STEP("v28", "v20", "v21", "v22", "v23")
-      QLINEAR_LDW("v16.16b-v19.16b") QLINEAR_UNPACK
-      "ext v29.16b, v25.16b, v26.16b, #8\n\t"
-      QLINEAR_STEP("v25", "v16", "v17", "v18", "v19") QLINEAR_STEP("v29", "v20", "v21", "v22", "v23")
-      QLINEAR_LDW("v16.16b-v19.16b") QLINEAR_UNPACK
-      "ext v28.16b, v26.16b, v27.16b, #8\n\t"
-      QLINEAR_STEP("v26", "v16", "v17", "v18", "v19") QLINEAR_STEP("v28", "v20", "v21", "v22", "v23")
-      QLINEAR_LDW("v16.16b-v19.16b") QLINEAR_UNPACK
-      "ext v29.16b, v27.16b, v27.16b, #8\n\t"
-      QLINEAR_STEP("v27", "v16", "v17", "v18", "v19") QLINEAR_STEP("v29", "v20", "v21", "v22", "v23")
+#define QLINEAR_CHUNK(XE, XO) QLINEAR_INT4_CHUNK("e", "w", XE, XO)
+  asm(QLINEAR_INT4_BLOCK(QLINEAR_CHUNK)
       : [w] "+r"(w), [x] "+r"(x), [e0] "+w"(e[0]), [e1] "+w"(e[1]), [e2] "+w"(e[2]), [e3] "+w"(e[3])
       : [m] "w"(low4), "m"(*reinterpret_cast<const uint8_t(*)[256]>(w)), "m"(*reinterpret_cast<const int8_t(*)[64]>(x))
       : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29");
+#undef QLINEAR_CHUNK
 }
 
-// The same for two panels at once (int4), sharing the activation loads and EXTs: 64 k of each.
+// The same for two panels at once, sharing the activation loads and EXTs: 64 k of each.
 inline void mmla_step64_int4x2(const uint8_t*& wa, const uint8_t*& wb, const int8_t*& x, int32x4_t (&ea)[4],
                                int32x4_t (&eb)[4], uint8x16_t low4) {
-#define QLINEAR_CHUNK(XE, XO)                                                                   \
-    "ld1 {v16.16b-v19.16b}, [%[wa]], #64\n\t" QLINEAR_UNPACK                                    \
-    QLINEAR_STEP_INTO("a", XE, "v16", "v17", "v18", "v19") QLINEAR_STEP_INTO("a", XO, "v20", "v21", "v22", "v23") \
-    "ld1 {v16.16b-v19.16b}, [%[wb]], #64\n\t" QLINEAR_UNPACK                                    \
-    QLINEAR_STEP_INTO("b", XE, "v16", "v17", "v18", "v19") QLINEAR_STEP_INTO("b", XO, "v20", "v21", "v22", "v23")
-  asm("ld1 {v24.16b-v27.16b}, [%[x]], #64\n\t"
-      "ext v28.16b, v24.16b, v25.16b, #8\n\t" QLINEAR_CHUNK("v24", "v28")
-      "ext v29.16b, v25.16b, v26.16b, #8\n\t" QLINEAR_CHUNK("v25", "v29")
-      "ext v28.16b, v26.16b, v27.16b, #8\n\t" QLINEAR_CHUNK("v26", "v28")
-      "ext v29.16b, v27.16b, v27.16b, #8\n\t" QLINEAR_CHUNK("v27", "v29")
+#define QLINEAR_CHUNK(XE, XO) QLINEAR_INT4_CHUNK("a", "wa", XE, XO) QLINEAR_INT4_CHUNK("b", "wb", XE, XO)
+  asm(QLINEAR_INT4_BLOCK(QLINEAR_CHUNK)
       : [wa] "+r"(wa), [wb] "+r"(wb), [x] "+r"(x), [a0] "+w"(ea[0]), [a1] "+w"(ea[1]), [a2] "+w"(ea[2]),
         [a3] "+w"(ea[3]), [b0] "+w"(eb[0]), [b1] "+w"(eb[1]), [b2] "+w"(eb[2]), [b3] "+w"(eb[3])
       : [m] "w"(low4), "m"(*reinterpret_cast<const uint8_t(*)[256]>(wa)),
@@ -455,7 +448,8 @@ inline void mmla_step64_int4x2(const uint8_t*& wa, const uint8_t*& wb, const int
       : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29");
 #undef QLINEAR_CHUNK
 }
-#undef QLINEAR_UNPACK
+#undef QLINEAR_INT4_BLOCK
+#undef QLINEAR_INT4_CHUNK
 #undef QLINEAR_LDW
 #undef QLINEAR_STEP
 #undef QLINEAR_STEP_INTO
