@@ -427,7 +427,7 @@ def pick_loops(binary: Binary, entry: re.Pattern, float_path: bool, rows: int | 
     if not float_path and (rows or 1) == 1:
         # An integer GEMV whose loop is the whole storage block (inner steps unrolled, the block's
         # int -> float epilogue inside): its loop at block 64 (8 rows x 64 k of multiply slots per
-        # panel, of `panels` panels (the i8mm int4 GEMV: two); on SMMLA twice that, a GEMV using
+        # panel, of `panels` panels (the i8mm GEMVs: two); on SMMLA twice that, a GEMV using
         # half of each tile), the asymmetric one (the longer), epilogue included.
         blocks = [l for l in mac_loops_all(loops) if any(is_conversion(i) for i in l.insns)
                   and sum(macs(i) for i in l.insns if i.mnemonic in KEY_CLASSES[key_class(l)])
@@ -459,8 +459,8 @@ def qlinear_kernels(binary: Binary) -> list[Kernel]:
             desc = desc.replace("{mr}", str(rows))
         if desc.encode() + b"\0" not in rodata:
             raise RuntimeError(f"descriptor {desc} is not in {binary.path}: the script's list is out of date")
-        # the i8mm int4 GEMV runs two panels per iteration (mmla_step64_int4x2)
-        panels = 2 if level == "i8mm" and bits == 4 and not gemm and not float_path else 1
+        # the i8mm GEMVs run two panels per iteration (mmla_step64x2)
+        panels = 2 if level == "i8mm" and not gemm and not float_path else 1
         loops, rows = pick_loops(binary, pattern, float_path, rows if not float_path else (1 if not gemm else 0), panels)
         note = ""
         if not float_path and any(is_conversion(i) for i in loops[-1].insns):

@@ -375,45 +375,24 @@ void mmla_gemm_int4(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0,
 
 // The GEMV on nr8_kr8_s8 / nr8_kr8: per 8-k step, 4 SMMLAs (one per row pair) against 16
 // activation bytes whose first 8 are the step's k; lanes 0, 1 of each tile hold the rows' sums,
-// lanes 2, 3 products with the following k, dropped. int4 runs two panels at a time where its
-// block is a multiple of 64 k. The float operations are panel_tile's, in its order
-// (bit-identical).
-// 64 k of one row (both pointers advanced) into e[j] (lanes 0, 1: rows 2j, 2j + 1). The activation
+// lanes 2, 3 products with the following k, dropped. Two panels at a time where the block is a
+// multiple of 64 k. The float operations are panel_tile's, in its order (bit-identical).
+// 64 k of one row (the pointers advanced) into e[j] (lanes 0, 1: rows 2j, 2j + 1). The activation
 // operand of 8-k step s is x[8s .. 8s + 15] (its first row the step's k; an EXT of two 16-byte
 // loads for odd s), so that every step's sums land in the same lanes: one accumulator per row
-// pair, no second set to zero and combine per block. int8: 512 weight bytes, the operands as
-// loaded; int4: 256 bytes, each 64 the operands of two steps (AND: the even step, USHR: the odd).
+// pair, no second set to zero and combine per block. Per 16 k (a chunk: steps XE, XO), int8: 128
+// weight bytes, the operands as loaded; int4: 64 bytes, their low nibbles the even step's
+// operands (v16-v19), their high nibbles the odd step's (v20-v23). E names the accumulators, W
+// the weight pointer; QLINEAR_BLOCK64: the 4 chunks of 64 k, the activation operands shared by
+// the chunks CHUNK runs (one panel's or two).
 #define QLINEAR_STEP_INTO(E, X, A, B, C, D)                                                     \
     "smmla %[" E "0].4s, " X ".16b, " A ".16b\n\t"                                              \
     "smmla %[" E "1].4s, " X ".16b, " B ".16b\n\t"                                              \
     "smmla %[" E "2].4s, " X ".16b, " C ".16b\n\t"                                              \
     "smmla %[" E "3].4s, " X ".16b, " D ".16b\n\t"
-#define QLINEAR_STEP(X, A, B, C, D) QLINEAR_STEP_INTO("e", X, A, B, C, D)
-#define QLINEAR_LDW(R) "ld1 {" R "}, [%[w]], #64\n\t"
-inline void mmla_step64(const uint8_t*& w, const int8_t*& x, int32x4_t (&e)[4]) {
-  asm("ld1 {v24.16b-v27.16b}, [%[x]], #64\n\t"
-      QLINEAR_LDW("v16.16b-v19.16b")
-      QLINEAR_LDW("v20.16b-v23.16b")
-      "ext v28.16b, v24.16b, v25.16b, #8\n\t"
-      QLINEAR_STEP("v24", "v16", "v17", "v18", "v19") QLINEAR_LDW("v16.16b-v19.16b")
-      QLINEAR_STEP("v28", "v20", "v21", "v22", "v23") QLINEAR_LDW("v20.16b-v23.16b")
-      "ext v29.16b, v25.16b, v26.16b, #8\n\t"
-      QLINEAR_STEP("v25", "v16", "v17", "v18", "v19") QLINEAR_LDW("v16.16b-v19.16b")
-      QLINEAR_STEP("v29", "v20", "v21", "v22", "v23") QLINEAR_LDW("v20.16b-v23.16b")
-      "ext v28.16b, v26.16b, v27.16b, #8\n\t"
-      QLINEAR_STEP("v26", "v16", "v17", "v18", "v19") QLINEAR_LDW("v16.16b-v19.16b")
-      QLINEAR_STEP("v28", "v20", "v21", "v22", "v23") QLINEAR_LDW("v20.16b-v23.16b")
-      "ext v29.16b, v27.16b, v27.16b, #8\n\t"
-      QLINEAR_STEP("v27", "v16", "v17", "v18", "v19")
-      QLINEAR_STEP("v29", "v20", "v21", "v22", "v23")
-      : [w] "+r"(w), [x] "+r"(x), [e0] "+w"(e[0]), [e1] "+w"(e[1]), [e2] "+w"(e[2]), [e3] "+w"(e[3])
-      : "m"(*reinterpret_cast<const uint8_t(*)[512]>(w)), "m"(*reinterpret_cast<const int8_t(*)[64]>(x))
-      : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29");
-}
-
-// int4: per 16 k, the 64 loaded bytes' low nibbles (v16-v19: the even step's operands) and high
-// nibbles (v20-v23: the odd step's), each against its activation operand (XE, XO); E names the
-// accumulators, W the weight pointer. QLINEAR_INT4_BLOCK: 64 k, the activation operands shared.
+#define QLINEAR_INT8_CHUNK(E, W, XE, XO)                                                        \
+    "ld1 {v16.16b-v19.16b}, [%[" W "]], #64\n\t" "ld1 {v20.16b-v23.16b}, [%[" W "]], #64\n\t"      \
+    QLINEAR_STEP_INTO(E, XE, "v16", "v17", "v18", "v19") QLINEAR_STEP_INTO(E, XO, "v20", "v21", "v22", "v23")
 #define QLINEAR_INT4_CHUNK(E, W, XE, XO)                                                        \
     "ld1 {v16.16b-v19.16b}, [%[" W "]], #64\n\t"                                               \
     "ushr v20.16b, v16.16b, #4\n\t" "ushr v21.16b, v17.16b, #4\n\t"                             \
@@ -421,37 +400,63 @@ inline void mmla_step64(const uint8_t*& w, const int8_t*& x, int32x4_t (&e)[4]) 
     "and v16.16b, v16.16b, %[m].16b\n\t" "and v17.16b, v17.16b, %[m].16b\n\t"                     \
     "and v18.16b, v18.16b, %[m].16b\n\t" "and v19.16b, v19.16b, %[m].16b\n\t"                     \
     QLINEAR_STEP_INTO(E, XE, "v16", "v17", "v18", "v19") QLINEAR_STEP_INTO(E, XO, "v20", "v21", "v22", "v23")
-#define QLINEAR_INT4_BLOCK(CHUNK)                                                               \
+#define QLINEAR_BLOCK64(CHUNK)                                                                  \
     "ld1 {v24.16b-v27.16b}, [%[x]], #64\n\t"                                                    \
     "ext v28.16b, v24.16b, v25.16b, #8\n\t" CHUNK("v24", "v28")                                  \
     "ext v29.16b, v25.16b, v26.16b, #8\n\t" CHUNK("v25", "v29")                                  \
     "ext v28.16b, v26.16b, v27.16b, #8\n\t" CHUNK("v26", "v28")                                  \
     "ext v29.16b, v27.16b, v27.16b, #8\n\t" CHUNK("v27", "v29")
-inline void mmla_step64_int4(const uint8_t*& w, const int8_t*& x, int32x4_t (&e)[4], uint8x16_t low4) {
-#define QLINEAR_CHUNK(XE, XO) QLINEAR_INT4_CHUNK("e", "w", XE, XO)
-  asm(QLINEAR_INT4_BLOCK(QLINEAR_CHUNK)
-      : [w] "+r"(w), [x] "+r"(x), [e0] "+w"(e[0]), [e1] "+w"(e[1]), [e2] "+w"(e[2]), [e3] "+w"(e[3])
-      : [m] "w"(low4), "m"(*reinterpret_cast<const uint8_t(*)[256]>(w)), "m"(*reinterpret_cast<const int8_t(*)[64]>(x))
-      : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29");
+#define QLINEAR_GEMV_CLOBBERS                                                                   \
+    "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29"
+
+// One panel (w) or two (w, w2), 64 k; low4: the nibble mask (int4).
+template <int BITS>
+inline void mmla_step64(const uint8_t*& w, const int8_t*& x, int32x4_t (&e)[4], uint8x16_t low4) {
+  constexpr int kBytes = 64 * BITS;  // weight bytes of 64 k
+  if constexpr (BITS == 8) {
+#define QLINEAR_CHUNK(XE, XO) QLINEAR_INT8_CHUNK("e", "w", XE, XO)
+    asm(QLINEAR_BLOCK64(QLINEAR_CHUNK)
+        : [w] "+r"(w), [x] "+r"(x), [e0] "+w"(e[0]), [e1] "+w"(e[1]), [e2] "+w"(e[2]), [e3] "+w"(e[3])
+        : "m"(*reinterpret_cast<const uint8_t(*)[kBytes]>(w)), "m"(*reinterpret_cast<const int8_t(*)[64]>(x))
+        : QLINEAR_GEMV_CLOBBERS);
 #undef QLINEAR_CHUNK
+  } else {
+#define QLINEAR_CHUNK(XE, XO) QLINEAR_INT4_CHUNK("e", "w", XE, XO)
+    asm(QLINEAR_BLOCK64(QLINEAR_CHUNK)
+        : [w] "+r"(w), [x] "+r"(x), [e0] "+w"(e[0]), [e1] "+w"(e[1]), [e2] "+w"(e[2]), [e3] "+w"(e[3])
+        : [m] "w"(low4), "m"(*reinterpret_cast<const uint8_t(*)[kBytes]>(w)),
+          "m"(*reinterpret_cast<const int8_t(*)[64]>(x))
+        : QLINEAR_GEMV_CLOBBERS);
+#undef QLINEAR_CHUNK
+  }
 }
 
-// The same for two panels at once, sharing the activation loads and EXTs: 64 k of each.
-inline void mmla_step64_int4x2(const uint8_t*& wa, const uint8_t*& wb, const int8_t*& x, int32x4_t (&ea)[4],
-                               int32x4_t (&eb)[4], uint8x16_t low4) {
-#define QLINEAR_CHUNK(XE, XO) QLINEAR_INT4_CHUNK("a", "wa", XE, XO) QLINEAR_INT4_CHUNK("b", "wb", XE, XO)
-  asm(QLINEAR_INT4_BLOCK(QLINEAR_CHUNK)
-      : [wa] "+r"(wa), [wb] "+r"(wb), [x] "+r"(x), [a0] "+w"(ea[0]), [a1] "+w"(ea[1]), [a2] "+w"(ea[2]),
-        [a3] "+w"(ea[3]), [b0] "+w"(eb[0]), [b1] "+w"(eb[1]), [b2] "+w"(eb[2]), [b3] "+w"(eb[3])
-      : [m] "w"(low4), "m"(*reinterpret_cast<const uint8_t(*)[256]>(wa)),
-        "m"(*reinterpret_cast<const uint8_t(*)[256]>(wb)), "m"(*reinterpret_cast<const int8_t(*)[64]>(x))
-      : "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29");
+template <int BITS>
+inline void mmla_step64x2(const uint8_t*& w, const uint8_t*& w2, const int8_t*& x, int32x4_t (&e)[4],
+                          int32x4_t (&e2)[4], uint8x16_t low4) {
+  constexpr int kBytes = 64 * BITS;
+#define QLINEAR_X2_OPERANDS                                                                     \
+    : [w] "+r"(w), [w2] "+r"(w2), [x] "+r"(x), [e0] "+w"(e[0]), [e1] "+w"(e[1]), [e2] "+w"(e[2]),  \
+      [e3] "+w"(e[3]), [f0] "+w"(e2[0]), [f1] "+w"(e2[1]), [f2] "+w"(e2[2]), [f3] "+w"(e2[3])
+#define QLINEAR_X2_MEMORY                                                                       \
+    "m"(*reinterpret_cast<const uint8_t(*)[kBytes]>(w)), "m"(*reinterpret_cast<const uint8_t(*)[kBytes]>(w2)), \
+    "m"(*reinterpret_cast<const int8_t(*)[64]>(x))
+  if constexpr (BITS == 8) {
+#define QLINEAR_CHUNK(XE, XO) QLINEAR_INT8_CHUNK("e", "w", XE, XO) QLINEAR_INT8_CHUNK("f", "w2", XE, XO)
+    asm(QLINEAR_BLOCK64(QLINEAR_CHUNK) QLINEAR_X2_OPERANDS : QLINEAR_X2_MEMORY : QLINEAR_GEMV_CLOBBERS);
 #undef QLINEAR_CHUNK
+  } else {
+#define QLINEAR_CHUNK(XE, XO) QLINEAR_INT4_CHUNK("e", "w", XE, XO) QLINEAR_INT4_CHUNK("f", "w2", XE, XO)
+    asm(QLINEAR_BLOCK64(QLINEAR_CHUNK) QLINEAR_X2_OPERANDS : [m] "w"(low4), QLINEAR_X2_MEMORY : QLINEAR_GEMV_CLOBBERS);
+#undef QLINEAR_CHUNK
+  }
+#undef QLINEAR_X2_MEMORY
+#undef QLINEAR_X2_OPERANDS
 }
-#undef QLINEAR_INT4_BLOCK
+#undef QLINEAR_GEMV_CLOBBERS
+#undef QLINEAR_BLOCK64
 #undef QLINEAR_INT4_CHUNK
-#undef QLINEAR_LDW
-#undef QLINEAR_STEP
+#undef QLINEAR_INT8_CHUNK
 #undef QLINEAR_STEP_INTO
 
 // A block's int32 tiles e (lanes 0, 1: rows 2j, 2j + 1) into the panel's outputs y (rows 0-3,
@@ -484,11 +489,11 @@ inline void store_panel(const Int8MatmulArgs& a, int64_t m, int64_t p, const flo
   for (int64_t r = 0; r < rows; ++r) out[n0 + r] = a.bias ? tmp[r] + a.bias[n0 + r] : tmp[r];
 }
 
-// NP panels from panel p for row m (NP 2: int4 at a block of a multiple of 64 k, the panels
-// sharing the activation operands).
+// NP panels from panel p for row m (NP 2: at a block of a multiple of 64 k, the panels sharing
+// the activation operands).
 template <int BITS, int KB, bool ASYM, int NP>
 inline void mmla_gemv_panels(const Int8MatmulArgs& a, int64_t m, int64_t p, uint8x16_t low4) {
-  static_assert(NP == 1 || (BITS == 4 && KB != 0 && KB % 64 == 0), "two panels at a time: int4, 64-k steps");
+  static_assert(NP == 1 || (KB != 0 && KB % 64 == 0), "two panels at a time: 64-k steps");
   const WeightGeometry& g = *a.w;
   const int64_t block = KB ? KB : g.block, nb = g.nblocks;
   // the shifted sum (code_shift - zero_point) * sum is not zero for asymmetric int8 (128) and
@@ -522,9 +527,8 @@ inline void mmla_gemv_panels(const Int8MatmulArgs& a, int64_t m, int64_t p, uint
     };
     if constexpr (KB != 0 && KB % 64 == 0) {
       for (int kk = 0; kk < KB; kk += 64) {
-        if constexpr (NP == 2) mmla_step64_int4x2(w0, w1, x, e0, e1, low4);
-        else if constexpr (BITS == 8) mmla_step64(w0, x, e0);
-        else mmla_step64_int4(w0, x, e0, low4);
+        if constexpr (NP == 2) mmla_step64x2<BITS>(w0, w1, x, e0, e1, low4);
+        else mmla_step64<BITS>(w0, x, e0, low4);
       }
     } else if constexpr (KB != 0) {
 #pragma GCC unroll 8
@@ -541,7 +545,7 @@ inline void mmla_gemv_panels(const Int8MatmulArgs& a, int64_t m, int64_t p, uint
 
 template <int BITS, int KB, bool ASYM>
 void mmla_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
-  constexpr bool kPairs = BITS == 4 && KB != 0 && KB % 64 == 0;
+  constexpr bool kPairs = KB != 0 && KB % 64 == 0;
   const uint8x16_t low4 = vdupq_n_u8(0x0F);
   for (int64_t m = m0; m < m1; ++m) {
     int64_t p = p0;
