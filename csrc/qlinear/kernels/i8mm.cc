@@ -557,16 +557,9 @@ void mmla_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0,
 
 template <int BITS>
 void mmla_gemv(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
-  const WeightGeometry& g = *a.w;
-  const auto run = [&](auto kb) {
-    constexpr int KB = decltype(kb)::value;
-    if (g.symmetric) mmla_gemv_impl<BITS, KB, false>(a, m0, m1, p0, p1);
-    else mmla_gemv_impl<BITS, KB, true>(a, m0, m1, p0, p1);
-  };
-  if (g.block == 64) run(Rows<64>{});
-  else if (g.block == 32) run(Rows<32>{});
-  else if (g.block == 128) run(Rows<128>{});
-  else run(Rows<0>{});
+  arm::with_block_and_symmetry(*a.w, [&](auto kb, auto asym) {
+    mmla_gemv_impl<BITS, decltype(kb)::value, decltype(asym)::value>(a, m0, m1, p0, p1);
+  });
 }
 
 // The kernels for the dotprod level's layouts (int4 nr8_kr4, int8 nr8_kr4_s8: files converted on

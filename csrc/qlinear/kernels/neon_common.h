@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "../kernels.h"
 #include "../layout_access.h"  // kKr8Gather
@@ -152,6 +153,21 @@ void gemm(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p
     for (int64_t p = p0; p < p1; ++p)
       for_row_tiles<MR>(mc, mc1, [&](auto rows, int64_t m) { panel_tile<BlockDot, BITS, decltype(rows)::value>(a, m, p); });
   }
+}
+
+// Runs f(Rows<KB>{}, std::bool_constant<ASYM>{}) for the weight: its storage block as a constant
+// where the GEMVs unroll it (64, 32, 128; else KB 0, the block read at run time), and whether it
+// is asymmetric.
+template <class F>
+inline void with_block_and_symmetry(const WeightGeometry& g, F&& f) {
+  const auto by_symmetry = [&](auto kb) {
+    if (g.symmetric) f(kb, std::false_type{});
+    else f(kb, std::true_type{});
+  };
+  if (g.block == 64) by_symmetry(Rows<64>{});
+  else if (g.block == 32) by_symmetry(Rows<32>{});
+  else if (g.block == 128) by_symmetry(Rows<128>{});
+  else by_symmetry(Rows<0>{});
 }
 
 #if defined(__ARM_FEATURE_DOTPROD)
@@ -460,16 +476,9 @@ void sdot_gemv_impl(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0,
 
 template <int BITS>
 void sdot_gemv(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
-  const WeightGeometry& g = *a.w;
-  const auto run = [&](auto kb) {
-    constexpr int KB = decltype(kb)::value;
-    if (g.symmetric) sdot_gemv_impl<BITS, KB, false>(a, m0, m1, p0, p1);
-    else sdot_gemv_impl<BITS, KB, true>(a, m0, m1, p0, p1);
-  };
-  if (g.block == 64) run(Rows<64>{});
-  else if (g.block == 32) run(Rows<32>{});
-  else if (g.block == 128) run(Rows<128>{});
-  else run(Rows<0>{});
+  with_block_and_symmetry(*a.w, [&](auto kb, auto asym) {
+    sdot_gemv_impl<BITS, decltype(kb)::value, decltype(asym)::value>(a, m0, m1, p0, p1);
+  });
 }
 
 #endif  // __ARM_FEATURE_DOTPROD

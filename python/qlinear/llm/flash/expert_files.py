@@ -54,7 +54,7 @@ class ExpertFile:
         if len(geoms) != 1:
             raise ValueError(f"{path}: the experts are quantized differently; memory='flash' reads one geometry")
         self.gate_up, self.down = geoms.pop()
-        flash_layout.check_native((self.gate_up, self.down), self.path)
+        flash_layout.check_readable((self.gate_up, self.down), self.path)
         if any(g.nbytes != n for g, n in zip((self.gate_up, self.down), (gn, dn))):
             raise ValueError(f"{path}: expert sizes do not match their geometry")
         self.expert_bytes = self.read_bytes = self.gate_up.nbytes + self.down.nbytes

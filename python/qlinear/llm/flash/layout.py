@@ -77,7 +77,7 @@ class Geometry:
                 "symmetric": self.symmetric, "layout": self.layout}
 
 
-def check_native(geoms, where: str) -> None:
+def check_readable(geoms, where: str) -> None:
     """Flash reads packed bytes into the kernels as the file has them: the running level's kernels
     must read their layout (its own, or on the i8mm level the dotprod level's as well): int8 codes
     are stored flipped on ARM, and the i8mm level keeps 8 k of a row together."""

@@ -62,7 +62,7 @@ class FFNFile:
                 raise ValueError(f"{path}: the layers' FFN weights are quantized differently; "
                                  "memory='flash' streams one geometry")
             self.layout = flash_layout.FFNLayout(*geoms[0])
-        flash_layout.check_native((self.layout.gate_up, self.layout.down), str(path))
+        flash_layout.check_readable((self.layout.gate_up, self.layout.down), str(path))
         for layer in names:
             for n in layer:
                 if n not in entries:
