@@ -1,5 +1,6 @@
 // Binds the runtime: cpu_info, the thread pool's size (set_num_threads / get_num_threads), the
-// active ISA level (set_isa), family_layout, and stream_read (the memory's read bandwidth).
+// active ISA level (set_isa), the layouts it packs and reads (native_layout / reads_layout), and
+// stream_read (the memory's read bandwidth).
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -74,7 +75,6 @@ void register_runtime(py::module_& m) {
     if (!parse_isa(name, &isa)) throw py::value_error("unknown ISA level '" + name + "'");
     if (!set_active_isa(isa)) throw py::value_error("ISA level '" + name + "' is not supported by this CPU");
   });
-  m.def("family_layout", [] { return std::string(layout_info(family_layout()).name); });
   // What a weight of `bits` is packed in for the active level.
   m.def("native_layout", [](int bits) {
     if (bits != 4 && bits != 8) throw py::value_error("bits must be 4 or 8, got " + std::to_string(bits));

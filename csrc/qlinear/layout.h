@@ -66,8 +66,8 @@ struct LayoutInfo {
 const LayoutInfo& layout_info(LayoutId id);
 // Looks a layout up by name; returns nullptr if unknown.
 const LayoutInfo* find_layout(const std::string& name);
-// The layout of this build's SIMD family: what its kernels read, so that every level of the
-// family, scalar included, runs the same packed weight.
+// The base layout of this build's SIMD family (x86 nr8_kr4, ARM nr8_kr4_s8): what the scalar
+// level packs in, so that its weights run on the family's levels (the i8mm level packs kr 8).
 LayoutId family_layout();
 // The layout a weight of `bits` is stored in when `layout` is asked for: int4 weights have no
 // flipped variant (nr8_kr4_s8 -> nr8_kr4), kr 8 is nr8_kr8 for int4 and nr8_kr8_s8 for int8.
