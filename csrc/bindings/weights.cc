@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "bindings/bindings.h"
+#include "qlinear/block_format.h"
 #include "qlinear/embedding_rows.h"
 #include "qlinear/layout.h"
 #include "qlinear/pack.h"
@@ -98,8 +99,62 @@ void pack_gguf_rows(const py::array& src, const std::string& type, PackedWeightH
   qlinear::pack_gguf_rows(g, *t, s, src.shape(0), row0, const_cast<uint8_t*>(dst.data()));
 }
 
+const FormatInfo& format_by_name(const std::string& name) {
+  const FormatInfo* f = find_format(name);
+  if (f == nullptr) {
+    std::string known;
+    for (const FormatInfo& i : block_formats()) known += std::string(known.empty() ? "" : ", ") + i.name;
+    throw py::value_error("unknown block format '" + name + "' (known: " + known + ")");
+  }
+  return *f;
+}
+
+const uint8_t* checked_rows(const py::array& src) {
+  if (dtype_num(src) != 2 /* uint8 */ || src.ndim() != 2 || !(src.flags() & py::array::c_style))
+    throw py::type_error("src must be a C-contiguous uint8 array [rows, bytes per row]");
+  return static_cast<const uint8_t*>(src.data());
+}
+
+// A block-format weight [n, k] from file rows (uint8 [n, bytes per row]): codes and constants
+// moved, nothing rounded.
+PackedWeightHandle pack_blocks(const py::array& src, const std::string& format, int64_t n, int64_t k) {
+  const FormatInfo& f = format_by_name(format);
+  const WeightGeometry g = make_block_geometry(n, k, f.id);
+  const uint8_t* s = checked_rows(src);
+  if (src.shape(0) != n) throw py::value_error("src has " + std::to_string(src.shape(0)) + " rows, the weight " + std::to_string(n));
+  py::array_t<uint8_t> packed(g.total_bytes);
+  std::fill_n(packed.mutable_data(), g.total_bytes, uint8_t(0));
+  {
+    py::gil_scoped_release release;
+    pack_block_rows(g, s, n, 0, src.shape(1), packed.mutable_data());
+  }
+  return PackedWeightHandle(g, packed);
+}
+
+// File rows into rows [row0, row0 + rows) of a block-format weight's own buffer, in place.
+void pack_block_rows_into(const py::array& src, PackedWeightHandle& dst, int64_t row0) {
+  const uint8_t* s = checked_rows(src);
+  const WeightGeometry& g = dst.geom();
+  if (!g.is_block_format()) throw py::value_error("the packed weight is not of a block format");
+  if (!dst.writable()) throw py::value_error("the packed weight's buffer is read-only");
+  py::gil_scoped_release release;
+  pack_block_rows(g, s, src.shape(0), row0, src.shape(1), const_cast<uint8_t*>(dst.data()));
+}
+
+py::array_t<uint8_t> unpack_blocks(const PackedWeightHandle& w) {
+  const WeightGeometry& g = w.geom();
+  if (!g.is_block_format()) throw py::value_error("the packed weight is not of a block format");
+  py::array_t<uint8_t> out({g.n, g.nblocks * format_info(g.format).file_bytes});
+  {
+    py::gil_scoped_release release;
+    unpack_block_rows(g, w.data(), g.n, 0, out.mutable_data());
+  }
+  return out;
+}
+
 py::tuple unpack(const PackedWeightHandle& w) {
   const WeightGeometry& g = w.geom();
+  if (g.is_block_format()) throw py::value_error("a block-format weight unpacks to file blocks: unpack_blocks");
   py::array_t<uint8_t> codes({g.n, g.k});
   py::array scale(py::dtype("float16"), {g.n, g.ngroups});
   py::array offset(py::dtype("float16"), {g.n, g.ngroups});
@@ -122,6 +177,13 @@ void register_weights(py::module_& m) {
            }),
            py::arg("buffer"), py::arg("n"), py::arg("k"), py::arg("bits"), py::arg("group_size"),
            py::arg("symmetric"), py::arg("layout"))
+      .def(py::init([](py::buffer buf, int64_t n, int64_t k, const std::string& format) {
+             return PackedWeightHandle(make_block_geometry(n, k, format_by_name(format).id), buf);
+           }),
+           py::arg("buffer"), py::arg("n"), py::arg("k"), py::arg("format"))
+      .def_property_readonly("format", [](const PackedWeightHandle& w) {
+        return w.geom().is_block_format() ? std::string(format_info(w.geom().format).name) : std::string("affine");
+      })
       .def_property_readonly("n", [](const PackedWeightHandle& w) { return w.geom().n; })
       .def_property_readonly("k", [](const PackedWeightHandle& w) { return w.geom().k; })
       .def_property_readonly("bits", [](const PackedWeightHandle& w) { return w.geom().bits; })
@@ -140,6 +202,17 @@ void register_weights(py::module_& m) {
         "Moves GGUF Q4_0 / Q8_0 rows (uint8 [rows, bytes per row]) into rows [row0, row0 + rows) of the "
         "packed weight dst (symmetric, group 32, int4 / int8), in place; no rounding.");
   m.def("unpack", &unpack);
+  m.def("pack_blocks", &pack_blocks, py::arg("src"), py::arg("format"), py::arg("n"), py::arg("k"),
+        "A block-format weight [n, k] from file rows (uint8 [n, bytes per row]); nothing rounded.");
+  m.def("pack_block_rows", &pack_block_rows_into, py::arg("src"), py::arg("dst"), py::arg("row0") = 0);
+  m.def("unpack_blocks", &unpack_blocks, "A block-format weight's rows as file blocks (uint8 [n, bytes per row]).");
+  m.def("block_formats", [] {
+    py::dict d;
+    for (const FormatInfo& f : block_formats())
+      d[f.name] = py::dict(py::arg("super") = f.super, py::arg("sub") = f.sub, py::arg("code_bits") = f.code_bits,
+                           py::arg("file_bytes") = f.file_bytes, py::arg("lookup") = f.lookup, py::arg("has_min") = f.has_min);
+    return d;
+  });
 }
 
 }  // namespace qlinear::bindings

@@ -27,6 +27,9 @@ struct QuantizedActs {
   const int32_t* sum = nullptr;  // [m, nblocks]: sum of q over the storage block
   const float* scaled_sum = nullptr;     // [m, nblocks]: scale * sum (the offset term's factor)
   const int32_t* shifted_sum = nullptr;  // [m, nblocks]: (code_shift - zero_point) * sum
+  // block formats (block_format.h): [m, ld16] sums of q over every 16 k (a sub-block's sum)
+  const int32_t* sum16 = nullptr;
+  int64_t ld16 = 0;
 };
 
 // Quantizes rows [m0, m1) of x (row stride ldx elements, K = k) with absmax scales per
@@ -133,6 +136,7 @@ struct Ukernel {
   int64_t m_min = 1, m_max = INT64_MAX;
   int64_t m_unit = 1;
   int32_t code_shift = 0;
+  Format format = Format::affine;  // the weight format it reads
 
   bool serves(int weight_bits, int64_t m) const {
     return bits == weight_bits && m >= m_min && m <= m_max && m >= m_unit;
@@ -154,6 +158,10 @@ struct KernelTable {
   // fp16 activations in FP16 arithmetic (levels with FEAT_FP16); where empty, fp16 activations
   // are converted and take the float32 kernels.
   std::vector<HalfUkernel> float16;
+  // The block formats' kernels (block_format.h): int8 and float activations, each kernel of the
+  // one format it names (Ukernel::format); a format without a kernel here runs the scalar ones.
+  std::vector<Int8Ukernel> blocks;
+  std::vector<FloatUkernel> blocks_float;
   // The same level's kernels for the weights of another layout that it also reads at speed (the
   // i8mm level: the dotprod level's layouts, as files converted on other ARM CPUs have), or null.
   const KernelTable* also = nullptr;

@@ -55,6 +55,13 @@ enum class LayoutId : uint8_t {
   nr8_kr8 = 4,     // int4 only: 8 rows x 16 k per 64-byte chunk: ARM i8mm (SMMLA)
 };
 
+// The weight's format: affine int4 / int8 (codes, fp16 scales and offsets per group: the rules of
+// docs/semantics.md, sections 1-3) or one of the block formats of GGUF files (block_format.h).
+enum class Format : uint8_t {
+  affine = 0,
+  q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4,
+};
+
 struct LayoutInfo {
   LayoutId id;
   const char* name;
@@ -97,6 +104,9 @@ struct WeightGeometry {
   int64_t block_bytes = 0;    // codes + scales (+ offsets)
   int64_t panel_bytes = 0;    // nblocks * block_bytes
   int64_t total_bytes = 0;    // npanels * panel_bytes
+  Format format = Format::affine;  // block formats: bits = code bits, block = super-block
+
+  bool is_block_format() const { return format != Format::affine; }
 
   int zero_point() const { return symmetric ? (bits == 4 ? 8 : 128) : 0; }
   int64_t padded_k() const { return nblocks * block; }

@@ -20,6 +20,7 @@ struct Scratch {
   std::vector<int32_t> sum;
   std::vector<float> scaled_sum;
   std::vector<int32_t> shifted_sum;
+  std::vector<int32_t> sum16;  // block formats
   std::vector<float> xf, xsum;  // float path
   std::vector<uint16_t> xh;     // float path in FP16 arithmetic: normalized fp16 activations
 };
@@ -34,7 +35,28 @@ constexpr int64_t kMinParallelWork = 1 << 18;
 
 }  // namespace
 
+namespace {
+
+// Whether the table has a kernel of the weight's block format.
+bool has_block_kernel(const KernelTable& kt, Format f, bool float_acts) {
+  const auto has = [f](const auto& kernels) {
+    for (const auto& k : kernels)
+      if (k.format == f) return true;
+    return false;
+  };
+  return float_acts ? has(kt.blocks_float) : has(kt.blocks);
+}
+
+// A block format's kernels: the active level's where it has them, else the scalar ones.
+const KernelTable& block_kernels_for(const WeightGeometry& w, bool float_acts) {
+  const KernelTable& kt = active_kernels();
+  return has_block_kernel(kt, w.format, float_acts) ? kt : scalar_kernels();
+}
+
+}  // namespace
+
 const KernelTable& kernels_for_weight(const WeightGeometry& w) {
+  if (w.is_block_format()) return block_kernels_for(w, false);
   const KernelTable* table = table_for(active_kernels(), w);
   return table != nullptr ? *table : scalar_kernels();
 }
@@ -62,21 +84,22 @@ struct Plan {
 };
 
 template <class U>
-const U* first_serving(const std::vector<U>& kernels, int bits, int64_t m, const U* like) {
+const U* first_serving(const std::vector<U>& kernels, int bits, Format format, int64_t m, const U* like) {
   for (const U& k : kernels)
-    if (k.serves(bits, m) && (like == nullptr || k.code_shift == like->code_shift)) return &k;
+    if (k.format == format && k.serves(bits, m) && (like == nullptr || k.code_shift == like->code_shift)) return &k;
   return nullptr;
 }
 
 template <class U>
-Plan<U> plan(const std::vector<U>& kernels, int bits, int64_t m) {
+Plan<U> plan(const std::vector<U>& kernels, const WeightGeometry& w, int64_t m) {
+  const int bits = w.bits;
   Plan<U> p;
-  const U* k = first_serving(kernels, bits, m, static_cast<const U*>(nullptr));
+  const U* k = first_serving(kernels, bits, w.format, m, static_cast<const U*>(nullptr));
   if (k == nullptr) throw std::logic_error("no kernel serves " + std::to_string(m) + " rows of " + std::to_string(bits) + "-bit weights");
   const int64_t whole = m / k->m_unit * k->m_unit;
   p.seg[p.count++] = {k, 0, whole};
   if (whole < m) {
-    const U* rest = first_serving(kernels, bits, m - whole, k);
+    const U* rest = first_serving(kernels, bits, w.format, m - whole, k);
     if (rest == nullptr) throw std::logic_error("no kernel serves the last " + std::to_string(m - whole) + " rows");
     p.seg[p.count++] = {rest, whole, m};
   }
@@ -145,6 +168,16 @@ void run_plan(const WeightGeometry& w, const Plan<U>& p, const Args& args) {
   for (int i = 0; i < p.count; ++i) run_kernel(w, *p.seg[i].k, p.seg[i].m0, p.seg[i].m1, args);
 }
 
+// The sums of every 16 int8 activations (the block formats' sub-block sums).
+void sums_of_16(const int8_t* q, int64_t ldq, int64_t m, int64_t kpad, int32_t* out) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < kpad / 16; ++j) {
+      int32_t t = 0;
+      for (int l = 0; l < 16; ++l) t += q[i * ldq + 16 * j + l];
+      out[i * (kpad / 16) + j] = t;
+    }
+}
+
 // Activation packing for an int8 request read by kernels of the given code_shift.
 Int8MatmulArgs pack_int8_acts(const KernelTable& kt, const MatmulRequest& r, int32_t code_shift, bool threaded) {
   const WeightGeometry& w = *r.w;
@@ -153,6 +186,8 @@ Int8MatmulArgs pack_int8_acts(const KernelTable& kt, const MatmulRequest& r, int
   s.q.resize(static_cast<size_t>(r.m * ldq));
   for (auto* v : {&s.scale, &s.scaled_sum}) v->resize(static_cast<size_t>(r.m * w.nblocks));
   for (auto* v : {&s.sum, &s.shifted_sum}) v->resize(static_cast<size_t>(r.m * w.nblocks));
+  const int64_t ld16 = kpad / 16;
+  if (w.is_block_format()) s.sum16.resize(static_cast<size_t>(r.m * ld16));
   const ActQuantArgs qa{r.x, r.dtype, r.ldx, w.k, w.block, w.nblocks, r.act_block,
                         s.q.data(), ldq, s.scale.data(), s.sum.data(),
                         s.scaled_sum.data(), s.shifted_sum.data(), code_shift - w.zero_point()};
@@ -161,8 +196,10 @@ Int8MatmulArgs pack_int8_acts(const KernelTable& kt, const MatmulRequest& r, int
   } else {
     kt.quantize_acts(qa, 0, r.m);
   }
+  if (w.is_block_format()) sums_of_16(s.q.data(), ldq, r.m, kpad, s.sum16.data());
   return {&w, r.packed,
-          {s.q.data(), ldq, s.scale.data(), s.sum.data(), s.scaled_sum.data(), s.shifted_sum.data()},
+          {s.q.data(), ldq, s.scale.data(), s.sum.data(), s.scaled_sum.data(), s.shifted_sum.data(),
+           w.is_block_format() ? s.sum16.data() : nullptr, ld16},
           r.bias, r.y, r.ldy};
 }
 
@@ -171,7 +208,7 @@ Int8MatmulArgs pack_int8_acts(const KernelTable& kt, const MatmulRequest& r, int
 void matmul_int8(const MatmulRequest& r) {
   if (r.m <= 0) return;
   const KernelTable& kt = kernels_for_weight(*r.w);
-  const auto p = plan(kt.int8, r.w->bits, r.m);
+  const auto p = plan(r.w->is_block_format() ? kt.blocks : kt.int8, *r.w, r.m);
   run_plan(*r.w, p, pack_int8_acts(kt, r, p.seg[0].k->code_shift, true));
 }
 
@@ -249,11 +286,16 @@ void matmul_float16_twin(const MatmulRequest& r) {
 void matmul_float(const MatmulRequest& r) {
   if (r.m <= 0) return;
   const WeightGeometry& w = *r.w;
+  if (w.is_block_format()) {
+    const KernelTable& kt = block_kernels_for(w, true);
+    run_plan(w, plan(kt.blocks_float, w, r.m), prepare_float(kt, r));
+    return;
+  }
   const KernelTable& kt = kernels_for_weight(w);
   if (takes_half_path(kt, r)) {
-    run_plan(w, plan(kt.float16, w.bits, r.m), prepare_half_acts(r, tl_scratch));
+    run_plan(w, plan(kt.float16, w, r.m), prepare_half_acts(r, tl_scratch));
   } else {
-    run_plan(w, plan(kt.float32, w.bits, r.m), prepare_float(kt, r));
+    run_plan(w, plan(kt.float32, w, r.m), prepare_float(kt, r));
   }
 }
 
@@ -270,12 +312,19 @@ void describe(const Plan<U>& p, int nr, std::vector<PlannedKernel>& out) {
 }  // namespace
 
 std::vector<PlannedKernel> planned_kernels(const WeightGeometry& w, int64_t m, Family family) {
-  const KernelTable& kt = kernels_for_weight(w);
   std::vector<PlannedKernel> out;
   if (m <= 0) return out;
-  if (family == Family::int8) describe(plan(kt.int8, w.bits, m), w.nr, out);
-  else if (family == Family::float16 && !kt.float16.empty()) describe(plan(kt.float16, w.bits, m), w.nr, out);
-  else describe(plan(kt.float32, w.bits, m), w.nr, out);
+  if (w.is_block_format()) {
+    const bool fl = family != Family::int8;
+    const KernelTable& kt = block_kernels_for(w, fl);
+    if (fl) describe(plan(kt.blocks_float, w, m), w.nr, out);
+    else describe(plan(kt.blocks, w, m), w.nr, out);
+    return out;
+  }
+  const KernelTable& kt = kernels_for_weight(w);
+  if (family == Family::int8) describe(plan(kt.int8, w, m), w.nr, out);
+  else if (family == Family::float16 && !kt.float16.empty()) describe(plan(kt.float16, w, m), w.nr, out);
+  else describe(plan(kt.float32, w, m), w.nr, out);
   return out;
 }
 
@@ -284,7 +333,9 @@ namespace {
 template <class U>
 void check_runs(const KernelTable& kt, const U& k, const MatmulRequest& r) {
   const WeightGeometry& w = *r.w;
-  if (kt.isa != Isa::scalar && !table_reads(kt, w))
+  if (k.format != w.format)
+    throw std::invalid_argument(std::string(k.name) + " reads another weight format than the weight's");
+  if (!w.is_block_format() && kt.isa != Isa::scalar && !table_reads(kt, w))
     throw std::invalid_argument(std::string(k.name) + " reads another layout than the weight's");
   if (!k.serves(w.bits, r.m) || r.m % k.m_unit != 0)
     throw std::invalid_argument(std::string(k.name) + " does not serve " + std::to_string(r.m) + " rows of " +
@@ -296,11 +347,11 @@ void check_runs(const KernelTable& kt, const U& k, const MatmulRequest& r) {
 void run_ukernel(const KernelTable& kt, Family family, size_t index, const MatmulRequest& r) {
   const WeightGeometry& w = *r.w;
   if (family == Family::int8) {
-    const Int8Ukernel& k = kt.int8.at(index);
+    const Int8Ukernel& k = (w.is_block_format() ? kt.blocks : kt.int8).at(index);
     check_runs(kt, k, r);
     k.fn(pack_int8_acts(kt, r, k.code_shift, false), 0, r.m, 0, w.npanels);
-  } else if (family == Family::float32) {
-    const FloatUkernel& k = kt.float32.at(index);
+  } else if (family == Family::float32 || w.is_block_format()) {
+    const FloatUkernel& k = (w.is_block_format() ? kt.blocks_float : kt.float32).at(index);
     check_runs(kt, k, r);
     k.fn(prepare_float(kt, r), 0, r.m, 0, w.npanels);
   } else {

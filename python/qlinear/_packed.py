@@ -32,7 +32,14 @@ class PackedWeight:
 
     @property
     def bits(self) -> int:
+        """Code bits (4 or 8; a block format's 4, 5 or 6)."""
         return self._h.bits
+
+    @property
+    def format(self) -> str:
+        """"affine" (int4 / int8 with float16 scales and offsets) or a block format's GGUF name
+        ("Q4_K", "Q6_K", "IQ4_XS", "MXFP4", ...: ``qlinear.blocks``)."""
+        return self._h.format
 
     @property
     def group_size(self) -> int:
@@ -73,6 +80,9 @@ class PackedWeight:
         return b
 
     def __repr__(self) -> str:
+        if self.format != "affine":
+            return (f"PackedWeight(shape={self.shape}, {self.format}, "
+                    f"layout={self.layout!r}, {self.bits_per_weight:.3f} bits/weight)")
         kind = "per-channel" if self.per_channel else f"group {self.group_size}"
         sym = "symmetric" if self.symmetric else "asymmetric"
         return (f"PackedWeight(shape={self.shape}, int{self.bits}, {kind}, {sym}, "
@@ -83,17 +93,27 @@ class PackedWeight:
         """(codes uint8 [N, K], scale float16 [N, G], offset float16 [N, G] or None).
 
         Codes are as stored: q for asymmetric weights, q + zero_point (8 / 128) for symmetric.
+        A block-format weight unpacks to its file rows instead: ``unpack_blocks``.
         """
         return _core.unpack(self._h)
+
+    def unpack_blocks(self) -> np.ndarray:
+        """A block-format weight's rows as the file stores them (uint8 [N, bytes per row])."""
+        return _core.unpack_blocks(self._h)
 
     def copy_to(self, out: np.ndarray) -> "PackedWeight":
         """This weight over ``out`` (a writable uint8 array of ``nbytes``), its bytes copied there."""
         out[:] = self.buffer
         h = self._h
+        if h.format != "affine":
+            return PackedWeight(_core.PackedWeightHandle(out, h.n, h.k, h.format))
         return PackedWeight(_core.PackedWeightHandle(out, h.n, h.k, h.bits, h.group_size, h.symmetric, h.layout))
 
     def dequantize(self, dtype=np.float32) -> np.ndarray:
         """The weights the kernels really use, ``[N, K]`` (float32 arithmetic)."""
+        if self.format != "affine":
+            from . import blocks
+            return blocks.dequantize(self.unpack_blocks(), self.format, self.shape[1]).astype(dtype)
         from .reference import QuantizedWeight, dequantize_weight
         codes, scale, offset = self.unpack()
         qw = QuantizedWeight(codes, scale, offset, self.bits, self.group_size, self.symmetric)
@@ -101,7 +121,7 @@ class PackedWeight:
 
 
 def pack_weight(w, bits: int = 4, group_size: Optional[int] = 64,
-                symmetric: bool = False) -> PackedWeight:
+                symmetric: bool = False, format: Optional[str] = None) -> PackedWeight:
     """Quantize ``w`` ``[N, K]`` (numpy or torch; float32 / float16 / bfloat16; a nested list
     of floats is converted with ``np.asarray``) and pack it (``qlinear.save_weight`` writes it).
 
@@ -117,6 +137,26 @@ def pack_weight(w, bits: int = 4, group_size: Optional[int] = 64,
         raise ValueError(f"weight must be non-empty, got shape {arr.shape}")
     gs = arr.shape[1] if group_size is None else group_size
     return PackedWeight(_core.quantize_and_pack(arr, bits, gs, bool(symmetric)))
+
+
+def pack_blocks(raw, format: str, shape) -> PackedWeight:
+    """A block-format weight of ``shape`` [N, K] from its file rows (uint8 [N, bytes per row], as
+    a GGUF file stores the tensor): codes and constants moved into this CPU's layout, nothing
+    rounded. Rows whose scales are NaN or infinite are refused."""
+    from . import blocks
+    fmt = blocks.block_format(format)
+    if not (isinstance(shape, (tuple, list)) and len(shape) == 2 and all(isinstance(v, (int, np.integer)) and v > 0 for v in shape)):
+        raise ValueError(f"shape must be [N, K] of positive ints, got {shape!r}")
+    n, k = int(shape[0]), int(shape[1])
+    raw = np.asarray(raw)
+    if raw.dtype != np.uint8:
+        raise TypeError(f"file rows must be uint8, got {raw.dtype}")
+    if raw.ndim == 1:
+        raw = raw.reshape(n, -1) if raw.size % n == 0 else raw[None]
+    want = (n, blocks.row_bytes(fmt, k))
+    if raw.shape != want:
+        raise ValueError(f"{fmt.name} weight of shape {(n, k)} needs file rows of shape {want}, got {raw.shape}")
+    return PackedWeight(_core.pack_blocks(np.ascontiguousarray(raw), fmt.name, n, k))
 
 
 def pack_quantized(codes, scale, offset, bits: int, group_size: Optional[int],

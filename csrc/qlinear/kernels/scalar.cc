@@ -6,6 +6,7 @@
 #include "../fp16_path.h"
 #include "../kernels.h"
 #include "../layout_access.h"
+#include "block_kernels.h"
 
 namespace qlinear {
 namespace {
@@ -184,7 +185,8 @@ void half_float_matmul_twin(const HalfMatmulArgs& a, int64_t m0, int64_t m1, int
 const KernelTable& scalar_kernels() {
   // One function per family serves every M; GEMV (M = 1) and GEMM are listed apart so that
   // kernel_info names what runs as at the other levels.
-  static const KernelTable table = {
+  static const KernelTable table = [] {
+    KernelTable t = {
       Isa::scalar,
       family_layout(),  // reads any layout (read_code); packs for the SIMD family of this build
       quantize_acts, "quantize_acts_absmax_scalar",
@@ -202,7 +204,10 @@ const KernelTable& scalar_kernels() {
           {"gemm_w8f32_scalar", float_matmul, 8, 1, 1, 2},
       },
       {},
-  };
+    };
+    add_scalar_block_kernels(t);
+    return t;
+  }();
   return table;
 }
 

@@ -1,0 +1,19 @@
+// The block formats' kernels (block_format.h) as the levels list them in KernelTable::blocks /
+// blocks_float.
+#pragma once
+
+#include <string>
+
+#include "../kernels.h"
+
+namespace qlinear {
+
+// A kernel name that lives as long as the program: "<scheme>_<format>_<what>_<level>", e.g.
+// gemv_q6_k_a8_1x8_avx2 (format in lower case).
+const char* block_kernel_name(const char* scheme, Format f, const char* what, const char* level);
+
+// The scalar kernels of every block format (every M): the scalar level's, and the fallback of
+// the levels that lack a format.
+void add_scalar_block_kernels(KernelTable& t);
+
+}  // namespace qlinear
