@@ -128,7 +128,18 @@ def pack_weight(w, bits: int = 4, group_size: Optional[int] = 64,
     ``group_size``: 32, 64, 128 or 256 consecutive k per scale, or None (or >= K) for one scale
     per output row. ``symmetric=False`` (the default, as mnn-llm) stores a float16 offset per
     group besides the scale.
+
+    ``format``: a block format instead ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q4_1", "Q5_1", "IQ4_NL",
+    "IQ4_XS", "MXFP4": ``qlinear.blocks``): quantized by the package's rounding into the format's
+    file blocks, then packed (``bits``, ``group_size`` and ``symmetric`` are the format's).
     """
+    if format is not None:
+        from . import blocks
+        fmt = blocks.block_format(format)
+        arr = weight_to_numpy(w)
+        if arr.ndim != 2:
+            raise ValueError(f"weight must have shape [N, K], got shape {arr.shape}")
+        return pack_blocks(blocks.quantize(arr, fmt), fmt.name, arr.shape)
     bits, group_size = _check_params(bits, group_size, symmetric)
     arr = weight_to_numpy(w)
     if arr.ndim != 2:

@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "avx2.h"
+#include "block_kernels.h"
 #include "x86_common.h"
 
 namespace qlinear {
@@ -213,7 +214,8 @@ struct MaddubsTileDot {
 
 const KernelTable& avx2_kernels() {
   using namespace x86;
-  static const KernelTable table = {
+  static const KernelTable table = [] {
+    KernelTable t = {
       Isa::avx2, LayoutId::nr8_kr4,
       quantize_acts, "quantize_acts_absmax_avx2",
       avx2::prepare_float_acts,
@@ -226,7 +228,11 @@ const KernelTable& avx2_kernels() {
       },
       avx2::float_ukernels(),
       {},
-  };
+    };
+    add_scalar_block_kernels(t);  // the float path of the block formats
+    add_avx2_block_kernels(t);
+    return t;
+  }();
   return table;
 }
 

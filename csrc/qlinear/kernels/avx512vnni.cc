@@ -8,6 +8,7 @@
 //   int8: the stored codes 0..255 directly (code_shift 0: shifted_sum = -zero_point * sum).
 // Activation quantization and the float path are the AVX2 level's (every AVX-512 CPU has AVX2 +
 // FMA + F16C).
+#include "block_kernels.h"
 #include "x86_zmm.h"
 
 namespace qlinear {
@@ -19,6 +20,7 @@ const KernelTable& avx512vnni_kernels() {
   static const KernelTable table = [] {
     KernelTable t = avx2_kernels();  // activation quantization and the float path
     t.isa = Isa::avx512vnni;
+    add_avx512vnni_block_kernels(t);
     t.int8.clear();
     // GEMV (decode): the AVX2 level's GEMVs come first. Measured on a Zen 5 CPU in one run, they
     // stream a Qwen2.5-0.5B model's weights at 98% of a plain streaming read against 65% for the

@@ -8,6 +8,7 @@
 // Kernels: GEMV 1x8, GEMM 4x8 row tiles over the packed panels, and from 12 rows 6-row x
 // 16-output tiles over blocks of two panels (int4 unpacked once in L1, int8 read as packed).
 // Activation quantization and the float path are the AVX2 level's.
+#include "block_kernels.h"
 #include "x86_common.h"
 
 #include "avx2.h"
@@ -32,6 +33,7 @@ const KernelTable& avxvnni_kernels() {
   static const KernelTable table = [] {
     KernelTable t = avx2_kernels();  // activation quantization and the float path
     t.isa = Isa::avxvnni;
+    add_avxvnni_block_kernels(t);
     t.int8 = {
         ukernel<Dot>("gemv_w4a8_nr8_kr4_1x8_avxvnni", gemv<YmmVnni, Dot, 4>, 4, 1, 1, 1, 1),
         ukernel<TileDot>("gemm_w4a8_nr8_kr4_6x16_avxvnni", gemm_tiled<TileDot, 4>, 4, 6, 2, 12),

@@ -16,4 +16,11 @@ const char* block_kernel_name(const char* scheme, Format f, const char* what, co
 // the levels that lack a format.
 void add_scalar_block_kernels(KernelTable& t);
 
+#if defined(__x86_64__) || defined(_M_X64)
+// Each level's kernels of every format, replacing the table's (kernels/<level>_blocks.cc).
+void add_avx2_block_kernels(KernelTable& t);
+void add_avxvnni_block_kernels(KernelTable& t);
+void add_avx512vnni_block_kernels(KernelTable& t);
+#endif
+
 }  // namespace qlinear
