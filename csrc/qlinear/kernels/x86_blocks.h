@@ -97,27 +97,42 @@ struct PanelMeta {
   __m256i mn(int j) const { return u8x8(mn6 + 8 * j); }
 };
 
-// The 32-byte int8 chunk pair 2q, 2q + 1 of a super-block (8 rows x k 8q .. 8q + 3 and
-// 8q + 4 .. 8q + 7) as codes 0..63 (lookup formats: the table's bytes, below).
-template <Format F>
-inline void chunk_pair(const uint8_t* block, int q, __m256i* c0, __m256i* c1) {
+// The 32-byte int8 chunk pair 2Q, 2Q + 1 of a super-block (8 rows x k 8Q .. 8Q + 3 and
+// 8Q + 4 .. 8Q + 7) as codes 0..63 (lookup formats: the table's indices). Q is a constant, so the
+// high plane's shifts are immediates.
+template <Format F, int Q>
+inline void chunk_pair(const uint8_t* block, __m256i* c0, __m256i* c1) {
   using T = BlockTraits<F>;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * q));
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * Q));
   *c0 = _mm256_and_si256(raw, low4);
   *c1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-  if constexpr (T::kBits == 5) {  // bit t of byte i of group q / 4: chunk 8 (q / 4) + t
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + T::kNibbleBytes + 32 * (q / 4)));
+  // the high plane's bits s (chunk 2Q) and s' (chunk 2Q + 1) moved to bit 4 (5-bit) / bits 4..5
+  // (6-bit) of each byte: 16-bit shifts, whose bits crossing into the other byte are masked off
+  const auto to_bit4 = [](__m256i h, auto s) {
+    constexpr int kS = decltype(s)::value;
+    if constexpr (kS <= 4) return _mm256_slli_epi16(h, 4 - kS);
+    else return _mm256_srli_epi16(h, kS - 4);
+  };
+  if constexpr (T::kBits == 5) {  // bit t of byte i of group Q / 4: chunk 8 (Q / 4) + t
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + T::kNibbleBytes + 32 * (Q / 4)));
     const __m256i bit = _mm256_set1_epi8(0x10);
-    const int t = 2 * (q % 4);
-    *c0 = _mm256_or_si256(*c0, _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(h, _mm_cvtsi32_si128(t)), 4), bit));
-    *c1 = _mm256_or_si256(*c1, _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(h, _mm_cvtsi32_si128(t + 1)), 4), bit));
-  } else if constexpr (T::kBits == 6) {  // bits 2t, 2t + 1 of byte i of group q / 2: chunk 4 (q / 2) + t
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + T::kNibbleBytes + 32 * (q / 2)));
+    *c0 = _mm256_or_si256(*c0, _mm256_and_si256(to_bit4(h, std::integral_constant<int, 2 * (Q % 4)>{}), bit));
+    *c1 = _mm256_or_si256(*c1, _mm256_and_si256(to_bit4(h, std::integral_constant<int, 2 * (Q % 4) + 1>{}), bit));
+  } else if constexpr (T::kBits == 6) {  // bits 2t, 2t + 1 of byte i of group Q / 2: chunk 4 (Q / 2) + t
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + T::kNibbleBytes + 32 * (Q / 2)));
     const __m256i two = _mm256_set1_epi8(0x30);
-    const int t = 2 * (q % 2);
-    *c0 = _mm256_or_si256(*c0, _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * t)), 4), two));
-    *c1 = _mm256_or_si256(*c1, _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * t + 2)), 4), two));
+    *c0 = _mm256_or_si256(*c0, _mm256_and_si256(to_bit4(h, std::integral_constant<int, 4 * (Q % 2)>{}), two));
+    *c1 = _mm256_or_si256(*c1, _mm256_and_si256(to_bit4(h, std::integral_constant<int, 4 * (Q % 2) + 2>{}), two));
+  }
+}
+
+// f(std::integral_constant<int, I>) for I in [B, E).
+template <int B, int E, class Fn>
+inline void static_for(Fn&& f) {
+  if constexpr (B < E) {
+    f(std::integral_constant<int, B>{});
+    static_for<B + 1, E>(f);
   }
 }
 
@@ -182,23 +197,27 @@ void block_tile(const Int8MatmulArgs& a, int64_t m, int64_t p) {
     const PanelMeta<F> pm(meta);
     __m256i A[MR], B[MR];
     for (int i = 0; i < MR; ++i) A[i] = B[i] = _mm256_setzero_si256();
-    for (int j = 0; j < T::kNsub; ++j) {
-      __m256i acc[MR];
+    static_for<0, T::kNsub>([&](auto jc) {
+      constexpr int j = decltype(jc)::value;
+      __m256i acc[MR], acc2[MR];  // two chains per row (low / high nibbles' chunks), joined below
       int32_t xs[MR];
       for (int i = 0; i < MR; ++i) {
         const int32_t* s16 = a.act.sum16 + (m + i) * a.act.ld16 + (b * T::kSuper + j * T::kSub) / 16;
         xs[i] = T::kSub == 32 ? s16[0] + s16[1] : s16[0];
         acc[i] = _mm256_set1_epi32(-kZero * xs[i]);
+        acc2[i] = _mm256_setzero_si256();
       }
-      for (int q = j * T::kSub / 8; q < (j + 1) * T::kSub / 8; ++q) {
+      static_for<0, T::kSub / 8>([&](auto tc) {
+        constexpr int q = j * (T::kSub / 8) + decltype(tc)::value;
         __m256i c0, c1;
-        chunk_pair<F>(block, q, &c0, &c1);
+        chunk_pair<F, q>(block, &c0, &c1);
         for (int i = 0; i < MR; ++i) {
           const int8_t* x = a.act.q + (m + i) * a.act.ldq + b * T::kSuper + 8 * q;
           acc[i] = D::template dot<F>(acc[i], c0, tbl, x);
-          acc[i] = D::template dot<F>(acc[i], c1, tbl, x + 4);
+          acc2[i] = D::template dot<F>(acc2[i], c1, tbl, x + 4);
         }
-      }
+      });
+      for (int i = 0; i < MR; ++i) acc[i] = _mm256_add_epi32(acc[i], acc2[i]);
       if constexpr (T::kNsub > 1) {
         const __m256i sc = pm.sc(meta, j);
         for (int i = 0; i < MR; ++i) A[i] = _mm256_add_epi32(A[i], _mm256_mullo_epi32(acc[i], sc));
@@ -213,7 +232,7 @@ void block_tile(const Int8MatmulArgs& a, int64_t m, int64_t p) {
           for (int i = 0; i < MR; ++i) B[i] = _mm256_set1_epi32(xs[i]);
         }
       }
-    }
+    });
     for (int i = 0; i < MR; ++i) {
       const __m256 sx = _mm256_broadcast_ss(a.act.scale + (m + i) * g.nblocks + b);
       y[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(A[i]), _mm256_mul_ps(pm.d, sx), y[i]);
