@@ -1,6 +1,7 @@
 // Binds the packed weights: the PackedWeightHandle class, quantize_and_pack, pack_quantized,
 // pack_gguf_rows and unpack.
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -152,8 +153,40 @@ py::array_t<uint8_t> unpack_blocks(const PackedWeightHandle& w) {
   return out;
 }
 
+// Weights of the same K stacked by rows as one weight of parts (their bytes copied one after another).
+PackedWeightHandle concat_weights(const std::vector<const PackedWeightHandle*>& parts) {
+  std::vector<WeightGeometry> geoms;
+  for (const PackedWeightHandle* p : parts) {
+    if (p == nullptr) throw py::type_error("parts must be PackedWeightHandles");
+    if (p->geom().is_composite())
+      for (const WeightPart& q : *p->geom().parts) geoms.push_back(q.g);
+    else
+      geoms.push_back(p->geom());
+  }
+  const WeightGeometry g = make_composite_geometry(geoms);
+  py::array_t<uint8_t> packed(g.total_bytes);
+  uint8_t* out = packed.mutable_data();
+  for (const PackedWeightHandle* p : parts) {
+    std::memcpy(out, p->data(), size_t(p->geom().total_bytes));
+    out += p->geom().total_bytes;
+  }
+  return PackedWeightHandle(g, packed);
+}
+
+py::list weight_parts(const PackedWeightHandle& w) {
+  py::list out;
+  if (!w.geom().is_composite()) return out;
+  for (const WeightPart& p : *w.geom().parts) {
+    py::array_t<uint8_t> bytes(p.g.total_bytes);
+    std::memcpy(bytes.mutable_data(), w.data() + p.offset, size_t(p.g.total_bytes));
+    out.append(PackedWeightHandle(p.g, bytes));
+  }
+  return out;
+}
+
 py::tuple unpack(const PackedWeightHandle& w) {
   const WeightGeometry& g = w.geom();
+  if (g.is_composite()) throw py::value_error("a weight of parts unpacks part by part: parts()");
   if (g.is_block_format()) throw py::value_error("a block-format weight unpacks to file blocks: unpack_blocks");
   py::array_t<uint8_t> codes({g.n, g.k});
   py::array scale(py::dtype("float16"), {g.n, g.ngroups});
@@ -182,6 +215,7 @@ void register_weights(py::module_& m) {
            }),
            py::arg("buffer"), py::arg("n"), py::arg("k"), py::arg("format"))
       .def_property_readonly("format", [](const PackedWeightHandle& w) {
+        if (w.geom().is_composite()) return std::string("parts");
         return w.geom().is_block_format() ? std::string(format_info(w.geom().format).name) : std::string("affine");
       })
       .def_property_readonly("n", [](const PackedWeightHandle& w) { return w.geom().n; })
@@ -206,6 +240,9 @@ void register_weights(py::module_& m) {
         "A block-format weight [n, k] from file rows (uint8 [n, bytes per row]); nothing rounded.");
   m.def("pack_block_rows", &pack_block_rows_into, py::arg("src"), py::arg("dst"), py::arg("row0") = 0);
   m.def("unpack_blocks", &unpack_blocks, "A block-format weight's rows as file blocks (uint8 [n, bytes per row]).");
+  m.def("concat_weights", &concat_weights, py::arg("parts"),
+        "Weights of the same K stacked by rows as one weight of parts (formats may differ).");
+  m.def("weight_parts", &weight_parts, "A weight of parts' parts (copies), or [] for a plain weight.");
   m.def("block_formats", [] {
     py::dict d;
     for (const FormatInfo& f : block_formats())

@@ -1,5 +1,6 @@
 #include "layout.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace qlinear {
@@ -73,6 +74,29 @@ WeightGeometry make_geometry(int64_t n, int64_t k, int bits, int64_t group_size,
   g.block_bytes = g.code_bytes + int64_t(g.nr) * 2 * (symmetric ? 1 : 2);
   g.panel_bytes = g.nblocks * g.block_bytes;
   g.total_bytes = g.npanels * g.panel_bytes;
+  return g;
+}
+
+WeightGeometry make_composite_geometry(const std::vector<WeightGeometry>& parts) {
+  if (parts.empty()) throw std::invalid_argument("a weight of parts needs at least one part");
+  auto list = std::make_shared<std::vector<WeightPart>>();
+  WeightGeometry g = parts[0];
+  g.n = 0; g.total_bytes = 0;
+  for (const WeightGeometry& p : parts) {
+    if (p.is_composite()) throw std::invalid_argument("a part cannot itself have parts");
+    if (p.k != g.k)
+      throw std::invalid_argument("parts of one weight need the same K, got " + std::to_string(g.k) + " and " + std::to_string(p.k));
+    list->push_back({p, g.n, g.total_bytes});
+    g.n += p.n;
+    g.total_bytes += p.total_bytes;
+    g.block = std::max(g.block, p.block);
+    g.bits = std::max(g.bits, p.bits);
+  }
+  g.group_size = g.block;  // act_block "group": the largest part's block (a multiple of every part's)
+  g.nblocks = g.ngroups = ceil_div(g.k, g.block);
+  g.npanels = 0; g.panel_bytes = 0; g.code_bytes = 0; g.block_bytes = 0;
+  g.format = Format::affine;  // the parts carry the formats
+  g.parts = std::move(list);
   return g;
 }
 

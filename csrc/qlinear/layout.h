@@ -42,7 +42,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "common.h"
 
@@ -87,6 +89,8 @@ LayoutId native_layout(int bits);
 // min(round_up(K, 32), 256) for per-channel weights (group_size >= K).
 int64_t storage_block(int64_t k, int64_t group_size);
 
+struct WeightPart;
+
 // Everything a kernel needs to walk a packed weight; computed once at pack / load time.
 struct WeightGeometry {
   int64_t n = 0, k = 0;       // logical shape [N, K]
@@ -105,12 +109,26 @@ struct WeightGeometry {
   int64_t panel_bytes = 0;    // nblocks * block_bytes
   int64_t total_bytes = 0;    // npanels * panel_bytes
   Format format = Format::affine;  // block formats: bits = code bits, block = super-block
+  // A weight of parts (rows of other formats one after another, e.g. a fused q / k / v whose
+  // tensors a file stores in different types): the parts, each its own geometry and bytes; the
+  // fields above then describe the whole (n, k, total_bytes; block: the largest part's).
+  std::shared_ptr<const std::vector<WeightPart>> parts;
 
   bool is_block_format() const { return format != Format::affine; }
+  bool is_composite() const { return parts != nullptr; }
 
   int zero_point() const { return symmetric ? (bits == 4 ? 8 : 128) : 0; }
   int64_t padded_k() const { return nblocks * block; }
 };
+
+struct WeightPart {
+  WeightGeometry g;
+  int64_t row0;    // its first row in the whole
+  int64_t offset;  // its first byte in the whole's buffer
+};
+
+// The geometry of parts stacked by rows (the same k; none of them composite).
+WeightGeometry make_composite_geometry(const std::vector<WeightGeometry>& parts);
 
 // Validates the parameters (throws std::invalid_argument naming the problem) and fills in the
 // derived sizes; the layout is storage_layout(layout, bits).

@@ -205,8 +205,26 @@ Int8MatmulArgs pack_int8_acts(const KernelTable& kt, const MatmulRequest& r, int
 
 }  // namespace
 
+namespace {
+
+// A weight of parts: each part's matmul into its columns of y.
+template <class Fn>
+void for_parts(const MatmulRequest& r, Fn&& fn) {
+  for (const WeightPart& part : *r.w->parts) {
+    MatmulRequest sub = r;
+    sub.w = &part.g;
+    sub.packed = r.packed + part.offset;
+    sub.bias = r.bias ? r.bias + part.row0 : nullptr;
+    sub.y = r.y + part.row0;
+    fn(sub);
+  }
+}
+
+}  // namespace
+
 void matmul_int8(const MatmulRequest& r) {
   if (r.m <= 0) return;
+  if (r.w->is_composite()) return for_parts(r, matmul_int8);
   const KernelTable& kt = kernels_for_weight(*r.w);
   const auto p = plan(r.w->is_block_format() ? kt.blocks : kt.int8, *r.w, r.m);
   run_plan(*r.w, p, pack_int8_acts(kt, r, p.seg[0].k->code_shift, true));
@@ -285,6 +303,7 @@ void matmul_float16_twin(const MatmulRequest& r) {
 
 void matmul_float(const MatmulRequest& r) {
   if (r.m <= 0) return;
+  if (r.w->is_composite()) return for_parts(r, matmul_float);
   const WeightGeometry& w = *r.w;
   if (w.is_block_format()) {
     const KernelTable& kt = block_kernels_for(w, true);
@@ -314,6 +333,11 @@ void describe(const Plan<U>& p, int nr, std::vector<PlannedKernel>& out) {
 std::vector<PlannedKernel> planned_kernels(const WeightGeometry& w, int64_t m, Family family) {
   std::vector<PlannedKernel> out;
   if (m <= 0) return out;
+  if (w.is_composite()) {
+    for (const WeightPart& part : *w.parts)
+      for (const PlannedKernel& k : planned_kernels(part.g, m, family)) out.push_back(k);
+    return out;
+  }
   if (w.is_block_format()) {
     const bool fl = family != Family::int8;
     const KernelTable& kt = block_kernels_for(w, fl);
@@ -346,6 +370,7 @@ void check_runs(const KernelTable& kt, const U& k, const MatmulRequest& r) {
 
 void run_ukernel(const KernelTable& kt, Family family, size_t index, const MatmulRequest& r) {
   const WeightGeometry& w = *r.w;
+  if (w.is_composite()) throw std::invalid_argument("a weight of parts runs through the driver, not one kernel");
   if (family == Family::int8) {
     const Int8Ukernel& k = (w.is_block_format() ? kt.blocks : kt.int8).at(index);
     check_runs(kt, k, r);

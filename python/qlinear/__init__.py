@@ -12,12 +12,12 @@ from . import _core, blocks, reference
 from ._format import load_weight, load_weights, save_weight, save_weights
 from ._ops import (DEFAULT_ACT_BLOCK, kernel_info, matmul, matmul_float, matmul_w4a8, matmul_w8a8,
                    quantize_activation)
-from ._packed import PackedWeight, pack_blocks, pack_quantized, pack_weight
+from ._packed import PackedWeight, pack_blocks, pack_quantized, pack_weight, stack_weights
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "PackedWeight", "pack_weight", "pack_blocks", "pack_quantized", "blocks", "load_weight", "load_weights", "save_weight",
+    "PackedWeight", "pack_weight", "pack_blocks", "pack_quantized", "stack_weights", "blocks", "load_weight", "load_weights", "save_weight",
     "save_weights", "matmul", "matmul_w4a8", "matmul_w8a8", "matmul_float", "quantize_activation",
     "DEFAULT_ACT_BLOCK", "cpu_info", "kernel_info", "set_num_threads", "get_num_threads", "set_isa",
     "reference",

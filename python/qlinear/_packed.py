@@ -80,6 +80,9 @@ class PackedWeight:
         return b
 
     def __repr__(self) -> str:
+        if self.format == "parts":
+            return (f"PackedWeight(shape={self.shape}, parts {[p.format for p in self.parts]}, "
+                    f"{self.bits_per_weight:.3f} bits/weight)")
         if self.format != "affine":
             return (f"PackedWeight(shape={self.shape}, {self.format}, "
                     f"layout={self.layout!r}, {self.bits_per_weight:.3f} bits/weight)")
@@ -97,6 +100,11 @@ class PackedWeight:
         """
         return _core.unpack(self._h)
 
+    @property
+    def parts(self) -> list:
+        """A weight of parts (``stack_weights``): its parts, each a PackedWeight (copies); else []."""
+        return [PackedWeight(h) for h in _core.weight_parts(self._h)]
+
     def unpack_blocks(self) -> np.ndarray:
         """A block-format weight's rows as the file stores them (uint8 [N, bytes per row])."""
         return _core.unpack_blocks(self._h)
@@ -105,12 +113,16 @@ class PackedWeight:
         """This weight over ``out`` (a writable uint8 array of ``nbytes``), its bytes copied there."""
         out[:] = self.buffer
         h = self._h
+        if h.format == "parts":
+            raise ValueError("a weight of parts is copied part by part (parts, stack_weights)")
         if h.format != "affine":
             return PackedWeight(_core.PackedWeightHandle(out, h.n, h.k, h.format))
         return PackedWeight(_core.PackedWeightHandle(out, h.n, h.k, h.bits, h.group_size, h.symmetric, h.layout))
 
     def dequantize(self, dtype=np.float32) -> np.ndarray:
         """The weights the kernels really use, ``[N, K]`` (float32 arithmetic)."""
+        if self.format == "parts":
+            return np.concatenate([p.dequantize(dtype) for p in self.parts])
         if self.format != "affine":
             from . import blocks
             return blocks.dequantize(self.unpack_blocks(), self.format, self.shape[1]).astype(dtype)
@@ -168,6 +180,21 @@ def pack_blocks(raw, format: str, shape) -> PackedWeight:
     if raw.shape != want:
         raise ValueError(f"{fmt.name} weight of shape {(n, k)} needs file rows of shape {want}, got {raw.shape}")
     return PackedWeight(_core.pack_blocks(np.ascontiguousarray(raw), fmt.name, n, k))
+
+
+def stack_weights(parts) -> PackedWeight:
+    """Weights of the same K stacked by rows as one weight (a "weight of parts": its parts may be
+    of different formats, e.g. a fused q / k / v whose tensors a file stores in different types);
+    ``matmul`` runs each part's kernels into its columns of y. Bytes are copied."""
+    parts = list(parts)
+    if not parts or not all(isinstance(p, PackedWeight) for p in parts):
+        raise TypeError("stack_weights takes a non-empty list of PackedWeights")
+    ks = {p.shape[1] for p in parts}
+    if len(ks) != 1:
+        raise ValueError(f"parts of one weight need the same K, got {sorted(ks)}")
+    if len(parts) == 1:
+        return parts[0]
+    return PackedWeight(_core.concat_weights([p._h for p in parts]))
 
 
 def pack_quantized(codes, scale, offset, bits: int, group_size: Optional[int],
