@@ -18,6 +18,9 @@ gguf = pytest.importorskip("gguf")
 
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf import quants  # noqa: E402
+
+import qlinear  # noqa: E402
+from qlinear import blocks  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 
 from _llm_reference import forward  # noqa: E402
@@ -54,8 +57,12 @@ def q4_k(w):
 
 
 def encode(w, qtype):
+    """File blocks of a float weight: gguf's quantizer where it has one, else the package's
+    (qlinear.blocks; the tests read the files back with gguf's own dequantize)."""
     if qtype == T.Q4_K:
         return q4_k(w)
+    if qtype.name in ("Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"):
+        return blocks.quantize(w, qtype.name)
     return quants.quantize(w, qtype)
 
 
@@ -290,18 +297,14 @@ def test_codes_are_moved_exactly(files, qtype):
     t = next(x for x in r.tensors if x.name == "blk.1.ffn_down.weight")
     want = np.asarray(quants.dequantize(t.data, t.tensor_type), np.float32).reshape(256, 512)
     pw = model.blocks[1].down.weight
-    codes, scale, offset = pw.unpack()
-    assert pw.group_size == 32 and pw.bits == (8 if qtype == "Q8_0" else 4)
+    assert pw.group_size == (256 if qtype == "Q4_K" else 32) and pw.bits == (8 if qtype == "Q8_0" else 4)
     blk = np.asarray(t.data).reshape(256, 512 // (256 if qtype == "Q4_K" else 32), -1)
-    if qtype == "Q4_K":
-        assert offset is not None and not pw.symmetric
-        d = blk[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
-        np.testing.assert_array_equal(scale.reshape(256, -1, 8).astype(np.float32).max(-1) <= 63 * d + 1e-3, True)
-        got = offset.astype(np.float32)[..., None] + scale.astype(np.float32)[..., None] * codes.reshape(256, -1, 32)
-        # scale and offset rounded to float16 once: within 2^-11 of each (relative) of the file's values
-        tol = (np.abs(offset.astype(np.float32)) + 15 * np.abs(scale.astype(np.float32))) * 2.0 ** -10
-        assert np.all(np.abs(got.reshape(256, 512) - want) <= np.repeat(tol, 32, axis=1) + 1e-12)
+    if qtype == "Q4_K":  # a block format: the file's bytes, as they are
+        assert pw.format == "Q4_K" and pw.bits_per_weight == 4.5
+        np.testing.assert_array_equal(pw.unpack_blocks(), np.asarray(t.data).reshape(256, -1))
+        np.testing.assert_array_equal(pw.dequantize(), want)
         return
+    codes, scale, offset = pw.unpack()
     assert offset is None and pw.symmetric
     d = blk[..., :2].copy().view(np.float16)[..., 0]
     np.testing.assert_array_equal(scale, d)
@@ -315,21 +318,23 @@ def test_codes_are_moved_exactly(files, qtype):
 
 
 def test_other_types_are_requantized_and_listed(checkpoints, tmp_path):
+    """Float tensors are quantized at the requested bits and listed; a fused weight whose tensors
+    the file stores in different types is a weight of parts, each moved in its own format."""
     path = write_gguf(checkpoints["qwen2"], tmp_path / "mixed.gguf", T.Q4_0, embd=T.Q8_0,
                       types={"blk.0.attn_v.weight": T.F16, "blk.1.ffn_down.weight": T.F32,
                              "blk.1.attn_k.weight": T.Q8_0, "blk.0.ffn_gate.weight": T.Q4_K})
     model = llm.load(path, act="float", progress=False)
     req = model.info["gguf_requantized"]
-    for name in ("blk.0.attn_v.weight (F16 -> int4 group 32)", "blk.1.ffn_down.weight (F32 -> int4 group 64)",
-                 "blk.1.attn_q.weight (Q4_0 -> int4 group 64)", "blk.1.attn_k.weight (Q8_0 -> int4 group 64)"):
-        assert name in req, req
-    # Q4_K and Q4_0 fused into one asymmetric layout: Q4_0's codes kept, its offset -8 d exact
-    assert "blk.0.ffn_up.weight (Q4_0)" in model.info["gguf_moved"]
-    assert "blk.0.ffn_gate.weight (Q4_K)" in model.info["gguf_rounded"]["tensors"]
+    assert sorted(req) == ["blk.0.attn_v.weight (F16 -> int4 group 64)", "blk.1.ffn_down.weight (F32 -> int4 group 64)"], req
+    for name in ("blk.0.ffn_up.weight (Q4_0)", "blk.0.ffn_gate.weight (Q4_K)", "blk.1.attn_k.weight (Q8_0)",
+                 "blk.1.attn_q.weight (Q4_0)"):
+        assert name in model.info["gguf_moved"], model.info["gguf_moved"]
     gu = model.blocks[0].gate_up.weight
-    assert not gu.symmetric and gu.group_size == 32
+    assert gu.format == "parts" and [p.format for p in gu.parts] == ["Q4_K", "affine"]
     ex = _Export(path).linears
     np.testing.assert_array_equal(gu.dequantize()[512:], ex["model.layers.0.mlp.up_proj"].w)
+    np.testing.assert_array_equal(gu.dequantize()[:512], ex["model.layers.0.mlp.gate_proj"].w)
+    assert [p.bits for p in model.blocks[1].attention.qkv.weight.parts] == [4, 8, 4]
     assert model.info["embedding"] == "Q8_0"
     cos = cosines(model.logits(IDS).astype(np.float64), forward(_Export(path), IDS))
     assert cos.mean() >= 0.98, cos.mean()
@@ -337,20 +342,96 @@ def test_other_types_are_requantized_and_listed(checkpoints, tmp_path):
     np.testing.assert_allclose(mem.logits(IDS[:8]), model.logits(IDS[:8]), rtol=1e-5, atol=1e-5)
 
 
-def test_types_above_4_bits_are_requantized_to_int8(checkpoints, tmp_path):
-    """Q5_0 / Q5_1 (and Q6_K, ...) weights become int8 even when bits=4: at int4 their rounding
-    and ours would stack up."""
+BLOCK_TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q4_1", "Q5_1", "IQ4_NL", "IQ4_XS", "MXFP4"]
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES)
+def test_block_format_files_load_with_nothing_requantized(checkpoints, tmp_path, qtype):
+    """Every linear of a block format is moved as the file stores it: nothing re-quantized, the
+    file's bits per weight, the file's dequantized weights (gguf's own dequantize) computed with
+    float activations to float rounding, and with int8 activations close to them."""
+    qt = getattr(T, qtype)
+    path = write_gguf(checkpoints["qwen2"], tmp_path / f"{qtype}.gguf", qt)
+    model = llm.load(path, progress=False)
+    assert model.info["gguf_requantized"] == []
+    assert f"blk.1.ffn_down.weight ({qtype})" in model.info["gguf_moved"]
+    r = gguf.GGUFReader(str(path))
+    for x in r.tensors:
+        if x.name == "blk.1.attn_q.weight":
+            file_bpw = x.n_bytes * 8 / x.n_elements
+    qkv = model.blocks[1].attention.qkv.weight
+    assert qkv.format == qtype and qkv.bits_per_weight == pytest.approx(file_bpw)
+    ex = _Export(path)
+    np.testing.assert_array_equal(qkv.dequantize()[:256], ex.linears["model.layers.1.self_attn.q_proj"].w)
+    ref = forward(ex, IDS)
+    fl = llm.load(path, act="float", progress=False)
+    assert cosines(fl.logits(IDS).astype(np.float64), ref).min() >= 0.9999
+    cos = cosines(model.logits(IDS).astype(np.float64), ref)
+    assert cos.min() >= 0.995, cos.min()
+
+
+def test_q4_k_m_mix_loads_as_the_file_stores_it(checkpoints, tmp_path):
+    """A Q4_K_M file's mix (Q4_K with Q6_K for v, down and the output; Q5_0 where llama.cpp
+    falls back): each tensor in its own format, fused weights as parts; logits as the file's."""
+    types = {"blk.0.attn_v.weight": T.Q6_K, "blk.1.ffn_down.weight": T.Q6_K, "output.weight": T.Q6_K,
+             "blk.0.attn_k.weight": T.Q5_0}
+    path = write_gguf(checkpoints["qwen2"], tmp_path / "qkm.gguf", T.Q4_K, types=types)
+    model = llm.load(path, progress=False)
+    assert model.info["gguf_requantized"] == []
+    assert [p.format for p in model.blocks[0].attention.qkv.weight.parts] == ["Q4_K", "Q5_0", "Q6_K"]
+    assert model.blocks[1].attention.qkv.weight.format == "Q4_K"
+    assert model.blocks[1].down.weight.format == "Q6_K"
+    ref = forward(_Export(path), IDS)
+    cos = cosines(model.logits(IDS).astype(np.float64), ref)
+    assert cos.min() >= 0.995, cos.min()
+    ids = model.tokenizer.encode("def main():")
+    assert model.generate_ids(ids, 6) == model.generate_ids(ids, 6)
+
+
+@pytest.mark.parametrize("qtype", ["Q6_K", "IQ4_XS", "Q5_0"])
+def test_block_format_with_a_nan_scale_is_refused(checkpoints, tmp_path, qtype):
+    """A block whose scale is NaN / Inf (a corrupt file) is refused at load, naming the tensor."""
+    good = write_gguf(checkpoints["qwen2"], tmp_path / "good.gguf", getattr(T, qtype))
+    r = gguf.GGUFReader(str(good))
+    t = next(x for x in r.tensors if x.name == "blk.1.ffn_up.weight")
+    start = int(t.data_offset)
+    data = bytearray(good.read_bytes())
+    fb = blocks.FORMATS[qtype].file_bytes
+    at = start + 3 * fb + (208 if qtype == "Q6_K" else 0)   # the fourth block's d
+    data[at:at + 2] = np.array([np.nan], np.float16).tobytes()
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        llm.load(bad, progress=False)
+
+
+def test_pack_blocks_errors():
+    w = np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32)
+    raw = blocks.quantize(w, "Q4_K")
+    with pytest.raises(ValueError, match="unknown block format"):
+        qlinear.pack_blocks(raw, "Q3_Z", (8, 256))
+    with pytest.raises(ValueError, match="needs file rows of shape"):
+        qlinear.pack_blocks(raw[:, :-1], "Q4_K", (8, 256))
+    with pytest.raises(ValueError, match="needs file rows of shape"):
+        qlinear.pack_blocks(raw, "Q6_K", (8, 256))
+    with pytest.raises(TypeError, match="uint8"):
+        qlinear.pack_blocks(raw.astype(np.int16), "Q4_K", (8, 256))
+    with pytest.raises(ValueError, match="shape must be"):
+        qlinear.pack_blocks(raw, "Q4_K", (8, 0))
+
+
+def test_types_above_4_bits_are_moved_at_bits_4(checkpoints, tmp_path):
+    """Q5_0 / Q5_1 weights in a Q4_0 file keep their own format with bits=4 (they used to be
+    re-quantized to int8)."""
     path = write_gguf(checkpoints["qwen2"], tmp_path / "q5.gguf", T.Q4_0,
                       types={"blk.0.attn_q.weight": T.Q5_0, "blk.0.attn_k.weight": T.Q5_0,
                              "blk.0.attn_v.weight": T.Q5_0, "blk.1.ffn_down.weight": T.Q5_1})
     model = llm.load(path, bits=4, act="float", progress=False)
-    req = model.info["gguf_requantized"]
-    assert "blk.0.attn_q.weight (Q5_0 -> int8 group 64)" in req, req
-    assert "blk.1.ffn_down.weight (Q5_1 -> int8 group 64)" in req, req
-    assert model.blocks[0].attention.qkv.weight.bits == 8 and model.blocks[1].down.weight.bits == 8
+    assert model.info["gguf_requantized"] == []
+    assert model.blocks[0].attention.qkv.weight.format == "Q5_0" and model.blocks[1].down.weight.format == "Q5_1"
     assert model.blocks[0].gate_up.weight.bits == 4  # the file's Q4_0 codes, moved
     cos = cosines(model.logits(IDS).astype(np.float64), forward(_Export(path), IDS))
-    assert cos.mean() >= 0.999, cos.mean()
+    assert cos.min() >= 0.9999, cos.min()
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q8_0])
@@ -530,8 +611,9 @@ def test_convert_keeps_the_files_codes(checkpoints, tmp_path, embd):
     path = write_gguf(checkpoints["llama"], tmp_path / "m.gguf", T.Q4_K, embd=embd)
     direct = llm.load(path, progress=False)
     conv = llm.load(llm.convert(path, tmp_path / "conv", progress=False), progress=False)
-    for a, b in zip(direct.blocks[1].attention.qkv.weight.unpack(), conv.blocks[1].attention.qkv.weight.unpack()):
-        np.testing.assert_array_equal(a, b)
+    a, b = direct.blocks[1].attention.qkv.weight, conv.blocks[1].attention.qkv.weight
+    assert a.format == b.format == "Q4_K"
+    np.testing.assert_array_equal(a.buffer, b.buffer)
     np.testing.assert_allclose(conv.logits(IDS[:8]), direct.logits(IDS[:8]), rtol=1e-4, atol=1e-4)
     assert conv.tokenizer.encode(TEXTS[1]) == direct.tokenizer.encode(TEXTS[1])
     assert conv.tokenizer.stop_ids == direct.tokenizer.stop_ids

@@ -173,6 +173,25 @@ PackedWeightHandle concat_weights(const std::vector<const PackedWeightHandle*>& 
   return PackedWeightHandle(g, packed);
 }
 
+// A weight of parts over an existing buffer (a mapped file): specs are ("affine", n, k, bits,
+// group_size, symmetric, layout) or (block format, n, k); the buffer must hold exactly their bytes.
+PackedWeightHandle parts_handle(py::buffer buf, const py::list& specs) {
+  std::vector<WeightGeometry> geoms;
+  for (const py::handle& h : specs) {
+    const py::tuple t = py::reinterpret_borrow<py::tuple>(h);
+    const std::string fmt = t[0].cast<std::string>();
+    if (fmt == "affine") {
+      if (t.size() != 7) throw py::value_error("an affine part is (\"affine\", n, k, bits, group_size, symmetric, layout)");
+      geoms.push_back(make_geometry(t[1].cast<int64_t>(), t[2].cast<int64_t>(), t[3].cast<int>(), t[4].cast<int64_t>(),
+                                    t[5].cast<bool>(), layout_by_name(t[6].cast<std::string>())));
+    } else {
+      if (t.size() != 3) throw py::value_error("a block-format part is (format, n, k)");
+      geoms.push_back(make_block_geometry(t[1].cast<int64_t>(), t[2].cast<int64_t>(), format_by_name(fmt).id));
+    }
+  }
+  return PackedWeightHandle(make_composite_geometry(geoms), buf);
+}
+
 py::list weight_parts(const PackedWeightHandle& w) {
   py::list out;
   if (!w.geom().is_composite()) return out;
@@ -242,6 +261,7 @@ void register_weights(py::module_& m) {
   m.def("unpack_blocks", &unpack_blocks, "A block-format weight's rows as file blocks (uint8 [n, bytes per row]).");
   m.def("concat_weights", &concat_weights, py::arg("parts"),
         "Weights of the same K stacked by rows as one weight of parts (formats may differ).");
+  m.def("parts_handle", &parts_handle, py::arg("buffer"), py::arg("specs"));
   m.def("weight_parts", &weight_parts, "A weight of parts' parts (copies), or [] for a plain weight.");
   m.def("block_formats", [] {
     py::dict d;

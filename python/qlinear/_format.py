@@ -12,7 +12,10 @@ Layout of a file (little-endian)::
     data          each tensor's packed bytes at entry["offset"] (relative, 64-aligned)
 
 A packed-weight entry: shape [N, K], bits, group_size, symmetric, layout, scale_dtype
-("float16"), offset, nbytes, crc32 (of the packed bytes). An array entry (version 2: the float
+("float16"), offset, nbytes, crc32 (of the packed bytes). Version 3 adds "format": absent or
+"affine" for those; a block format's name ("Q4_K", ...: shape and format are its geometry, the
+same bytes on every CPU); or "parts" with "parts": a list of part entries (shape and format, plus
+the affine fields for affine parts), their bytes one after another. An array entry (version 2: the float
 tensors a model needs besides its packed weights, e.g. norms and a bf16 embedding table):
 kind "array", dtype (float32 / float16 / bfloat16 / int32 / uint8: e.g. FFN neuron bundles), shape (any rank), offset, nbytes,
 crc32. Loading checks the magic, version, header CRC, every field's type and range, that the
@@ -37,8 +40,8 @@ from ._arrays import bf16_to_float32
 from ._packed import PackedWeight, pack_quantized
 
 MAGIC = b"QLINEAR\x00"
-VERSION = 2
-_READABLE_VERSIONS = (1, 2)
+VERSION = 3
+_READABLE_VERSIONS = (1, 2, 3)
 _PREFIX = struct.Struct("<8sIII12s")  # magic, version, header length, header crc, reserved
 _ALIGN = 64
 _MAX_HEADER = 64 << 20
@@ -69,8 +72,7 @@ _ARRAY_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32
 def _tensor_bytes(name: str, t) -> tuple[dict, np.ndarray]:
     """(header entry without offset, bytes) of one tensor to save."""
     if type(t) is PackedWeight:
-        return {"shape": list(t.shape), "bits": t.bits, "group_size": t.group_size,
-                "symmetric": t.symmetric, "layout": t.layout, "scale_dtype": "float16"}, t.buffer
+        return _packed_entry(t), t.buffer
     if isinstance(t, BFloat16Array):
         dtype, arr = "bfloat16", t.bits
         if not isinstance(arr, np.ndarray) or arr.dtype != np.uint16:
@@ -84,6 +86,80 @@ def _tensor_bytes(name: str, t) -> tuple[dict, np.ndarray]:
                         f"got {type(t).__name__}")
     arr = np.ascontiguousarray(arr)
     return {"kind": "array", "dtype": dtype, "shape": list(arr.shape)}, arr.reshape(-1).view(np.uint8)
+
+
+def _packed_entry(t: PackedWeight) -> dict:
+    if t.format == "parts":
+        return {"shape": list(t.shape), "format": "parts", "parts": [_packed_entry(p) for p in t.parts]}
+    if t.format != "affine":
+        return {"shape": list(t.shape), "format": t.format}
+    return {"shape": list(t.shape), "bits": t.bits, "group_size": t.group_size,
+            "symmetric": t.symmetric, "layout": t.layout, "scale_dtype": "float16"}
+
+
+def _shape(e, path, name) -> list:
+    shape = e.get("shape")
+    if (not isinstance(shape, list) or len(shape) != 2
+            or not all(isinstance(s, int) and not isinstance(s, bool) and 0 < s < 1 << 31 for s in shape)):
+        _fail(path, f"tensor {name!r}: bad shape {shape!r}")
+    return shape
+
+
+def _affine_spec(e, path, name) -> tuple:
+    shape = _shape(e, path, name)
+    bits = _int(e, "bits", path, name, 4, 8)
+    group_size = _int(e, "group_size", path, name, 1, 1 << 31)
+    symmetric, layout = e.get("symmetric"), e.get("layout")
+    if not isinstance(symmetric, bool) or not isinstance(layout, str) or e.get("scale_dtype") != "float16":
+        _fail(path, f"tensor {name!r}: bad symmetric / layout / scale_dtype")
+    return ("affine", shape[0], shape[1], bits, group_size, symmetric, layout)
+
+
+def _part_spec(e, path, name) -> tuple:
+    if not isinstance(e, dict):
+        _fail(path, f"tensor {name!r}: a part is not an object")
+    fmt = e.get("format", "affine")
+    if fmt == "affine":
+        return _affine_spec(e, path, name)
+    from .blocks import FORMATS  # noqa: PLC0415
+    if fmt not in FORMATS:
+        _fail(path, f"tensor {name!r}: unknown format {fmt!r}")
+    shape = _shape(e, path, name)
+    return (fmt, shape[0], shape[1])
+
+
+def _load_packed(path, name: str, e: dict, data: np.ndarray) -> PackedWeight:
+    fmt = e.get("format", "affine")
+    try:  # validates the geometry and that nbytes matches it
+        if fmt == "parts":
+            parts = e.get("parts")
+            if not isinstance(parts, list) or not 1 <= len(parts) <= 64:
+                _fail(path, f"tensor {name!r}: bad parts")
+            specs = [_part_spec(p, path, name) for p in parts]
+            if sum(s[1] for s in specs) != _shape(e, path, name)[0]:
+                _fail(path, f"tensor {name!r}: its parts' rows do not add up to its shape")
+            pw = PackedWeight(_core.parts_handle(data, specs))
+            if any(s[0] == "affine" and s[6] != _core.native_layout(s[3]) for s in specs):
+                from ._packed import stack_weights  # noqa: PLC0415
+                pw = stack_weights([_native(p) for p in pw.parts])
+            return pw
+        spec = _part_spec(e, path, name)
+        if spec[0] != "affine":
+            return PackedWeight(_core.PackedWeightHandle(data, spec[1], spec[2], spec[0]))
+        return _native(PackedWeight(_core.PackedWeightHandle(data, *spec[1:])))
+    except ValueError as err:
+        if os.fspath(path) in str(err):
+            raise
+        _fail(path, f"tensor {name!r}: {err}")
+
+
+def _native(pw: PackedWeight) -> PackedWeight:
+    """An affine weight packed for another CPU family's layout, its codes moved into this one's
+    (int8 codes are stored flipped on ARM, docs/kernels.md); no re-rounding."""
+    if pw.format != "affine" or pw.layout == _core.native_layout(pw.bits):
+        return pw
+    codes, scale, off = pw.unpack()
+    return pack_quantized(codes, scale, off, pw.bits, None if pw.per_channel else pw.group_size, pw.symmetric)
 
 
 def save_weights(path, weights: Mapping[str, Tensor], metadata: Optional[Mapping[str, Any]] = None) -> None:
@@ -241,24 +317,7 @@ def load_weights(path, mmap_mode: bool = True, verify: bool = True) -> tuple[dic
         if e.get("kind", "packed") == "array" and version >= 2:
             out[name] = _load_array(path, name, e, data)
             continue
-        shape = e.get("shape")
-        if (not isinstance(shape, list) or len(shape) != 2
-                or not all(isinstance(s, int) and not isinstance(s, bool) and 0 < s < 1 << 31 for s in shape)):
-            _fail(path, f"tensor {name!r}: bad shape {shape!r}")
-        bits = _int(e, "bits", path, name, 4, 8)
-        group_size = _int(e, "group_size", path, name, 1, 1 << 31)
-        symmetric, layout = e.get("symmetric"), e.get("layout")
-        if not isinstance(symmetric, bool) or not isinstance(layout, str) or e.get("scale_dtype") != "float16":
-            _fail(path, f"tensor {name!r}: bad symmetric / layout / scale_dtype")
-        try:  # validates the geometry and that nbytes matches it
-            handle = _core.PackedWeightHandle(data, shape[0], shape[1], bits, group_size, symmetric, layout)
-        except ValueError as err:
-            _fail(path, f"tensor {name!r}: {err}")
-        pw = PackedWeight(handle)
-        if pw.layout != _core.native_layout(bits):  # packed for another CPU family: move the codes
-            # (int8 codes are stored flipped on ARM, docs/kernels.md), no re-rounding
-            codes, scale, off = pw.unpack()
-            pw = pack_quantized(codes, scale, off, bits, group_size, symmetric)
+        pw = _load_packed(path, name, e, data)
         out[name] = pw
     return out, metadata
 

@@ -114,10 +114,17 @@ class PackedWeight:
         out[:] = self.buffer
         h = self._h
         if h.format == "parts":
-            raise ValueError("a weight of parts is copied part by part (parts, stack_weights)")
+            return PackedWeight(_core.parts_handle(out, [p._spec() for p in self.parts]))
         if h.format != "affine":
             return PackedWeight(_core.PackedWeightHandle(out, h.n, h.k, h.format))
         return PackedWeight(_core.PackedWeightHandle(out, h.n, h.k, h.bits, h.group_size, h.symmetric, h.layout))
+
+    def _spec(self) -> tuple:
+        """This (plain) weight's geometry as a part spec of ``_core.parts_handle``."""
+        h = self._h
+        if h.format != "affine":
+            return (h.format, h.n, h.k)
+        return ("affine", h.n, h.k, h.bits, h.group_size, h.symmetric, h.layout)
 
     def dequantize(self, dtype=np.float32) -> np.ndarray:
         """The weights the kernels really use, ``[N, K]`` (float32 arithmetic)."""

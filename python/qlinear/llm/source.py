@@ -61,6 +61,11 @@ def select_rows(w, rows: np.ndarray):
     """Rows of a weight (packed: codes moved, not re-rounded)."""
     if not isinstance(w, PackedWeight):
         return np.asarray(w, np.float32)[rows]
+    if w.format == "parts":
+        raise ValueError("rows of a weight of parts are not selected")
+    if w.format != "affine":
+        from ..._packed import pack_blocks  # noqa: PLC0415
+        return pack_blocks(w.unpack_blocks()[rows], w.format, (len(rows), w.shape[1]))
     codes, scale, offset = w.unpack()
     return pack_quantized(codes[rows], scale[rows], None if offset is None else offset[rows],
                           w.bits, None if w.per_channel else w.group_size, w.symmetric)

@@ -3,7 +3,8 @@ use: header, metadata types, tensor types, shapes and byte ranges against the fi
 problem is a ValueError naming the file; nothing is allocated before its size is checked.
 
 Quantized blocks whose layout agrees with ours are unpacked to codes / scales / offsets as they
-are stored (``codes``); anything else is dequantized with ``gguf.quants`` (``dequantize``).
+are stored, and the block formats' rows are taken as they are (``codes``); anything else is
+dequantized with ``gguf.quants`` (``dequantize``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,23 @@ class Moved:
         if not np.isfinite(offset).all():
             return None
         return dataclasses.replace(self, offset=offset, symmetric=False)
+
+
+@dataclass
+class Blocks:
+    """Rows of a tensor in one of the package's block formats (``qlinear.blocks``), as the file
+    stores them: ``raw`` uint8 [N, bytes per row] (a view of the mapped file), moved at packing."""
+    raw: np.ndarray
+    fmt: str
+    k: int
+    label: str = ""           # "name (TYPE)" for model.info
+
+    def rows(self, order) -> "Blocks":
+        return dataclasses.replace(self, raw=self.raw[order])
+
+    @property
+    def n(self) -> int:
+        return self.raw.shape[0]
 
 
 class GGUFFile:
@@ -168,9 +186,11 @@ def dequantize(t, path) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(w, np.float32).reshape(shape))
 
 
-def codes(t, rows_k: Optional[tuple] = None) -> Optional[Moved]:
-    """A 2-D Q4_0 / Q8_0 / Q4_K tensor's codes moved into our group-32 layouts, else None;
-    ``rows_k``: a tensor of more dimensions seen as [rows, k] (k its innermost dimension)."""
+def codes(t, rows_k: Optional[tuple] = None):
+    """A 2-D Q4_0 / Q8_0 tensor's codes moved into our group-32 layouts (Moved), a tensor of a
+    block format (Q4_K, Q5_K, Q6_K, Q5_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS, MXFP4) as its rows (Blocks),
+    else None; ``rows_k``: a tensor of more dimensions seen as [rows, k] (k its innermost dimension)."""
+    from qlinear import blocks  # noqa: PLC0415
     from gguf import GGMLQuantizationType as T  # noqa: PLC0415
 
     if rows_k is not None:
@@ -182,6 +202,11 @@ def codes(t, rows_k: Optional[tuple] = None) -> Optional[Moved]:
     else:
         k, n = (int(d) for d in t.shape)
     raw = np.asarray(t.data).reshape(n, -1)
+    if t.tensor_type.name in blocks.FORMATS:
+        fmt = blocks.FORMATS[t.tensor_type.name]
+        if k % fmt.super or raw.shape[1] != blocks.row_bytes(fmt, k):
+            raise ValueError(f"tensor {t.name!r}: {fmt.name} rows of {k} values cannot be {raw.shape[1]} bytes")
+        return Blocks(raw, fmt.name, k)
     if t.tensor_type == T.Q4_0:        # 18 bytes: d (f16), 16 bytes: q 0..15 (low nibbles first); w = d (q - 8)
         b = raw.reshape(n, k // 32, 18)
         qs = b[..., 2:]
@@ -191,23 +216,6 @@ def codes(t, rows_k: Optional[tuple] = None) -> Optional[Moved]:
         b = raw.reshape(n, k // 32, 34)
         q = b[..., 2:].view(np.int8).astype(np.int16) + 128
         return Moved(q.astype(np.uint8).reshape(n, k), _f16(b[..., :2]), None, 8, True)
-    if t.tensor_type == T.Q4_K:        # 144 bytes per 256: d, dmin (f16), 12 bytes of 6-bit scales / mins, 128 of q
-        from gguf.quants import Q4_K  # noqa: PLC0415
-
-        b = raw.reshape(n, k // 256, 144)
-        d, dmin = _f16(b[..., 0:2]).astype(np.float32), _f16(b[..., 2:4]).astype(np.float32)
-        sc, mn = Q4_K.get_scale_min(np.ascontiguousarray(b[..., 4:16]).reshape(-1, 12))
-        sc, mn = sc.reshape(n, -1, 8), mn.reshape(n, -1, 8)
-        # w = (d sc) q - (dmin m): d sc and dmin m are exact in float32 (11 + 6 bits) and rounded
-        # to float16 once here: a relative error of at most 2^-11 on each group's scale and offset.
-        with np.errstate(over="ignore"):
-            scale = (d[..., None] * sc).astype(np.float16).reshape(n, -1)
-            offset = (-(dmin[..., None] * mn)).astype(np.float16).reshape(n, -1)
-        if not (np.isfinite(scale).all() and np.isfinite(offset).all()):
-            return None
-        qs = b[..., 16:].reshape(n, k // 256, 4, 1, 32)
-        c = np.concatenate([qs & 15, qs >> 4], axis=-2).reshape(n, k)
-        return Moved(c, scale, offset, 4, False, rounded=True)
     return None
 
 

@@ -3,13 +3,14 @@ also writes Mistral as), Gemma 2 / 3, Phi-3, and the routed experts of Qwen3-MoE
 expert cut from the stacked ``ffn_*_exps`` tensors). Metadata -> config (``gguf.config``), the GGUF
 tokenizer rebuilt as a ``tokenizers`` one, weights mapped by tensor name (``blk.N.attn_q`` ...).
 
-Codes are moved, not re-rounded, where the formats agree: Q4_0 is our symmetric int4 group 32
-(w = d (q - 8): code q, zero point 8, float16 scale d), Q8_0 our symmetric int8 group 32 (code
-q + 128). Q4_K becomes asymmetric int4 group 32 with its scale d*sc and offset -dmin*m rounded to
-float16 once (relative error <= 2^-11 each). Other types (F16, BF16, F32, Q5_K, Q6_K, ...) are
-dequantized with ``gguf.quants`` and quantized again at the requested bits; ``model.info`` lists
-them. A part re-quantized next to moved parts of one fused weight (q/k/v, gate/up) takes their
-layout (int4 / int8, group 32) so the fused weight stays one layout.
+Codes are moved, not re-rounded: Q4_0 is our symmetric int4 group 32 (w = d (q - 8): code q,
+zero point 8, float16 scale d), Q8_0 our symmetric int8 group 32 (code q + 128), and the block
+formats (Q4_K, Q5_K, Q6_K, Q5_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS, MXFP4: ``qlinear.blocks``) are packed
+from their rows as stored. A fused weight (q / k / v, gate / up) whose tensors the file stores in
+different types (a Q4_K_M file's Q4_K q / k beside a Q6_K v) is a weight of parts
+(``qlinear.stack_weights``), each part in its own format. Other types (F16, BF16, F32, Q2_K, Q3_K,
+...) are dequantized with ``gguf.quants`` and quantized again at the requested bits;
+``model.info["gguf_requantized"]`` lists them.
 
 The embedding: F16 / BF16 / F32 tables are read on disk from the file like a checkpoint's; a
 quantized ``token_embd`` is dequantized a row at a time from the mapped file (or as a whole
@@ -26,11 +27,11 @@ from typing import Optional
 import numpy as np
 
 from ... import _core
-from ..._packed import PackedWeight, pack_quantized, pack_weight
+from ..._packed import PackedWeight, pack_blocks, pack_quantized, pack_weight, stack_weights
 from ..runtime.embedding import EmbeddingFile, MemoryEmbedding, _check_ids
 from ..config import ModelConfig
 from .config import read_config
-from .file import MAGIC, GGUFFile, Moved, codes, dequantize
+from .file import MAGIC, Blocks, GGUFFile, Moved, codes, dequantize
 from .tokenizer import read_tokenizer
 from ..source import trim_heap
 from ..options import Options
@@ -123,13 +124,13 @@ def _unpermute(x: np.ndarray, heads: Optional[int]) -> np.ndarray:
     return x.reshape(heads, x.shape[0] // heads // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
 
 
-_ABOVE_4_BITS = {"Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_1", "Q8_K"}
+_ABOVE_4_BITS = {"Q8_1", "Q8_K"}  # re-quantized at int8 at least (the others of more bits are moved)
 
 
 class _Weights:
     def __init__(self, f: GGUFFile, cfg: ModelConfig, opts: Options):
         self.f, self.opts, self.llama, self.cfg = f, opts, cfg.arch in ("llama", "mixtral"), cfg
-        self.moved, self.rounded, self.requantized = [], [], []
+        self.moved, self.requantized = [], []
 
     def experts(self, b: str, o: str) -> dict:
         """A routed MLP: the router (``ffn_gate_inp``, float as the runtime keeps it) and each
@@ -185,6 +186,20 @@ class _Weights:
         opts = self.opts
         if opts.bits is None:
             return np.concatenate([p[0] for p in parts])
+        kinds = {(p.fmt if isinstance(p, Blocks) else f"int{p.bits}" if isinstance(p, Moved) else "float")
+                 for p in parts}
+        if len(kinds) > 1:  # stored in different types: a weight of parts, each packed alone
+            return stack_weights([self._fuse(what, [p], [name]) for p, name in zip(parts, names)])
+        if isinstance(parts[0], Blocks):
+            for p in parts:
+                if p.label:
+                    self.moved.append(p.label)
+            raw = np.concatenate([p.raw for p in parts]) if len(parts) > 1 else parts[0].raw
+            return pack_blocks(raw, parts[0].fmt, (raw.shape[0], parts[0].k))
+        return self._fuse_affine(what, parts, names)
+
+    def _fuse_affine(self, what, parts, names):
+        opts = self.opts
         moved = [p for p in parts if isinstance(p, Moved)]
         if moved and len({m.bits for m in moved}) == 1:
             bits, symmetric = moved[0].bits, all(m.symmetric for m in moved)
@@ -206,7 +221,7 @@ class _Weights:
                 c, sc, off = pack_weight(p[0], bits=bits, group_size=group, symmetric=symmetric).unpack()
                 p = Moved(c, sc, off, bits, symmetric)
             elif p.label:
-                (self.rounded if p.rounded else self.moved).append(p.label)
+                self.moved.append(p.label)
             out.append(p if symmetric else p.asymmetric())
         if any(m is None for m in out):  # -zp * scale overflows float16: quantize the weight afresh
             self.requantized.append(f"{what} (float16 offset overflow -> {label})")
@@ -226,11 +241,7 @@ class _Weights:
         return w.reshape(m.codes.shape)
 
     def info(self) -> dict:
-        return {"gguf_moved": self.moved,
-                "gguf_rounded": {"tensors": self.rounded,
-                                 "rounding": "Q4_K scale d*sc and offset -dmin*m rounded to float16 once "
-                                             "(relative error <= 2^-11 each)"},
-                "gguf_requantized": self.requantized}
+        return {"gguf_moved": self.moved, "gguf_requantized": self.requantized}
 
 
 class _QuantizedEmbedding:
