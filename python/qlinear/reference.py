@@ -153,3 +153,40 @@ def matmul_int8(x, qw: QuantizedWeight, bias=None, act_block: Optional[int] = No
         y = y + b
         mag = mag + np.abs(b)
     return y, mag
+
+
+def matmul_blocks_int8(x, raw: np.ndarray, fmt: str, k: int, bias=None, act_block: Optional[int] = None):
+    """W-x-A8 reference of a block format (docs/semantics.md, section 6) over its file rows ``raw``
+    (uint8 [N, bytes per row]). Returns (y float64 [M, N], magnitude float64 [M, N]).
+
+    ``act_block``: None (per row) or a multiple of the format's super-block. Per super-block,
+    ``A = sum_j sc[j] * sum_{k in j} xq v`` and ``B = sum_j mn[j] * sum_{k in j} xq`` (exact),
+    ``y = sum_blocks s_x * (d * A + m * B)``; ``magnitude`` the same sum of absolute terms."""
+    from . import blocks  # noqa: PLC0415
+
+    f = blocks.block_format(fmt)
+    p = blocks.decode(raw, f, k)
+    x = np.atleast_2d(np.asarray(x, np.float32))
+    m = x.shape[0]
+    kp = p.values.shape[1]
+    xp = np.zeros((m, kp), np.float32)
+    xp[:, :k] = x
+    a = kp if act_block is None or act_block >= k else int(act_block)
+    xq, s = quantize_activation(xp, a)
+    xq = xq.astype(np.int64)
+    nb, per_sub = kp // f.super, f.super // f.sub
+    v = p.values.astype(np.int64)
+    dots = np.stack([xq[:, j * f.sub:(j + 1) * f.sub] @ v[:, j * f.sub:(j + 1) * f.sub].T
+                     for j in range(kp // f.sub)], axis=2)                          # [M, N, subs]
+    xs = xq.reshape(m, kp // f.sub, f.sub).sum(-1)                                   # [M, subs]
+    A = (dots * p.sc[None].astype(np.int64)).reshape(m, -1, nb, per_sub).sum(-1)      # [M, N, nb]
+    B = (xs[:, None, :] * p.mn[None].astype(np.int64)).reshape(m, -1, nb, per_sub).sum(-1)
+    sx = s.astype(np.float64)[:, (np.arange(nb) * f.super) // a]                     # [M, nb]
+    d, mm = p.d.astype(np.float64)[None], p.m.astype(np.float64)[None]              # [1, N, nb]
+    with np.errstate(invalid="ignore"):
+        y = (sx[:, None, :] * (d * A + mm * B)).sum(-1)
+        mag = (np.abs(sx)[:, None, :] * (np.abs(d * A) + np.abs(mm * B))).sum(-1)
+    if bias is not None:
+        b = np.asarray(bias, np.float32).astype(np.float64)
+        y, mag = y + b, mag + np.abs(b)
+    return y, mag
