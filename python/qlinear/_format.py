@@ -12,9 +12,10 @@ Layout of a file (little-endian)::
     data          each tensor's packed bytes at entry["offset"] (relative, 64-aligned)
 
 A packed-weight entry: shape [N, K], bits, group_size, symmetric, layout, scale_dtype
-("float16"), offset, nbytes, crc32 (of the packed bytes). Version 3 adds "format": absent or
+("float16"), offset, nbytes, crc32 (of the packed bytes). A packed entry's "format" is absent or
 "affine" for those; a block format's name ("Q4_K", ...: shape and format are its geometry, the
-same bytes on every CPU); or "parts" with "parts": a list of part entries (shape and format, plus
+same bytes on every CPU; readers from before the block formats refuse such entries, which lack
+"bits", so the version stays 2 and one flipped bit cannot turn it into another readable one); or "parts" with "parts": a list of part entries (shape and format, plus
 the affine fields for affine parts), their bytes one after another. An array entry (version 2: the float
 tensors a model needs besides its packed weights, e.g. norms and a bf16 embedding table):
 kind "array", dtype (float32 / float16 / bfloat16 / int32 / uint8: e.g. FFN neuron bundles), shape (any rank), offset, nbytes,
@@ -40,8 +41,8 @@ from ._arrays import bf16_to_float32
 from ._packed import PackedWeight, pack_quantized
 
 MAGIC = b"QLINEAR\x00"
-VERSION = 3
-_READABLE_VERSIONS = (1, 2, 3)
+VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 _PREFIX = struct.Struct("<8sIII12s")  # magic, version, header length, header crc, reserved
 _ALIGN = 64
 _MAX_HEADER = 64 << 20
