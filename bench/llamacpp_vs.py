@@ -44,6 +44,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -204,10 +205,11 @@ def checkpoint_gguf(hf: Path, quant: str, pre: str = "gpt-2") -> Path:
     return out
 
 
-def llamacpp_speed(path: Path, threads: int) -> dict:
-    """llama-bench's pp64 and tg32 tok/s (one repetition), its peak RSS and CPU path."""
+def llamacpp_speed(path: Path, threads: int, where: Optional[Path] = None, extra=()) -> dict:
+    """llama-bench's prefill and decode tok/s (one repetition), its peak RSS and CPU path;
+    ``where``: another build's bin folder (ik_llama.cpp's), ``extra``: its options (-rtr 1)."""
     from qlinear.llm.peers import llamacpp
-    r = llamacpp.bench(path, PROMPT, DECODE, threads, 1, where=str(BUILD / "bin"))
+    r = llamacpp.bench(path, PROMPT, DECODE, threads, 1, where=str(where or BUILD / "bin"), extra_args=extra)
     return {"prefill": r["prefill_tok_s"], "decode": r["decode_tok_s"], "rss": r["peak_rss_mb"],
             "backend": r["cpu_path"]}
 
@@ -316,6 +318,7 @@ def compare_tokenizers(archs) -> bool:
 
 
 def main() -> None:
+    global PROMPT, DECODE
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quants", nargs="+", default=["Q4_0", "Q8_0"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
@@ -326,7 +329,12 @@ def main() -> None:
     ap.add_argument("--logits", action="store_true", help="compare logits instead of speed")
     ap.add_argument("--tokenizer", action="store_true", help="compare tokenizers instead of speed")
     ap.add_argument("--build", action="store_true", help="build llama.cpp's tools, then stop")
+    ap.add_argument("--ik", type=Path, default=None,
+                    help="ik_llama.cpp's bin folder (its llama-bench): run it too, with and without -rtr 1")
+    ap.add_argument("--prompt", type=int, default=PROMPT, help="prompt tokens (prefill)")
+    ap.add_argument("--decode", type=int, default=DECODE, help="decoded tokens")
     a = ap.parse_args()
+    PROMPT, DECODE = a.prompt, a.decode
     if a.build or not (a.logits or a.tokenizer) or set(a.quants) - set(CONVERTER_TYPES):
         build()
     else:  # the converter's types through llama.cpp's Python bindings: no tools needed
@@ -341,32 +349,42 @@ def main() -> None:
         return
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     import qlinear
+    peers = {"llama.cpp": (None, ())}
+    if a.ik is not None:
+        if not (a.ik / "llama-bench").is_file():
+            sys.exit(f"--ik {a.ik}: no llama-bench there (build ik_llama.cpp: bench/README.md)")
+        peers.update({"ik": (a.ik, ()), "ik -rtr": (a.ik, ("-rtr", "1"))})
     print(f"{cpu}, qlinear level {qlinear.cpu_info()['active_isa']}; {PROMPT}-token prompt, {DECODE} decoded tokens; "
           f"medians (best) of {a.rounds} interleaved rounds, tok/s")
-    print("| model | file | phase | threads | qlinear | llama.cpp | qlinear / llama.cpp |")
-    print("|---|---|---|---|---|---|---|")
+    engines = ["qlinear", *peers]
+    print("| model | file | phase | threads | " + " | ".join(engines) + " | " +
+          " | ".join(f"qlinear / {e}" for e in peers) + (" | qlinear / best ik |" if a.ik else " |"))
+    print("|---" * (4 + len(engines) + len(peers) + (1 if a.ik else 0)) + "|")
     paths, rss = {}, []
     for arch in a.arch:
         for quant in a.quants:
             path = gguf_file(quant, arch)
             for t in a.threads:
-                q = Qlinear(path, t)
+                q = Qlinear(path, t, PROMPT, DECODE)
                 q.speed()  # warm-up: builds the decode step, maps the weights
-                runs = {"qlinear": [], "llama.cpp": []}
+                runs = {e: [] for e in engines}
                 for _ in range(a.rounds):
                     runs["qlinear"].append(q.speed())
-                    lc = llamacpp_speed(path, t)
-                    paths[arch, quant] = lc.pop("backend")
-                    runs["llama.cpp"].append(lc)
+                    for name, (where, extra) in peers.items():
+                        lc = llamacpp_speed(path, t, where, extra)
+                        paths[name, arch, quant] = lc.pop("backend")
+                        runs[name].append(lc)
                 for phase in ("prefill", "decode"):
                     v = {e: [r[phase] for r in rs] for e, rs in runs.items()}
                     med = {e: float(np.median(x)) for e, x in v.items()}
-                    print(f"| {arch} | {quant} | {phase} | {t} | {med['qlinear']:.1f} ({max(v['qlinear']):.1f}) | "
-                          f"{med['llama.cpp']:.1f} ({max(v['llama.cpp']):.1f}) | "
-                          f"{med['qlinear'] / med['llama.cpp']:.2f}x |", flush=True)
+                    cells = [f"{med[e]:.1f} ({max(v[e]):.1f})" for e in engines]
+                    ratios = [f"{med['qlinear'] / med[e]:.2f}x" for e in peers]
+                    if a.ik:
+                        ratios.append(f"{med['qlinear'] / max(med['ik'], med['ik -rtr']):.2f}x")
+                    print(f"| {arch} | {quant} | {phase} | {t} | " + " | ".join(cells + ratios) + " |", flush=True)
                 rss.append((arch, quant, t, qlinear_rss(path, t), max(r["rss"] for r in runs["llama.cpp"])))
                 del q
-    print("\nllama.cpp CPU path: " + "; ".join(f"{a} {q}: {p}" for (a, q), p in paths.items()) + "\n")
+    print("\nCPU paths: " + "; ".join(f"{e} {a} {q}: {p}" for (e, a, q), p in paths.items()) + "\n")
     print("peak RSS, MB, each engine in a process of its own (qlinear: `qlinear-llm bench`; llama.cpp: llama-bench)")
     print("| model | file | threads | qlinear | llama.cpp | qlinear / llama.cpp |")
     print("|---|---|---|---|---|---|")

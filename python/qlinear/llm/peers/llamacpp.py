@@ -83,12 +83,13 @@ def _vm_hwm_kb(pid: int) -> int:
 
 
 def bench(path, prompt_tokens: int, decode_tokens: int, threads: int, repeats: int = 1,
-          where: Optional[str] = None) -> dict:
+          where: Optional[str] = None, extra_args=()) -> dict:
     """``llama-bench -p P -n N -t T -r R`` on ``path``: prefill and decode tok/s (llama-bench's
-    averages), its peak RSS and the CPU path it took."""
+    averages), its peak RSS and the CPU path it took. ``where``: the folder of the build's tools
+    (llama.cpp's or a fork's, e.g. ik_llama.cpp's); ``extra_args``: more of its options (``-rtr 1``)."""
     tool = find_tool("llama-bench", where)
     out, err, rss = _run_measured([str(tool), "-m", str(path), "-p", str(prompt_tokens), "-n", str(decode_tokens),
-                                   "-t", str(threads), "-r", str(repeats), "-o", "json", "-v"])
+                                   "-t", str(threads), "-r", str(repeats), "-o", "json", "-v", *extra_args])
     try:
         rows = json.loads(out)
     except json.JSONDecodeError as e:
