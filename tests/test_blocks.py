@@ -115,6 +115,20 @@ def test_every_level_gives_the_same_bits(fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_simd_levels_run_their_own_int8_kernels(fmt):
+    """Above scalar, every level multiplies block formats with SIMD kernels (AMX with AVX-512's,
+    i8mm with dotprod's), not the scalar reference: the bit-for-bit tests compare real kernels."""
+    pw = qlinear.pack_weight(weights(fmt, 16, blocks.FORMATS[fmt].super), format=fmt)
+    for level in LEVELS:
+        if level == "scalar":
+            continue
+        qlinear.set_isa(level)
+        info = qlinear.kernel_info(pw)
+        for job in ("gemv", "gemm"):
+            assert not info[job].endswith("_scalar"), (level, job, info[job])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_rows_do_not_depend_on_their_batch(fmt):
     """Row r of an M-row matmul (GEMM tiles) is bit-identical to the one-row matmul (GEMV)."""
     k = 2 * blocks.FORMATS[fmt].super

@@ -60,4 +60,6 @@ def test_loading_costs_about_the_file_size(tmp_path, rng):
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     extra = int(out.stdout.strip())
-    assert extra <= 1.1 * size, f"loading a {size}-byte file raised the peak RSS by {extra} bytes"
+    # A copy of the file would double the cost; 4 MiB over 1.1x covers the worker threads' stacks
+    # and, under qemu-user, the translation cache of code the small call did not reach.
+    assert extra <= 1.1 * size + (4 << 20), f"loading a {size}-byte file raised the peak RSS by {extra} bytes"
