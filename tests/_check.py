@@ -45,7 +45,7 @@ def float_path_magnitude(x, pw):
 
 
 # The float path in FP16 arithmetic (ARM fp16 level and above, float16 activations), see
-# csrc/qlinear/fp16_path.h: per chunk of 64 k (32 at the end of an odd block), w' rounded to fp16
+# csrc/qlinear/core/fp16_path.h: per chunk of 64 k (32 at the end of an odd block), w' rounded to fp16
 # (1 rounding), 4 FMA chains of 16 and 2 additions in fp16: 19 roundings of u = 2^-11 relative to
 # sum |x| |w'| to first order; 20 covers the second-order terms. Products and sums are normalized by powers of two, so neither
 # overflow nor fp16 subnormals can hurt beyond ~2^-25 per operation in normalized units, where

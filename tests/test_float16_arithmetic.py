@@ -1,7 +1,7 @@
 """The float path in FP16 arithmetic (ARM fp16 level and above, float16 activations): weights
 dequantized to fp16, fp16 sums over 64 k (32 at the end of a block of an odd multiple of 32)
 flushed into float32, products normalized by powers of
-two (csrc/qlinear/fp16_path.h). Its scalar twin runs on every machine and is checked against the
+two (csrc/qlinear/core/fp16_path.h). Its scalar twin runs on every machine and is checked against the
 reference within the bound of _check.py; every level that has the NEON kernels must reproduce the
 twin bit for bit (levels without them are skipped)."""
 

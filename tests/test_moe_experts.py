@@ -1,4 +1,4 @@
-"""Routed experts over packed weights without a model (csrc/qlinear/moe.h; no torch, so this
+"""Routed experts over packed weights without a model (csrc/qlinear/llm/moe.h; no torch, so this
 runs under qemu and the sanitizers too): the compiled MoeLayer against a numpy reference built
 from qlinear.matmul_float's expert outputs, and MoeExperts (experts in slots run as they arrive,
 the flash path's) equal to MoeLayer bit for bit, over shapes, top-k, grouping and threads."""

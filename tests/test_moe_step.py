@@ -1,4 +1,4 @@
-"""Routed experts (Qwen3-MoE) in the compiled decode step (csrc/qlinear/moe.h): its logits are
+"""Routed experts (Qwen3-MoE) in the compiled decode step (csrc/qlinear/llm/moe.h): its logits are
 the Python path's bit for bit (the Python blocks with the experts in numpy, routed by the same
 compiled op), over shapes, top-k, norm_topk_prob on and off and tied router scores, at every ISA
 level; a batched step's rows are the single sequences' steps; a prompt's rows grouped by expert

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "qlinear/layout.h"
-#include "qlinear/moe.h"
+#include "qlinear/core/layout.h"
+#include "qlinear/llm/moe.h"
 
 namespace qlinear::bindings {
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "bindings/bindings.h"
-#include "qlinear/decoder.h"
-#include "qlinear/decoder_step.h"
+#include "qlinear/llm/decoder.h"
+#include "qlinear/llm/decoder_step.h"
 
 namespace qlinear::bindings {
 

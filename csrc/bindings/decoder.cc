@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "bindings/bindings.h"
-#include "qlinear/decoder.h"
-#include "qlinear/threadpool.h"
+#include "qlinear/llm/decoder.h"
+#include "qlinear/core/threadpool.h"
 
 namespace qlinear::bindings {
 namespace {

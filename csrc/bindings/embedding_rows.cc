@@ -3,7 +3,7 @@
 #include <string>
 
 #include "bindings/bindings.h"
-#include "qlinear/embedding_rows.h"
+#include "qlinear/llm/embedding_rows.h"
 
 namespace qlinear::bindings {
 namespace {

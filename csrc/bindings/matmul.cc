@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "bindings/bindings.h"
-#include "qlinear/cpu.h"
-#include "qlinear/kernels.h"
-#include "qlinear/layout.h"
-#include "qlinear/matmul.h"
+#include "qlinear/core/cpu.h"
+#include "qlinear/core/kernels.h"
+#include "qlinear/core/layout.h"
+#include "qlinear/core/matmul.h"
 
 namespace qlinear::bindings {
 namespace {

@@ -2,7 +2,7 @@
 // around compute, and nothing else. The public API lives in python/qlinear. This file is its entry
 // point; each domain's bindings are in their own file (bindings.h lists them).
 #include "bindings/bindings.h"
-#include "qlinear/kernels.h"
+#include "qlinear/core/kernels.h"
 
 namespace py = pybind11;
 

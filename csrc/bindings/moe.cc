@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "bindings/bindings.h"
-#include "qlinear/moe.h"
+#include "qlinear/llm/moe.h"
 
 namespace qlinear::bindings {
 

@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "bindings/bindings.h"
-#include "qlinear/cpu.h"
-#include "qlinear/kernels.h"
-#include "qlinear/layout.h"
-#include "qlinear/threadpool.h"
+#include "qlinear/core/cpu.h"
+#include "qlinear/core/kernels.h"
+#include "qlinear/core/layout.h"
+#include "qlinear/core/threadpool.h"
 
 namespace qlinear::bindings {
 namespace {

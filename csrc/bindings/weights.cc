@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "bindings/bindings.h"
-#include "qlinear/block_format.h"
-#include "qlinear/embedding_rows.h"
-#include "qlinear/layout.h"
-#include "qlinear/pack.h"
+#include "qlinear/core/block_format.h"
+#include "qlinear/llm/embedding_rows.h"
+#include "qlinear/core/layout.h"
+#include "qlinear/core/pack.h"
 
 namespace qlinear::bindings {
 namespace {

@@ -10,7 +10,7 @@ The vocabulary used across the package (docs/semantics.md states the rules in fu
 * rounding: round half to even (``np.rint``, ``torch.round``), in float32.
 
 ``reference.py`` (numpy), ``torch/quantize.py`` (torch) and the packing wrappers read their
-constants from here; the C++ core (``csrc/qlinear/pack.h``) implements the same rules.
+constants from here; the C++ core (``csrc/qlinear/core/pack.h``) implements the same rules.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-#include "block_format.h"
+#include "qlinear/core/block_format.h"
 
 #include <cmath>
 #include <cstring>
 #include <iterator>
 #include <stdexcept>
 
-#include "common.h"
+#include "qlinear/core/common.h"
 
 namespace qlinear {
 

@@ -37,7 +37,7 @@
 #include <cstdint>
 #include <string>
 
-#include "layout.h"
+#include "qlinear/core/layout.h"
 
 namespace qlinear {
 

@@ -1,4 +1,4 @@
-#include "cpu.h"
+#include "qlinear/core/cpu.h"
 
 #include <algorithm>
 #include <fstream>
@@ -103,7 +103,7 @@ void detect_x86(CpuFeatures& f) {
   bool amx = avx512vnni && has("amx-tile") && has("amx-int8");
 #if defined(QLINEAR_EMULATE_X86)
   // Emulated build: the kernels of the levels beyond AVX2 run on emulated intrinsics built from
-  // AVX2 / FMA / F16C (kernels/x86_simd.h), so any AVX2 CPU runs them; cpu_info()["emulated"]
+  // AVX2 / FMA / F16C (kernels/x86/x86_simd.h), so any AVX2 CPU runs them; cpu_info()["emulated"]
   // lists them.
   const bool emulate = avx2;
 #else

@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels.h"
+#include "qlinear/core/kernels.h"
 
 namespace qlinear {
 

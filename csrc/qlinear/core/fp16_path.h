@@ -1,5 +1,5 @@
 // The float path for fp16 activations with FP16 arithmetic (the ARM `fp16` level and above):
-// the contract between the NEON kernel (kernels/fp16.cc) and its scalar twin (kernels/scalar.cc),
+// the contract between the NEON kernel (kernels/arm/fp16.cc) and its scalar twin (kernels/scalar/scalar.cc),
 // which compute bit-identical results.
 //
 // fp16 has 11 significant bits and a range of 2^-24 .. 65504: products of real activations and
@@ -37,7 +37,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common.h"
+#include "qlinear/core/common.h"
 
 namespace qlinear::fp16_path {
 

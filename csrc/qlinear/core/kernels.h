@@ -11,9 +11,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "common.h"
-#include "cpu.h"
-#include "layout.h"
+#include "qlinear/core/common.h"
+#include "qlinear/core/cpu.h"
+#include "qlinear/core/layout.h"
 
 namespace qlinear {
 
@@ -184,7 +184,7 @@ const KernelTable& amx_kernels();
 #if defined(__aarch64__)
 const KernelTable& neon_kernels();
 const KernelTable& fp16_kernels();
-// Adds the FP16-arithmetic float kernels (kernels/fp16.cc) to a level that implies FEAT_FP16.
+// Adds the FP16-arithmetic float kernels (kernels/arm/fp16.cc) to a level that implies FEAT_FP16.
 KernelTable with_fp16_float_path(KernelTable table);
 const KernelTable& dotprod_kernels();
 const KernelTable& i8mm_kernels();

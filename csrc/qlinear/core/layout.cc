@@ -1,4 +1,4 @@
-#include "layout.h"
+#include "qlinear/core/layout.h"
 
 #include <algorithm>
 #include <stdexcept>

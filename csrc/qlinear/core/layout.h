@@ -46,7 +46,7 @@
 #include <string>
 #include <vector>
 
-#include "common.h"
+#include "qlinear/core/common.h"
 
 namespace qlinear {
 

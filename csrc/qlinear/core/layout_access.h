@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "layout.h"
+#include "qlinear/core/layout.h"
 
 namespace qlinear {
 

@@ -1,4 +1,4 @@
-#include "matmul.h"
+#include "qlinear/core/matmul.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "fp16_path.h"
-#include "threadpool.h"
+#include "qlinear/core/fp16_path.h"
+#include "qlinear/core/threadpool.h"
 
 namespace qlinear {
 

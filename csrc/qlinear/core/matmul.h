@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels.h"
+#include "qlinear/core/kernels.h"
 
 namespace qlinear {
 

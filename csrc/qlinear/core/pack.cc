@@ -1,4 +1,4 @@
-#include "pack.h"
+#include "qlinear/core/pack.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,9 +7,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "embedding_rows.h"  // GgufBlockInfo
-#include "layout_access.h"  // read_code (unpack_weight)
-#include "threadpool.h"
+#include "qlinear/llm/embedding_rows.h"  // GgufBlockInfo
+#include "qlinear/core/layout_access.h"  // read_code (unpack_weight)
+#include "qlinear/core/threadpool.h"
 
 namespace qlinear {
 

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "layout.h"
+#include "qlinear/core/layout.h"
 
 namespace qlinear {
 

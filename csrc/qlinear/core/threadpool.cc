@@ -1,9 +1,9 @@
-#include "threadpool.h"
+#include "qlinear/core/threadpool.h"
 
 #include <algorithm>
 #include <cstdlib>
 
-#include "cpu.h"
+#include "qlinear/core/cpu.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "../kernels.h"
+#include "qlinear/core/kernels.h"
 
 namespace qlinear {
 
@@ -21,6 +21,12 @@ void add_scalar_block_kernels(KernelTable& t);
 void add_avx2_block_kernels(KernelTable& t);
 void add_avxvnni_block_kernels(KernelTable& t);
 void add_avx512vnni_block_kernels(KernelTable& t);
+#endif
+#if defined(__aarch64__)
+// The same on aarch64: plain NEON (SMULL) and the dot-product levels' (SDOT; i8mm takes these),
+// kernels/arm/<level>_blocks.cc.
+void add_neon_block_kernels(KernelTable& t);
+void add_dotprod_block_kernels(KernelTable& t);
 #endif
 
 }  // namespace qlinear

@@ -1,13 +1,13 @@
 // Dispatch of the decoder operations: the AVX2 copy of decoder_impl.h on x86 CPUs that run an
 // AVX2 level, the baseline copy elsewhere (and under QLINEAR_ISA=scalar).
 #define QLINEAR_DECODER_IMPL generic
-#include "decoder_impl.h"
+#include "qlinear/llm/decoder_impl.h"
 
 #include <algorithm>
 #include <vector>
 
-#include "kernels.h"
-#include "threadpool.h"
+#include "qlinear/core/kernels.h"
+#include "qlinear/core/threadpool.h"
 
 namespace qlinear::decoder {
 

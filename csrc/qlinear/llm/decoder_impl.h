@@ -8,8 +8,8 @@
 #include <cstring>
 #include <limits>
 
-#include "common.h"
-#include "decoder.h"
+#include "qlinear/core/common.h"
+#include "qlinear/llm/decoder.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -18,6 +18,6 @@
 #endif
 
 // The parts, in this order (each uses the ones before it):
-#include "decoder_impl_rowwise.h"    // rms_norm, silu_mul, gelu_tanh_mul, softcap
-#include "decoder_impl_vector.h"     // dot, dot8, add_rows, max_of, sum_of, floats_to_halves
-#include "decoder_impl_attention.h"  // RoPE, decode and prefill attention
+#include "qlinear/llm/decoder_impl_rowwise.h"    // rms_norm, silu_mul, gelu_tanh_mul, softcap
+#include "qlinear/llm/decoder_impl_vector.h"     // dot, dot8, add_rows, max_of, sum_of, floats_to_halves
+#include "qlinear/llm/decoder_impl_attention.h"  // RoPE, decode and prefill attention

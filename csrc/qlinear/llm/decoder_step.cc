@@ -1,11 +1,11 @@
-#include "decoder_step.h"
+#include "qlinear/llm/decoder_step.h"
 
 #include <algorithm>
 #include <chrono>
 #include <utility>
 
-#include "matmul.h"
-#include "moe.h"
+#include "qlinear/core/matmul.h"
+#include "qlinear/llm/moe.h"
 
 namespace qlinear::decoder {
 

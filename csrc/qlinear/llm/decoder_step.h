@@ -31,9 +31,9 @@
 #include <mutex>
 #include <vector>
 
-#include "decoder.h"
-#include "layout.h"
-#include "moe.h"
+#include "qlinear/llm/decoder.h"
+#include "qlinear/core/layout.h"
+#include "qlinear/llm/moe.h"
 
 namespace qlinear::decoder {
 

@@ -1,4 +1,4 @@
-#include "embedding_rows.h"
+#include "qlinear/llm/embedding_rows.h"
 
 #include <unistd.h>
 
@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "common.h"
+#include "qlinear/core/common.h"
 
 namespace qlinear {
 

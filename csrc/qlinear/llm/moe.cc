@@ -1,12 +1,12 @@
-#include "moe.h"
+#include "qlinear/llm/moe.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#include "decoder.h"
-#include "matmul.h"
-#include "threadpool.h"
+#include "qlinear/llm/decoder.h"
+#include "qlinear/core/matmul.h"
+#include "qlinear/core/threadpool.h"
 
 namespace qlinear::decoder {
 

@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "layout.h"
+#include "qlinear/core/layout.h"
 
 namespace qlinear::decoder {
 

@@ -5,7 +5,8 @@
 // row. int4 nibbles 0..15 and int8 codes as stored (code - 128) are both valid s8 operands. The
 // level implies FP16 arithmetic (cpu.h), so fp16 activations take kernels/fp16.cc's float path.
 #define QLINEAR_ARM_LEVEL dotprod
-#include "neon_common.h"
+#include "qlinear/kernels/arm/neon_table.h"
+#include "qlinear/kernels/block_kernels.h"
 
 namespace qlinear {
 namespace arm::dotprod {
@@ -226,6 +227,7 @@ const KernelTable& dotprod_kernels() {
         k.fn = k.bits == 4 ? arm::dotprod::sdot_gemm<4> : arm::dotprod::sdot_gemm<8>;
         k.mr = arm::dotprod::kTileRows;
       }
+    add_dotprod_block_kernels(t);
     return t;
   }();
   return table;

@@ -10,9 +10,9 @@
 
 #include <algorithm>
 
-#include "../fp16_path.h"
-#include "../kernels.h"
-#include "../layout_access.h"  // kKr8Gather
+#include "qlinear/core/fp16_path.h"
+#include "qlinear/core/kernels.h"
+#include "qlinear/core/layout_access.h"  // kKr8Gather
 
 #if !defined(__ARM_FEATURE_FP16_VECTOR_ARITHMETIC)
 #error "kernels/fp16.cc must be compiled with -march=armv8.2-a+fp16"

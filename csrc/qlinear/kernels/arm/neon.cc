@@ -6,7 +6,8 @@
 // (|product| <= 1905), int8 codes are stored as code - 128 (nr8_kr4_s8; |product| <= 16256): the
 // sum of two products (<= 32512) is exact in s16.
 #define QLINEAR_ARM_LEVEL neon
-#include "neon_common.h"
+#include "qlinear/kernels/arm/neon_table.h"
+#include "qlinear/kernels/block_kernels.h"
 
 namespace qlinear {
 namespace {
@@ -56,9 +57,13 @@ struct SmullBlockDot {
 }  // namespace
 
 const KernelTable& neon_kernels() {
-  static const KernelTable table = arm::make_table<SmullBlockDot, SmullBlockDot, 4>(
-      Isa::neon, "gemv_w4a8_nr8_kr4_1x8_neon", "gemv_w8a8_nr8_kr4_s8_1x8_neon", "gemm_w4a8_nr8_kr4_4x8_neon",
-      "gemm_w8a8_nr8_kr4_s8_4x8_neon");
+  static const KernelTable table = [] {
+    KernelTable t = arm::make_table<SmullBlockDot, SmullBlockDot, 4>(
+        Isa::neon, "gemv_w4a8_nr8_kr4_1x8_neon", "gemv_w8a8_nr8_kr4_s8_1x8_neon", "gemm_w4a8_nr8_kr4_4x8_neon",
+        "gemm_w8a8_nr8_kr4_s8_4x8_neon");
+    add_neon_block_kernels(t);
+    return t;
+  }();
   return table;
 }
 

@@ -9,8 +9,8 @@
 #include <mutex>
 #include <string>
 
-#include "../block_format.h"
-#include "block_kernels.h"
+#include "qlinear/core/block_format.h"
+#include "qlinear/kernels/block_kernels.h"
 
 namespace qlinear {
 namespace {

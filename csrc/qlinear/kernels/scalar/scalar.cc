@@ -3,10 +3,10 @@
 // docs/semantics.md literally.
 #include <cmath>
 
-#include "../fp16_path.h"
-#include "../kernels.h"
-#include "../layout_access.h"
-#include "block_kernels.h"
+#include "qlinear/core/fp16_path.h"
+#include "qlinear/core/kernels.h"
+#include "qlinear/core/layout_access.h"
+#include "qlinear/kernels/block_kernels.h"
 
 namespace qlinear {
 namespace {

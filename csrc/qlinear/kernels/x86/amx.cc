@@ -15,7 +15,7 @@
 // Tiles: 0, 1 = A (rows m..m+15, m+16..m+31), 2, 3 = B (panels p, p + 1), 4..7 = C
 // (4 + 2 * row tile + panel). Per block, the C tiles are stored to a buffer and the float epilogue
 // runs on zmm registers exactly as the avx512vnni kernels' (same operations, same order).
-#include "x86_zmm.h"
+#include "qlinear/kernels/x86/x86_zmm.h"
 
 #include <algorithm>
 #include <cstring>

@@ -19,9 +19,9 @@
 #include <cstring>
 #include <type_traits>
 
-#include "avx2.h"
-#include "block_kernels.h"
-#include "x86_common.h"
+#include "qlinear/kernels/x86/avx2.h"
+#include "qlinear/kernels/block_kernels.h"
+#include "qlinear/kernels/x86/x86_common.h"
 
 namespace qlinear {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "../kernels.h"
+#include "qlinear/core/kernels.h"
 
 namespace qlinear::avx2 {
 

@@ -1,6 +1,6 @@
 // The block formats' kernels at the AVX2 level (x86_blocks.h with VPMADDUBSW + VPMADDWD; compiled
 // with -mavx2 -mfma -mf16c in this file only).
-#include "x86_blocks.h"
+#include "qlinear/kernels/x86/x86_blocks.h"
 
 namespace qlinear {
 

@@ -14,8 +14,8 @@
 #include <cmath>
 #include <utility>
 
-#include "avx2.h"
-#include "tiling.h"
+#include "qlinear/kernels/x86/avx2.h"
+#include "qlinear/kernels/tiling.h"
 
 namespace qlinear::avx2 {
 

@@ -8,8 +8,8 @@
 //   int8: the stored codes 0..255 directly (code_shift 0: shifted_sum = -zero_point * sum).
 // Activation quantization and the float path are the AVX2 level's (every AVX-512 CPU has AVX2 +
 // FMA + F16C).
-#include "block_kernels.h"
-#include "x86_zmm.h"
+#include "qlinear/kernels/block_kernels.h"
+#include "qlinear/kernels/x86/x86_zmm.h"
 
 namespace qlinear {
 

@@ -1,7 +1,7 @@
 // The block formats' kernels at the AVX512-VNNI level (x86_blocks.h with AVX512-VL's VPDPBUSD on
 // ymm: one panel per register, as the level's GEMVs; compiled with the level's flags in this
 // file only).
-#include "x86_blocks.h"
+#include "qlinear/kernels/x86/x86_blocks.h"
 
 namespace qlinear {
 namespace {

@@ -8,10 +8,10 @@
 // Kernels: GEMV 1x8, GEMM 4x8 row tiles over the packed panels, and from 12 rows 6-row x
 // 16-output tiles over blocks of two panels (int4 unpacked once in L1, int8 read as packed).
 // Activation quantization and the float path are the AVX2 level's.
-#include "block_kernels.h"
-#include "x86_common.h"
+#include "qlinear/kernels/block_kernels.h"
+#include "qlinear/kernels/x86/x86_common.h"
 
-#include "avx2.h"
+#include "qlinear/kernels/x86/avx2.h"
 
 namespace qlinear {
 namespace {

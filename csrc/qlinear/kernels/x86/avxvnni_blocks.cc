@@ -1,6 +1,6 @@
 // The block formats' kernels at the AVX-VNNI level (x86_blocks.h with the VEX-encoded VPDPBUSD;
 // compiled with the level's flags in this file only).
-#include "x86_blocks.h"
+#include "qlinear/kernels/x86/x86_blocks.h"
 
 namespace qlinear {
 namespace {

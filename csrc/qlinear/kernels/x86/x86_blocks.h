@@ -12,32 +12,19 @@
 // (two FMAs per super-block), so every level gives the scalar level's bits.
 #pragma once
 
-#include "x86_common.h"
+#include "qlinear/kernels/x86/x86_common.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "../block_format.h"
-#include "../kernels.h"
-#include "block_kernels.h"
-#include "tiling.h"
+#include "qlinear/core/block_format.h"
+#include "qlinear/core/kernels.h"
+#include "qlinear/kernels/block_kernels.h"
+#include "qlinear/kernels/block_traits.h"
+#include "qlinear/kernels/tiling.h"
 
 namespace qlinear::x86 {
 namespace {
-
-// A format's constants at compile time (the same values as block_format.cc's table).
-template <Format F>
-struct BlockTraits {
-  static constexpr bool k_quant = F == Format::q4_k || F == Format::q5_k || F == Format::q6_k || F == Format::iq4_xs;
-  static constexpr int kSuper = k_quant ? 256 : 32;
-  static constexpr int kSub = F == Format::q6_k ? 16 : 32;
-  static constexpr int kNsub = kSuper / kSub;
-  static constexpr int kBits = F == Format::q5_0 || F == Format::q5_1 || F == Format::q5_k ? 5 : F == Format::q6_k ? 6 : 4;
-  static constexpr bool kLookup = F == Format::iq4_nl || F == Format::iq4_xs || F == Format::mxfp4;
-  static constexpr bool kHasMin = F == Format::q4_1 || F == Format::q5_1 || F == Format::q4_k || F == Format::q5_k;
-  static constexpr int kZero = F == Format::q5_0 ? 16 : F == Format::q6_k ? 32 : 0;
-  static constexpr int64_t kNibbleBytes = 8 * kSuper / 2;
-};
 
 // The 8 rows' constants of one super-block.
 template <Format F>
@@ -124,15 +111,6 @@ inline void chunk_pair(const uint8_t* block, __m256i* c0, __m256i* c1) {
     const __m256i two = _mm256_set1_epi8(0x30);
     *c0 = _mm256_or_si256(*c0, _mm256_and_si256(to_bit4(h, std::integral_constant<int, 4 * (Q % 2)>{}), two));
     *c1 = _mm256_or_si256(*c1, _mm256_and_si256(to_bit4(h, std::integral_constant<int, 4 * (Q % 2) + 2>{}), two));
-  }
-}
-
-// f(std::integral_constant<int, I>) for I in [B, E).
-template <int B, int E, class Fn>
-inline void static_for(Fn&& f) {
-  if constexpr (B < E) {
-    f(std::integral_constant<int, B>{});
-    static_for<B + 1, E>(f);
   }
 }
 

@@ -12,14 +12,14 @@
 //   y += (s_x * scale) * float(acc + shifted_sum)   (+ (s_x * sum_x) * offset, asymmetric)
 #pragma once
 
-#include "x86_simd.h"
+#include "qlinear/kernels/x86/x86_simd.h"
 
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
 
-#include "../kernels.h"
-#include "tiling.h"
+#include "qlinear/core/kernels.h"
+#include "qlinear/kernels/tiling.h"
 
 namespace qlinear::x86 {
 namespace {

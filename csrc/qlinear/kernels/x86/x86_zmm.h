@@ -5,7 +5,7 @@
 // Include only from files compiled with AVX-512F/BW/VL + AVX512-VNNI (or emulated: x86_simd.h).
 #pragma once
 
-#include "x86_common.h"
+#include "qlinear/kernels/x86/x86_common.h"
 
 namespace qlinear::x86 {
 namespace {

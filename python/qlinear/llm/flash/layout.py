@@ -1,6 +1,6 @@
 """Where a layer's FFN weights sit in a model file, and the bundled ("flash") layout.
 
-The packed layout (``csrc/qlinear/layout.h``) stores a weight [N, K] as panels of 8 rows over
+The packed layout (``csrc/qlinear/core/layout.h``) stores a weight [N, K] as panels of 8 rows over
 the whole K, each panel a sequence of storage blocks (the weight group: 64 k by default). So
 FFN neuron i's gate row and up row live in panels i // 8 and (I + i) // 8 of gate_up, and its
 down column in block i // block of *every* panel of down (a column's int4 codes share bytes

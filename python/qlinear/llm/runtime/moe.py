@@ -5,7 +5,7 @@ the k, renormalized to 1 with ``norm_topk_prob``), as transformers' Qwen3MoeSpar
 computes it. The experts' weights are int4 / int8 like any linear; the
 router stays float (its ranking decides which weights run).
 
-With packed experts, the routed MLP is one compiled call (``_core.MoeLayer``, csrc/qlinear/moe.h):
+With packed experts, the routed MLP is one compiled call (``_core.MoeLayer``, csrc/qlinear/llm/moe.h):
 rows grouped by expert, one GEMM per expert over its rows, the experts split over the threads;
 the compiled decode step runs the same code, so both paths give the same bits. Experts kept in
 float run here in numpy, routed by the same compiled op (``_core.moe_route``). A token reads
