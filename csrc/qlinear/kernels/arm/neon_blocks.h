@@ -20,9 +20,7 @@
 
 #include "qlinear/core/block_format.h"
 #include "qlinear/core/kernels.h"
-#include "qlinear/kernels/block_kernels.h"
-#include "qlinear/kernels/block_traits.h"
-#include "qlinear/kernels/tiling.h"
+#include "qlinear/kernels/block_driver.h"
 
 namespace qlinear::arm {
 inline namespace QLINEAR_ARM_LEVEL {
@@ -250,48 +248,19 @@ template <class D, Format F, int MR>
   for (int64_t p = p0; p < p1; ++p) block_tile<D, F, MR>(a, m, p);
 }
 
-// GEMV and GEMM: row tiles of up to D::kRows rows over the panels (a panel stays in L1 across
-// the tiles of a row chunk).
 template <class D, Format F>
 void block_gemm(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
-  if (m1 - m0 == 1) {
-    block_row_tile<D, F, 1>(a, m0, p0, p1);
-    return;
-  }
-  constexpr int64_t kRowChunk = 30;
-  for (int64_t mc = m0; mc < m1; mc += kRowChunk) {
-    const int64_t mc1 = std::min(m1, mc + kRowChunk);
-    for (int64_t p = p0; p < p1; ++p)
-      for_row_tiles<D::kRows>(mc, mc1, [&](auto rows, int64_t m) {
-        block_row_tile<D, F, decltype(rows)::value>(a, m, p, p + 1);
-      });
-  }
+  drive_block_gemm<D::kRows>(m0, m1, p0, p1, [&](auto rows, int64_t m, int64_t q0, int64_t q1) {
+    block_row_tile<D, F, decltype(rows)::value>(a, m, q0, q1);
+  });
 }
 
 }  // namespace blocks
 
-// Every format's kernels of a level, replacing the table's: a GEMV (M = 1) and a GEMM of
-// D::kRows-row tiles.
+// Every format's kernels of a level: a GEMV (M = 1) and a GEMM of D::kRows-row tiles.
 template <class D>
 void add_block_kernels(KernelTable& t, const char* level) {
-  t.blocks.clear();
-  for_each_block_format([&](auto fc) {
-    constexpr Format f = decltype(fc)::value;
-    const FormatInfo& info = format_info(f);
-    Int8Ukernel gemv{};
-    gemv.name = block_kernel_name("gemv", f, "a8_1x8", level);
-    gemv.fn = blocks::block_gemm<D, f>;
-    gemv.bits = info.code_bits;
-    gemv.m_max = 1;
-    gemv.format = f;
-    Int8Ukernel gemm = gemv;
-    gemm.name = block_kernel_name("gemm", f, D::kRows == 3 ? "a8_3x8" : "a8_2x8", level);
-    gemm.mr = D::kRows;
-    gemm.m_min = 2;
-    gemm.m_max = INT64_MAX;
-    t.blocks.push_back(gemv);
-    t.blocks.push_back(gemm);
-  });
+  add_level_block_kernels<D::kRows>(t, level, [](auto fc) { return &blocks::block_gemm<D, decltype(fc)::value>; });
 }
 
 }  // namespace QLINEAR_ARM_LEVEL

@@ -19,9 +19,7 @@
 
 #include "qlinear/core/block_format.h"
 #include "qlinear/core/kernels.h"
-#include "qlinear/kernels/block_kernels.h"
-#include "qlinear/kernels/block_traits.h"
-#include "qlinear/kernels/tiling.h"
+#include "qlinear/kernels/block_driver.h"
 
 namespace qlinear::x86 {
 namespace {
@@ -228,45 +226,17 @@ template <class D, Format F, int MR>
   for (int64_t p = p0; p < p1; ++p) block_tile<D, F, MR, MR == 1>(a, m, p);
 }
 
-// GEMV and GEMM: row tiles of up to 4 rows over the panels (a panel stays in L1 across the
-// tiles of a row chunk).
 template <class D, Format F>
 void block_gemm(const Int8MatmulArgs& a, int64_t m0, int64_t m1, int64_t p0, int64_t p1) {
-  if (m1 - m0 == 1) {
-    block_row_tile<D, F, 1>(a, m0, p0, p1);
-    return;
-  }
-  constexpr int64_t kRowChunk = 32;
-  for (int64_t mc = m0; mc < m1; mc += kRowChunk) {
-    const int64_t mc1 = std::min(m1, mc + kRowChunk);
-    for (int64_t p = p0; p < p1; ++p)
-      for_row_tiles<4>(mc, mc1, [&](auto rows, int64_t m) { block_row_tile<D, F, decltype(rows)::value>(a, m, p, p + 1); });
-  }
+  drive_block_gemm<4>(m0, m1, p0, p1, [&](auto rows, int64_t m, int64_t q0, int64_t q1) {
+    block_row_tile<D, F, decltype(rows)::value>(a, m, q0, q1);
+  });
 }
 
 // Every format's kernels of a level: a GEMV (M = 1) and a GEMM of 4-row tiles.
 template <class D>
 void add_block_kernels(KernelTable& t, const char* level) {
-  t.blocks.clear();
-  const auto add = [&](Format f, Int8MatmulFn fn) {
-    const FormatInfo& info = format_info(f);
-    Int8Ukernel gemv{};
-    gemv.name = block_kernel_name("gemv", f, "a8_1x8", level); gemv.fn = fn; gemv.bits = info.code_bits;
-    gemv.m_max = 1; gemv.format = f;
-    Int8Ukernel gemm = gemv;
-    gemm.name = block_kernel_name("gemm", f, "a8_4x8", level); gemm.mr = 4; gemm.m_min = 2; gemm.m_max = INT64_MAX;
-    t.blocks.push_back(gemv);
-    t.blocks.push_back(gemm);
-  };
-  add(Format::q4_1, block_gemm<D, Format::q4_1>);
-  add(Format::q5_0, block_gemm<D, Format::q5_0>);
-  add(Format::q5_1, block_gemm<D, Format::q5_1>);
-  add(Format::q4_k, block_gemm<D, Format::q4_k>);
-  add(Format::q5_k, block_gemm<D, Format::q5_k>);
-  add(Format::q6_k, block_gemm<D, Format::q6_k>);
-  add(Format::iq4_nl, block_gemm<D, Format::iq4_nl>);
-  add(Format::iq4_xs, block_gemm<D, Format::iq4_xs>);
-  add(Format::mxfp4, block_gemm<D, Format::mxfp4>);
+  add_level_block_kernels<4>(t, level, [](auto fc) { return &block_gemm<D, decltype(fc)::value>; });
 }
 
 }  // namespace
