@@ -82,6 +82,13 @@ def tool(name: str) -> Path:
 TOOLS = ("llama-bench", "llama-quantize", "llama-perplexity", "llama-lookup", "llama-speculative")
 
 
+# llama.cpp 0.3.36's AMX matmul (taken by -march=native where the CPU has AMX) dies on an illegal
+# instruction (tileloadd without the kernel's AMX permission) on prompts of 512 tokens; built
+# without it, llama.cpp runs its AVX-512 kernels and repacking there.
+NO_AMX = [] if "amx_tile" not in Path("/proc/cpuinfo").read_text() else [
+    f"-DCMAKE_{lang}_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" for lang in ("C", "CXX")]
+
+
 def build() -> None:
     """Fetches the llama-cpp-python sdist and builds the llama.cpp tools the benchmarks use (once)."""
     if all(tool(name).exists() for name in TOOLS):
@@ -90,7 +97,7 @@ def build() -> None:
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     subprocess.run(["cmake", "-S", str(SRC), "-B", str(BUILD), *generator, "-DCMAKE_BUILD_TYPE=Release",
                     "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=OFF"], check=True)
+                    "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=OFF", *NO_AMX], check=True)
     subprocess.run(["cmake", "--build", str(BUILD), "-j", str(os.cpu_count() or 1), "-t", *TOOLS], check=True)
 
 

@@ -1,15 +1,16 @@
 """Quality of quantization on real text: perplexity and KL divergence from the float model of the
 trained models/stdlib-qwen2 on its held-out standard-library files (tools/train_models.py), for
 qlinear's quantizations and for llama.cpp's GGUF files of the same checkpoint (Q8_0 by its
-converter, Q4_0 / Q4_K_M by llama-quantize from its F32 file), run by qlinear and by llama.cpp's
-own `llama-perplexity --kl-divergence` against its F32 file, in one run.
+converter, the others by llama-quantize from its F32 file: every type of GGUF_TYPES), run by
+qlinear and by llama.cpp's own `llama-perplexity --kl-divergence` against its F32 file, in one
+run, with a per-type table of the two engines' KL divergences side by side.
 
 Both engines cut the text as llama-perplexity does: chunks of 512 tokens, the second half of each
 scored (qlinear: `scheme="chunks"`). Bits per weight: over the matmul weights (q/k/v, o, gate/up,
 down and the lm head, here tied to the embedding), with their scales.
 
     python bench/llamacpp_vs.py --build     # llama.cpp's tools, once
-    python bench/quality.py [--threads 2]
+    python bench/quality.py [--threads 2] [--types Q4_K_M Q6_K ...] [--gguf-only]
 
 Needs torch and transformers (SmoothQuant, GPTQ), and llama.cpp's tools for its rows (without
 them only qlinear's rows are computed).
@@ -40,7 +41,13 @@ from qlinear import llm  # noqa: E402
 MODEL = Path(__file__).resolve().parents[1] / "models" / "stdlib-qwen2"
 WINDOW = 512
 GGUF_BITS = {"F32": 32, "F16": 16, "BF16": 16, "Q8_0": 8.5, "Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 5.5, "Q5_1": 6.0,
-             "Q4_K": 4.5, "Q5_K": 5.5, "Q6_K": 6.5625, "Q3_K": 3.4375, "Q2_K": 2.625}
+             "Q4_K": 4.5, "Q5_K": 5.5, "Q6_K": 6.5625, "Q3_K": 3.4375, "Q2_K": 2.625, "IQ4_NL": 4.5,
+             "IQ4_XS": 4.25, "MXFP4": 4.25}
+
+
+# llama.cpp's file types of the checkpoint, each run by both engines (llama-quantize from F32).
+GGUF_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL",
+              "IQ4_XS")
 
 
 def held_out_text() -> str:
@@ -106,7 +113,7 @@ def llamacpp_kld(quant: str, text_file: Path, base_file: Path, threads: int) -> 
     return out
 
 
-def qlinear_rows(text: str, base_file: Path, threads: int, tmp: Path) -> list:
+def qlinear_rows(text: str, base_file: Path, threads: int, tmp: Path, types=GGUF_TYPES, gguf_only=False) -> list:
     qlinear.set_num_threads(threads)
     calib = tmp / "calibration.txt"
     calib.write_text(calibration_text())
@@ -141,7 +148,10 @@ def qlinear_rows(text: str, base_file: Path, threads: int, tmp: Path) -> list:
         ("float weights, float16 KV cache", MODEL, dict(bits=None, act="float", kv_cache="float16")),
         ("W4A8 g64 + GPTQ, float16 KV cache", lambda: converted("w4g64-gptq", bits=4, group_size=64, method="gptq"),
          dict(kv_cache="float16")),
-    ] + [(f"GGUF {q} (llama.cpp's file, codes moved)", lambda q=q: gguf_of(q), {}) for q in ("Q8_0", "Q4_0", "Q4_K_M")]
+    ]
+    if gguf_only:
+        configs = []
+    configs += [(f"GGUF {q} (llama.cpp's file, codes moved)", lambda q=q: gguf_of(q), {}) for q in types]
     for name, src, kw in configs:
         try:
             path = src() if callable(src) else src
@@ -158,6 +168,8 @@ def qlinear_rows(text: str, base_file: Path, threads: int, tmp: Path) -> list:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--types", nargs="+", default=list(GGUF_TYPES), help="llama.cpp file types to run")
+    ap.add_argument("--gguf-only", action="store_true", help="only the GGUF files (no qlinear quantizations)")
     a = ap.parse_args()
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     with tempfile.TemporaryDirectory(prefix="qlinear-quality-") as d:
@@ -165,10 +177,10 @@ def main() -> None:
         text = held_out_text()
         text_file = tmp / "held_out.txt"
         text_file.write_text(text)
-        rows = qlinear_rows(text, tmp / "qlinear-base.qlw", a.threads, tmp)
+        rows = qlinear_rows(text, tmp / "qlinear-base.qlw", a.threads, tmp, a.types, a.gguf_only)
         peers = {}
         if lc.tool("llama-perplexity").exists():
-            for q in ("F32", "Q8_0", "Q4_0", "Q4_K_M"):
+            for q in ("F32", *a.types):
                 peers[q] = llamacpp_kld(q, text_file, tmp / "llamacpp-base.kld", a.threads)
                 print(f"llama.cpp {q}: {peers[q]}", file=sys.stderr, flush=True)
     tokens = rows[0][1].tokens
@@ -189,6 +201,18 @@ def main() -> None:
             print(f"| llama.cpp {q} (llama-perplexity) | {bits:.3f} | {r.get('ppl', float('nan')):.3f} | "
                   f"{r.get('kld', float('nan')):.3g} | {r.get('kld_median', float('nan')):.3g} | "
                   f"{r.get('kld_p99', float('nan')):.3g} | {100 * r.get('same_top', float('nan')):.2f}% |")
+    if len(peers) > 1:
+        ours = {name.split()[1]: res for name, res, _ in rows if name.startswith("GGUF ")}
+        print("\nKL divergence from each engine's own float run, the same file, per type")
+        print("| file type | bits / weight | qlinear KLD | llama.cpp KLD | qlinear / llama.cpp | "
+              "qlinear same top | llama.cpp same top |")
+        print("|---|---|---|---|---|---|---|")
+        for q, r in peers.items():
+            if q == "F32" or q not in ours or ours[q].divergence is None:
+                continue
+            d = ours[q].divergence
+            print(f"| {q} | {gguf_bits(gguf_of(q)):.3f} | {d.mean:.4g} | {r['kld']:.4g} | {d.mean / r['kld']:.3f} | "
+                  f"{100 * d.top1_agreement:.2f}% | {100 * r['same_top']:.2f}% |")
     unigram = np.exp(json.loads((MODEL / "training_log.json").read_text())["unigram_held_out_loss"])
     print(f"\nunigram baseline (training-token frequencies, add-one): perplexity {unigram:.1f}")
 

@@ -388,20 +388,55 @@ def test_q4_k_m_mix_loads_as_the_file_stores_it(checkpoints, tmp_path):
     assert model.generate_ids(ids, 6) == model.generate_ids(ids, 6)
 
 
-@pytest.mark.parametrize("qtype", ["Q6_K", "IQ4_XS", "Q5_0"])
-def test_block_format_with_a_nan_scale_is_refused(checkpoints, tmp_path, qtype):
-    """A block whose scale is NaN / Inf (a corrupt file) is refused at load, naming the tensor."""
+# Where a block's scale (and its minimum's, for the formats with one) sits in the file's block.
+SCALE_AT = {"Q4_0": 0, "Q8_0": 0, "Q5_0": 0, "Q4_1": 0, "Q5_1": 0, "Q4_K": 0, "Q5_K": 0, "Q6_K": 208,
+            "IQ4_NL": 0, "IQ4_XS": 0, "MXFP4": 0}
+MIN_AT = {"Q4_1": 2, "Q5_1": 2, "Q4_K": 2, "Q5_K": 2}
+CORRUPT_SCALES = [(q, where, v) for q in SCALE_AT for where, v in
+                  ([("scale", "nan"), ("scale", "inf")] if q != "MXFP4" else [("scale", "nan")])
+                  + ([("min", "inf")] if q in MIN_AT else [])]
+
+
+@pytest.mark.parametrize("qtype,where,value", CORRUPT_SCALES)
+def test_block_format_with_a_nan_or_infinite_scale_is_refused(checkpoints, tmp_path, qtype, where, value):
+    """A block whose scale or minimum is NaN / Inf (a corrupt file) is refused at load; MXFP4's
+    E8M0 scale has no infinity, its NaN is 0xFF."""
     good = write_gguf(checkpoints["qwen2"], tmp_path / "good.gguf", getattr(T, qtype))
     r = gguf.GGUFReader(str(good))
     t = next(x for x in r.tensors if x.name == "blk.1.ffn_up.weight")
-    start = int(t.data_offset)
     data = bytearray(good.read_bytes())
-    fb = blocks.FORMATS[qtype].file_bytes
-    at = start + 3 * fb + (208 if qtype == "Q6_K" else 0)   # the fourth block's d
-    data[at:at + 2] = np.array([np.nan], np.float16).tobytes()
+    fb = blocks.FORMATS[qtype].file_bytes if qtype in blocks.FORMATS else {"Q4_0": 18, "Q8_0": 34}[qtype]
+    at = int(t.data_offset) + 3 * fb + (SCALE_AT if where == "scale" else MIN_AT)[qtype]   # the fourth block
+    if qtype == "MXFP4":
+        data[at] = 0xFF
+    else:
+        data[at:at + 2] = np.array([np.nan if value == "nan" else np.inf], np.float16).tobytes()
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="NaN or infinite"):
+        llm.load(bad, progress=False)
+
+
+@pytest.mark.parametrize("qtype", list(SCALE_AT))
+@pytest.mark.parametrize("case", ["truncated mid-block", "row not whole blocks", "rows of another size"])
+def test_block_format_files_of_wrong_sizes_are_refused(checkpoints, tmp_path, qtype, case):
+    """Each type's tensors whose bytes do not make whole blocks of the stated shape: the file cut
+    inside the last tensor's blocks, a row length that is not a whole number of blocks, a shape
+    whose byte count is not the tensor's; a ValueError naming the file, never a crash."""
+    good = write_gguf(checkpoints["qwen2"], tmp_path / "good.gguf", getattr(T, qtype))
+    data = bytearray(good.read_bytes())
+    name = b"blk.1.ffn_down.weight"
+    i = data.index(name) + len(name)        # n_dims (u32), dims (u64 x 2), type (u32), offset (u64)
+    ne0, ne1 = struct.unpack("<QQ", data[i + 4:i + 20])
+    if case == "truncated mid-block":
+        data = data[:len(data) - 7]
+    elif case == "row not whole blocks":
+        data[i + 4:i + 12] = struct.pack("<Q", ne0 - 16)
+    else:
+        data[i + 4:i + 20] = struct.pack("<QQ", ne0 * 2, ne1)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="bad.gguf"):
         llm.load(bad, progress=False)
 
 

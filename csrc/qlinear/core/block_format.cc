@@ -381,7 +381,8 @@ void pack_block_rows(const WeightGeometry& g, const uint8_t* src, int64_t rows, 
         }
       }
       const RawMeta meta = read_file_meta(g.format, fb);
-      const float d = g.format == Format::mxfp4 ? 1.f : half_to_float(meta.d);
+      // MXFP4's E8M0 scale has no infinity; 0xFF is its NaN (OCP MX spec).
+      const float d = g.format == Format::mxfp4 ? (meta.d == 0xFF ? NAN : 1.f) : half_to_float(meta.d);
       if (!std::isfinite(d) || !std::isfinite(half_to_float(meta.m)))
         throw std::invalid_argument(std::string(f.name) + " block " + std::to_string(b) + " of row " + std::to_string(row) +
                                     " has a scale that is NaN or infinite");

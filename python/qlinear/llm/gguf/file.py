@@ -211,12 +211,21 @@ def codes(t, rows_k: Optional[tuple] = None):
         b = raw.reshape(n, k // 32, 18)
         qs = b[..., 2:]
         c = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(n, k)
-        return Moved(c, _f16(b[..., :2]), None, 4, True)
+        return Moved(c, _scales(t, b), None, 4, True)
     if t.tensor_type == T.Q8_0:        # 34 bytes: d (f16), 32 int8 q; w = d q: our code q + 128
         b = raw.reshape(n, k // 32, 34)
         q = b[..., 2:].view(np.int8).astype(np.int16) + 128
-        return Moved(q.astype(np.uint8).reshape(n, k), _f16(b[..., :2]), None, 8, True)
+        return Moved(q.astype(np.uint8).reshape(n, k), _scales(t, b), None, 8, True)
     return None
+
+
+def _scales(t, b: np.ndarray) -> np.ndarray:
+    """The blocks' float16 scales (their first two bytes); a corrupt file's NaN / Inf refused."""
+    d = _f16(b[..., :2])
+    if not np.isfinite(d).all():
+        row, blk = (int(v[0]) for v in np.nonzero(~np.isfinite(d)))
+        raise ValueError(f"tensor {t.name!r}: block {blk} of row {row} has a scale that is NaN or infinite")
+    return d
 
 
 def _f16(two_bytes: np.ndarray) -> np.ndarray:
