@@ -14,6 +14,7 @@ qwen2's) and `llama-quantize` (Q4_0, Q4_K_M).
     python bench/llamacpp_vs.py [--quants Q4_0 Q8_0 Q4_K_M] [--threads 1 2] [--rounds 3]
     python bench/llamacpp_vs.py --logits [--arch qwen2 llama phi3] [--quants ...]   # needs llama-cpp-python
     python bench/llamacpp_vs.py --tokenizer [--arch qwen2 llama]               # needs llama-cpp-python
+    python bench/llamacpp_vs.py --wall [--quants ...]    # decode's weight GB/s beside a streaming read
 
 --logits compares teacher-forced logits over 160 positions of a random prompt: llama.cpp through
 its Python bindings (`pip install llama_cpp_python-*.tar.gz` from the cache folder) against
@@ -255,6 +256,47 @@ class Qlinear:
         return {"prefill": self.prompt / (t1 - t0), "decode": self.decode / (t2 - t1)}
 
 
+def weight_bytes(model) -> int:
+    """The weight bytes a decode step reads: every block's matmul weights and the lm head."""
+    from qlinear.llm.runtime.layers import Linear
+    linears = [model.lm_head] + [m for b in model.blocks for m in (b.attention.qkv, b.attention.o, b.gate_up, b.down)]
+    return sum(m.weight.nbytes for m in linears if isinstance(m, Linear))
+
+
+def memory_wall(quants, threads, rounds: int) -> None:
+    """qlinear's decode as weight bytes read per second (weight bytes per token x tok/s) beside
+    the same run's streaming read of 1 GiB (``_core.stream_read``, the same thread pool), in
+    interleaved rounds: how near each file's decode is to the memory's ceiling."""
+    import qlinear
+    from qlinear import _core
+    buf = np.ones((1 << 30) // 8, np.uint64)
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    print(f"{cpu}, qlinear level {qlinear.cpu_info()['active_isa']}; {DECODE} decoded tokens after 16; medians of "
+          f"{rounds} interleaved rounds")
+    print("| file | threads | weight MB / token | decode tok/s | weight GB/s | streaming read GB/s | of the read |")
+    print("|---|---|---|---|---|---|---|")
+    for quant in quants:
+        path = gguf_file(quant)
+        for t in threads:
+            q = Qlinear(path, t, 16, DECODE)
+            q.speed()
+            wb = weight_bytes(q.model)
+            dec, st = [], []
+            for _ in range(rounds):
+                dec.append(q.speed()["decode"])
+                qlinear.set_num_threads(t)
+                best = float("inf")
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    _core.stream_read(buf)
+                    best = min(best, time.perf_counter() - t0)
+                st.append(buf.nbytes / best / 1e9)
+            d, r = float(np.median(dec)), float(np.median(st))
+            print(f"| {quant} | {t} | {wb / 1e6:.1f} | {d:.1f} | {wb * d / 1e9:.1f} | {r:.1f} | {wb * d / 1e9 / r:.0%} |",
+                  flush=True)
+            del q
+
+
 def near_ties(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
     """Positions where llama.cpp's two leading logits are closer than the engines' difference on
     those two tokens: which of them wins there is decided by rounding, not by the weights."""
@@ -335,6 +377,7 @@ def main() -> None:
                          "phi3: a small Phi-3 with LongRoPE")
     ap.add_argument("--logits", action="store_true", help="compare logits instead of speed")
     ap.add_argument("--tokenizer", action="store_true", help="compare tokenizers instead of speed")
+    ap.add_argument("--wall", action="store_true", help="qlinear's decode in weight GB/s beside a streaming read")
     ap.add_argument("--build", action="store_true", help="build llama.cpp's tools, then stop")
     ap.add_argument("--ik", type=Path, default=None,
                     help="ik_llama.cpp's bin folder (its llama-bench): run it too, with and without -rtr 1")
@@ -353,6 +396,9 @@ def main() -> None:
         sys.exit(0 if compare_tokenizers(a.arch) else 1)
     if a.logits:
         compare_logits(a.quants, a.arch)
+        return
+    if a.wall:
+        memory_wall(a.quants, a.threads, a.rounds)
         return
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     import qlinear

@@ -163,13 +163,10 @@ void block_tile(const Int8MatmulArgs& a, int64_t m, int64_t p) {
   const uint8_t* panel = a.packed + p * g.panel_bytes;
   __m256 y[MR];
   for (int i = 0; i < MR; ++i) y[i] = _mm256_setzero_ps();
+  const int64_t stride = g.block_bytes / (T::kSuper / 8);  // bytes per chunk of 8 k, < 64
   for (int64_t b = 0; b < g.nblocks; ++b) {
     const uint8_t* block = panel + b * g.block_bytes;
     const uint8_t* meta = block + g.code_bytes;
-    if constexpr (PREFETCH) {
-      for (int64_t o = 0; o < g.block_bytes; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(block + kWeightPrefetchAhead + o), _MM_HINT_T0);
-    }
     const PanelMeta<F> pm(meta);
     __m256i A[MR], B[MR];
     for (int i = 0; i < MR; ++i) A[i] = B[i] = _mm256_setzero_si256();
@@ -186,6 +183,9 @@ void block_tile(const Int8MatmulArgs& a, int64_t m, int64_t p) {
       static_for<0, T::kSub / 8>([&](auto tc) {
         constexpr int q = j * (T::kSub / 8) + decltype(tc)::value;
         __m256i c0, c1;
+        if constexpr (PREFETCH) {  // one line ahead per chunk, spread over the block (a burst stalls)
+          _mm_prefetch(reinterpret_cast<const char*>(block + kWeightPrefetchAhead + q * stride), _MM_HINT_T0);
+        }
         chunk_pair<F, q>(block, &c0, &c1);
         for (int i = 0; i < MR; ++i) {
           const int8_t* x = a.act.q + (m + i) * a.act.ldq + b * T::kSuper + 8 * q;
