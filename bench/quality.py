@@ -46,8 +46,8 @@ GGUF_BITS = {"F32": 32, "F16": 16, "BF16": 16, "Q8_0": 8.5, "Q4_0": 4.5, "Q4_1":
 
 
 # llama.cpp's file types of the checkpoint, each run by both engines (llama-quantize from F32).
-GGUF_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL",
-              "IQ4_XS")
+GGUF_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "Q5_K_S",
+              "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS")
 
 
 def held_out_text() -> str:

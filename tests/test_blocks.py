@@ -1,4 +1,4 @@
-"""The block formats (qlinear.blocks: GGUF's K-quants, Q5_0 / Q4_1 / Q5_1, IQ4_NL / IQ4_XS, MXFP4) as
+"""The block formats (qlinear.blocks: GGUF's K-quants Q2_K .. Q6_K, Q5_0 / Q4_1 / Q5_1, IQ4_NL / IQ4_XS, MXFP4) as
 weight formats: file rows moved without rounding, the numpy decoder against gguf's own
 dequantize, W-x-A8 and float kernels against the numpy reference over awkward shapes, every ISA
 level bit for bit, rows independent of their batch, weights of parts."""
@@ -58,7 +58,7 @@ def test_rows_are_moved_not_rounded(fmt):
     n, k = 13, 2 * f.super
     raw = rng.integers(0, 256, (n, blocks.row_bytes(f, k)), dtype=np.uint8)
     # finite scales: random bytes with the float16 fields rewritten
-    raw = blocks.quantize(weights(fmt, n, k), fmt) if fmt in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else _finite(raw, fmt)
+    raw = blocks.quantize(weights(fmt, n, k), fmt) if blocks.FORMATS[fmt].has_min else _finite(raw, fmt)
     pw = qlinear.pack_blocks(raw, fmt, (n, k))
     assert pw.format == fmt and pw.shape == (n, k) and pw.bits == f.code_bits
     np.testing.assert_array_equal(pw.unpack_blocks(), raw)
@@ -72,7 +72,7 @@ def _finite(raw, fmt):
     """Random file rows whose float16 scales are finite (every code and sub-scale random)."""
     f = blocks.FORMATS[fmt]
     b = raw.reshape(raw.shape[0], -1, f.file_bytes).copy()
-    at = {"Q6_K": 208}.get(fmt, 0)
+    at = {"Q6_K": 208, "Q3_K": 108}.get(fmt, 0)
     if fmt != "MXFP4":
         b[..., at:at + 2] = np.random.default_rng(2).uniform(-0.01, 0.01, b.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
     else:

@@ -60,9 +60,9 @@ def encode(w, qtype):
     """File blocks of a float weight: gguf's quantizer where it has one, else the package's
     (qlinear.blocks; the tests read the files back with gguf's own dequantize)."""
     if qtype == T.Q4_K:
-        return q4_k(w)
-    if qtype.name in ("Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"):
-        return blocks.quantize(w, qtype.name)
+        return q4_k(w.reshape(-1, w.shape[-1])).reshape(*w.shape[:-1], -1)
+    if qtype.name in ("Q2_K", "Q3_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"):
+        return blocks.quantize(w.reshape(-1, w.shape[-1]), qtype.name).reshape(*w.shape[:-1], -1)  # experts: 3-D
     return quants.quantize(w, qtype)
 
 
@@ -342,7 +342,7 @@ def test_other_types_are_requantized_and_listed(checkpoints, tmp_path):
     np.testing.assert_allclose(mem.logits(IDS[:8]), model.logits(IDS[:8]), rtol=1e-5, atol=1e-5)
 
 
-BLOCK_TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q4_1", "Q5_1", "IQ4_NL", "IQ4_XS", "MXFP4"]
+BLOCK_TYPES = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q4_1", "Q5_1", "IQ4_NL", "IQ4_XS", "MXFP4"]
 
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES)
@@ -389,9 +389,9 @@ def test_q4_k_m_mix_loads_as_the_file_stores_it(checkpoints, tmp_path):
 
 
 # Where a block's scale (and its minimum's, for the formats with one) sits in the file's block.
-SCALE_AT = {"Q4_0": 0, "Q8_0": 0, "Q5_0": 0, "Q4_1": 0, "Q5_1": 0, "Q4_K": 0, "Q5_K": 0, "Q6_K": 208,
-            "IQ4_NL": 0, "IQ4_XS": 0, "MXFP4": 0}
-MIN_AT = {"Q4_1": 2, "Q5_1": 2, "Q4_K": 2, "Q5_K": 2}
+SCALE_AT = {"Q4_0": 0, "Q8_0": 0, "Q5_0": 0, "Q4_1": 0, "Q5_1": 0, "Q2_K": 80, "Q3_K": 108, "Q4_K": 0, "Q5_K": 0,
+            "Q6_K": 208, "IQ4_NL": 0, "IQ4_XS": 0, "MXFP4": 0}
+MIN_AT = {"Q4_1": 2, "Q5_1": 2, "Q2_K": 82, "Q4_K": 2, "Q5_K": 2}
 CORRUPT_SCALES = [(q, where, v) for q in SCALE_AT for where, v in
                   ([("scale", "nan"), ("scale", "inf")] if q != "MXFP4" else [("scale", "nan")])
                   + ([("min", "inf")] if q in MIN_AT else [])]
@@ -918,8 +918,8 @@ def test_phi3_files_it_cannot_run_are_refused(tmp_path):
 def test_moe_file_matches_its_checkpoint(tmp_path, arch):
     """Routed experts in llama.cpp's layout (qwen3moe, olmoe: the router ``ffn_gate_inp``, the
     experts stacked in ``ffn_{gate,up,down}_exps``): a file of F32 tensors gives the checkpoint's
-    logits; Q4_0 / Q8_0 experts are moved, not re-rounded: the packed model computes what the
-    file's dequantized weights do."""
+    logits; Q4_0 / Q8_0 and block-format experts (Q4_K with Q6_K downs, MXFP4, Q2_K) are moved,
+    not re-rounded: the packed model computes what the file's dequantized weights do."""
     extra = {"clip_qkv": 0.3} if arch == "olmoe" else {}
     experts = {"num_local_experts" if arch == "mixtral" else "num_experts": 8}
     ckpt = synthetic.make_checkpoint(tmp_path / arch, arch=arch, seed=3, norm_noise=0.1, num_experts_per_tok=2,
@@ -940,6 +940,21 @@ def test_moe_file_matches_its_checkpoint(tmp_path, arch):
         assert packed.blocks[1].experts[7][0].weight.bits == bits
         np.testing.assert_allclose(packed.logits(ids), floats, rtol=0, atol=2e-4 * np.abs(floats).max())
         assert len(packed.generate_ids(packed.tokenizer.encode("def main():"), 4)) == 4
+    for qtype, types in ((T.Q4_K, {"blk.0.ffn_down_exps.weight": T.Q6_K}), (T.MXFP4, {}), (T.Q2_K, {})):
+        path = write_gguf(ckpt, tmp_path / f"{qtype.name}.gguf", qtype, embd=T.F32, types=types)
+        floats = llm.load(path, bits=None, act="float", max_context=64, progress=False).logits(ids)
+        packed = llm.load(path, act="float", max_context=64, progress=False)
+        assert not packed.info["gguf_requantized"]
+        assert f"blk.1.ffn_down_exps.weight ({qtype.name})" in packed.info["gguf_moved"]
+        assert packed.blocks[1].experts[7][0].weight.format == qtype.name
+        if types:
+            assert packed.blocks[0].experts[3][1].weight.format == "Q6_K"
+        np.testing.assert_allclose(packed.logits(ids), floats, rtol=0, atol=2e-4 * np.abs(floats).max())
+        # int8 activations: close, but where the router's top-2 is a near-tie the quantized input
+        # may pick another expert, so a position or two move further
+        cos = cosines(llm.load(path, max_context=64, progress=False).logits(ids).astype(np.float64),
+                      floats.astype(np.float64))
+        assert np.median(cos) >= 0.999 and cos.min() >= 0.95, (qtype.name, np.sort(cos)[:4])
 
 
 def test_moe_file_with_a_wrong_expert_count_is_refused(tmp_path):

@@ -148,8 +148,8 @@ def pack_weight(w, bits: int = 4, group_size: Optional[int] = 64,
     per output row. ``symmetric=False`` (the default, as mnn-llm) stores a float16 offset per
     group besides the scale.
 
-    ``format``: a block format instead ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q4_1", "Q5_1", "IQ4_NL",
-    "IQ4_XS", "MXFP4": ``qlinear.blocks``): quantized by the package's rounding into the format's
+    ``format``: a block format instead ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q4_1",
+    "Q5_1", "IQ4_NL", "IQ4_XS", "MXFP4": ``qlinear.blocks``): quantized by the package's rounding into the format's
     file blocks, then packed (``bits``, ``group_size`` and ``symmetric`` are the format's).
     """
     if format is not None:

@@ -1,4 +1,5 @@
-"""Block formats: GGUF's weight types as weight formats of the package (docs/semantics.md, section 6).
+"""Block formats: GGUF's weight types (K-quants Q2_K .. Q6_K, Q5_0 / Q4_1 / Q5_1, IQ4_NL / IQ4_XS,
+MXFP4) as weight formats of the package (docs/semantics.md, section 6).
 
 A block-format weight is stored as the file stores it, one row of super-blocks per output row;
 ``qlinear.pack_blocks`` moves such rows into the kernels' layout without rounding anything, and
@@ -45,6 +46,8 @@ FORMATS = {f.name: f for f in [
     BlockFormat("IQ4_NL", 32, 32, 4, 18, False),
     BlockFormat("IQ4_XS", 256, 32, 4, 136, False),
     BlockFormat("MXFP4", 32, 32, 4, 17, False),
+    BlockFormat("Q2_K", 256, 16, 2, 84, True),
+    BlockFormat("Q3_K", 256, 16, 3, 110, False),
 ]}
 
 
@@ -143,6 +146,23 @@ def decode(raw: np.ndarray, fmt, k: int) -> Decoded:
             out[:, :, h, 2] = (l[..., :32] >> 4) | (((q >> 4) & 3) << 4)
             out[:, :, h, 3] = (l[..., 32:] >> 4) | (((q >> 6) & 3) << 4)
         return Decoded((out - 32).astype(np.int8).reshape(n, -1), sc.reshape(n, -1), ones.reshape(n, -1), d, zeros)
+    if name in ("Q2_K", "Q3_K"):
+        # value 128 h + 32 j + l: bits 2j of qs[32 h + l]; Q3_K's third bit is hmask[l]'s bit 4h + j
+        three = name == "Q3_K"
+        qs = b[..., 32:96] if three else b[..., 16:80]
+        j = np.arange(4)[:, None]
+        c = (qs.astype(np.int32).reshape(n, nb, 2, 1, 32) >> (2 * j)) & 3         # [n, nb, 2, 4, 32]
+        if not three:
+            s = b[..., 0:16].astype(np.int32)
+            d, dmin = _f16(b[..., 80:82]), _f16(b[..., 82:84])
+            return Decoded(c.astype(np.int8).reshape(n, -1), (s & 15).reshape(n, -1), (s >> 4).reshape(n, -1), d, -dmin)
+        hm = b[..., 0:32].astype(np.int32)[:, :, None, None, :]
+        c |= ((hm >> (4 * np.arange(2)[:, None, None] + j)) & 1) << 2
+        s = b[..., 96:108].astype(np.int32)
+        i = np.arange(16)
+        ls = ((s[..., i % 8] >> (4 * (i // 8))) & 15) | (((s[..., 8 + i % 4] >> (2 * (i // 4))) & 3) << 4)
+        return Decoded((c - 4).astype(np.int8).reshape(n, -1), (ls - 32).reshape(n, -1), ones.reshape(n, -1),
+                       _f16(b[..., 108:110]), zeros)
     if name == "IQ4_XS":
         d = _f16(b[..., 0:2])
         h = b[..., 2:4].copy().view(np.uint16)[..., 0].astype(np.int32)
@@ -192,6 +212,13 @@ def _nearest(table: np.ndarray, x: np.ndarray) -> np.ndarray:
 def _pack_nibbles(c: np.ndarray) -> np.ndarray:
     """[..., 32] codes -> [..., 16] bytes (value j low nibble, j + 16 high)."""
     return (c[..., :16] | (c[..., 16:] << 4)).astype(np.uint8)
+
+
+def _pack_twos(c: np.ndarray) -> np.ndarray:
+    """[..., 256] two-bit codes -> [..., 2, 32] bytes (value 128 h + 32 j + l at bits 2j of byte
+    32 h + l: Q2_K / Q3_K's qs)."""
+    c = c.reshape(*c.shape[:-1], 2, 4, 32)
+    return (c << (2 * np.arange(4)[:, None])).sum(-2).astype(np.uint8)
 
 
 def quantize(w: np.ndarray, fmt) -> np.ndarray:
@@ -300,6 +327,34 @@ def quantize(w: np.ndarray, fmt) -> np.ndarray:
         out[..., 2:4] = (((ls >> 4) & 3) << (2 * np.arange(8))).sum(-1).astype(np.uint16)[..., None].view(np.uint8)
         out[..., 4:8] = ((ls[..., 0::2] & 15) | ((ls[..., 1::2] & 15) << 4)).astype(np.uint8)
         out[..., 8:136] = _pack_nibbles(c).reshape(n, nb, 128)
+    elif name == "Q2_K":
+        xs = x.reshape(n, nb, 16, 16)
+        lo = np.minimum(xs.min(-1), 0)
+        scale, dmin_f = (xs.max(-1) - lo) / 3, -lo
+        d, dmin = _h(scale.max(-1) / 15), _h(dmin_f.max(-1) / 15)
+        sc = np.clip(np.rint(_safe_div(scale, d.astype(np.float32)[..., None])), 0, 15).astype(np.int32)
+        mn = np.clip(np.rint(_safe_div(dmin_f, dmin.astype(np.float32)[..., None])), 0, 15).astype(np.int32)
+        ds = d.astype(np.float32)[..., None] * sc
+        ms = dmin.astype(np.float32)[..., None] * mn
+        c = np.clip(np.rint(_safe_div(xs + ms[..., None], ds[..., None])), 0, 3).astype(np.int32)
+        out[..., 0:16] = (sc | (mn << 4)).astype(np.uint8)
+        out[..., 16:80] = _pack_twos(c.reshape(n, nb, 256)).reshape(n, nb, 64)
+        put16(80, d); put16(82, dmin)
+    elif name == "Q3_K":
+        xs = x.reshape(n, nb, 16, 16)
+        i = np.abs(xs).argmax(-1)  # each sub-block's largest magnitude onto the grid's -4
+        scale = np.take_along_axis(xs, i[..., None], -1)[..., 0] / -4
+        d = _h(np.abs(scale).max(-1) / 31)
+        sc = np.clip(np.rint(_safe_div(scale, d.astype(np.float32)[..., None])), -32, 31).astype(np.int32)
+        ds = d.astype(np.float32)[..., None] * sc
+        c = (np.clip(np.rint(_safe_div(xs, ds[..., None])), -4, 3) + 4).astype(np.int32)
+        ch = (c >> 2).reshape(n, nb, 8, 32)                          # [n, nb, 4h + j, l]
+        out[..., 0:32] = (ch << np.arange(8)[:, None]).sum(2).astype(np.uint8)
+        out[..., 32:96] = _pack_twos((c & 3).reshape(n, nb, 256)).reshape(n, nb, 64)
+        ls = sc + 32
+        out[..., 96:104] = ((ls[..., :8] & 15) | ((ls[..., 8:] & 15) << 4)).astype(np.uint8)
+        out[..., 104:108] = (((ls.reshape(n, nb, 4, 4) >> 4) & 3) << (2 * np.arange(4)[:, None])).sum(2).astype(np.uint8)
+        put16(108, d)
     else:
         raise ValueError(f"no quantizer for {name}")
     return out.reshape(n, -1)

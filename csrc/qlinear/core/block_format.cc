@@ -22,6 +22,8 @@ const FormatInfo kFormats[] = {
     {Format::iq4_nl, "IQ4_NL", 32, 32, 4, 0, true, false, 18, 2},
     {Format::iq4_xs, "IQ4_XS", 256, 32, 4, 0, true, false, 136, 8},
     {Format::mxfp4, "MXFP4", 32, 32, 4, 0, true, false, 17, 1},
+    {Format::q2_k, "Q2_K", 256, 16, 2, 0, false, true, 84, 20},
+    {Format::q3_k, "Q3_K", 256, 16, 3, 4, false, false, 110, 14},
 };
 
 const int8_t kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -66,6 +68,12 @@ inline void put6(uint8_t* p, int i, int32_t v) {
   hi = uint8_t((hi & ~(3 << hs)) | ((v >> 4) & 3) << hs);
 }
 
+// Q3_K's sub-scale j of its 12 packed bytes: low nibbles in bytes 0..7 (j and j + 8 in one),
+// the high pairs in bytes 8..11 (j, j + 4, j + 8, j + 12 at bits 0, 2, 4, 6).
+inline int32_t q3k_scale(const uint8_t* s, int j) {
+  return ((s[j % 8] >> (4 * (j / 8))) & 15) | ((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4;
+}
+
 // A file block's constants as stored: fp16 bits of d and m (or MXFP4's exponent in d), the
 // integer sub-scales and minimums before any offset (IQ4_XS: ls, 0..63).
 struct RawMeta {
@@ -86,6 +94,14 @@ RawMeta read_file_meta(Format f, const uint8_t* b) {
     case Format::q6_k:
       for (int j = 0; j < 16; ++j) r.sc[j] = static_cast<int8_t>(b[192 + j]);
       r.d = u16(b + 208);
+      break;
+    case Format::q2_k:  // scales[16] (sub-scale | minimum << 4), qs[64], d, dmin
+      for (int j = 0; j < 16; ++j) { r.sc[j] = b[j] & 15; r.mn[j] = b[j] >> 4; }
+      r.d = u16(b + 80); r.m = u16(b + 82);
+      break;
+    case Format::q3_k:  // hmask[32], qs[64], scales[12] (16 six-bit values, ls before its -32), d
+      for (int j = 0; j < 16; ++j) r.sc[j] = q3k_scale(b + 96, j);
+      r.d = u16(b + 108);
       break;
     case Format::iq4_xs: {
       r.d = u16(b);
@@ -111,6 +127,18 @@ void write_file_meta(Format f, const RawMeta& r, uint8_t* b) {
       for (int j = 0; j < 16; ++j) b[192 + j] = uint8_t(static_cast<int8_t>(r.sc[j]));
       std::memcpy(b + 208, &r.d, 2);
       break;
+    case Format::q2_k:
+      for (int j = 0; j < 16; ++j) b[j] = uint8_t((r.sc[j] & 15) | (r.mn[j] & 15) << 4);
+      std::memcpy(b + 80, &r.d, 2); std::memcpy(b + 82, &r.m, 2);
+      break;
+    case Format::q3_k:
+      std::memset(b + 96, 0, 12);
+      for (int j = 0; j < 16; ++j) {
+        b[96 + j % 8] = uint8_t(b[96 + j % 8] | (r.sc[j] & 15) << (4 * (j / 8)));
+        b[104 + j % 4] = uint8_t(b[104 + j % 4] | ((r.sc[j] >> 4) & 3) << (2 * (j / 4)));
+      }
+      std::memcpy(b + 108, &r.d, 2);
+      break;
     case Format::iq4_xs: {
       std::memcpy(b, &r.d, 2);
       uint16_t h = 0;
@@ -129,8 +157,12 @@ void put_panel_meta(const WeightGeometry& g, uint8_t* block, int r, const RawMet
   const Format f = g.format;
   if (f == Format::mxfp4) { p[r] = uint8_t(m.d); return; }
   std::memcpy(p + 2 * r, &m.d, 2);
-  if (f == Format::q4_1 || f == Format::q5_1 || f == Format::q4_k || f == Format::q5_k) std::memcpy(p + 16 + 2 * r, &m.m, 2);
-  if (f == Format::q4_k || f == Format::q5_k) {
+  if (format_info(f).has_min) std::memcpy(p + 16 + 2 * r, &m.m, 2);
+  if (f == Format::q2_k) {
+    for (int j = 0; j < 16; ++j) p[32 + 8 * j + r] = uint8_t((m.sc[j] & 15) | (m.mn[j] & 15) << 4);
+  } else if (f == Format::q3_k) {
+    for (int j = 0; j < 16; ++j) put6(p + 16 + 48 * (j / 8), 8 * (j % 8) + r, m.sc[j]);
+  } else if (f == Format::q4_k || f == Format::q5_k) {
     for (int j = 0; j < 8; ++j) { put6(p + 32, 8 * j + r, m.sc[j]); put6(p + 80, 8 * j + r, m.mn[j]); }
   } else if (f == Format::q6_k) {
     for (int j = 0; j < 16; ++j) p[16 + 8 * j + r] = uint8_t(static_cast<int8_t>(m.sc[j]));
@@ -145,8 +177,12 @@ RawMeta get_panel_meta(const WeightGeometry& g, const uint8_t* block, int r) {
   RawMeta m;
   if (f == Format::mxfp4) { m.d = p[r]; return m; }
   m.d = u16(p + 2 * r);
-  if (f == Format::q4_1 || f == Format::q5_1 || f == Format::q4_k || f == Format::q5_k) m.m = u16(p + 16 + 2 * r);
-  if (f == Format::q4_k || f == Format::q5_k) {
+  if (format_info(f).has_min) m.m = u16(p + 16 + 2 * r);
+  if (f == Format::q2_k) {
+    for (int j = 0; j < 16; ++j) { m.sc[j] = p[32 + 8 * j + r] & 15; m.mn[j] = p[32 + 8 * j + r] >> 4; }
+  } else if (f == Format::q3_k) {
+    for (int j = 0; j < 16; ++j) m.sc[j] = get6(p + 16 + 48 * (j / 8), 8 * (j % 8) + r);
+  } else if (f == Format::q4_k || f == Format::q5_k) {
     for (int j = 0; j < 8; ++j) { m.sc[j] = get6(p + 32, 8 * j + r); m.mn[j] = get6(p + 80, 8 * j + r); }
   } else if (f == Format::q6_k) {
     for (int j = 0; j < 16; ++j) m.sc[j] = static_cast<int8_t>(p[16 + 8 * j + r]);
@@ -213,6 +249,15 @@ void codes_from_file(Format f, const uint8_t* b, uint8_t* c) {
         }
       return;
     }
+    case Format::q2_k: case Format::q3_k: {  // k 128n + 32j + l: bits 2j of qs[32n + l]; Q3_K's bit 2 in hmask[l] bit 4n + j
+      const bool three = f == Format::q3_k;
+      const uint8_t* qs = b + (three ? 32 : 16);
+      for (int n = 0; n < 2; ++n)
+        for (int j = 0; j < 4; ++j)
+          for (int l = 0; l < 32; ++l)
+            c[128 * n + 32 * j + l] = uint8_t(((qs[32 * n + l] >> (2 * j)) & 3) | (three ? ((b[l] >> (4 * n + j)) & 1) << 2 : 0));
+      return;
+    }
     case Format::affine: break;
   }
   throw std::logic_error("codes_from_file: not a block format");
@@ -269,14 +314,39 @@ void codes_to_file(Format f, const uint8_t* c, uint8_t* b) {
         for (int j = 0; j < 16; ++j) qs[16 * ib + j] = uint8_t((c[32 * ib + j] & 15) | (c[32 * ib + 16 + j] & 15) << 4);
       return;
     }
+    case Format::q2_k: case Format::q3_k: {
+      const bool three = f == Format::q3_k;
+      uint8_t* qs = b + (three ? 32 : 16);
+      std::memset(qs, 0, 64);
+      if (three) std::memset(b, 0, 32);
+      for (int n = 0; n < 2; ++n)
+        for (int j = 0; j < 4; ++j)
+          for (int l = 0; l < 32; ++l) {
+            const uint8_t v = c[128 * n + 32 * j + l];
+            qs[32 * n + l] = uint8_t(qs[32 * n + l] | (v & 3) << (2 * j));
+            if (three) b[l] = uint8_t(b[l] | ((v >> 2) & 1) << (4 * n + j));
+          }
+      return;
+    }
     case Format::affine: break;
   }
   throw std::logic_error("codes_to_file: not a block format");
 }
 
-// Byte offset of int8 chunk `chunk` (8 rows x 4 k), row r, within the nibble plane: int4 chunk
-// chunk / 2 (32 bytes), low nibbles for even chunks.
-inline int64_t nibble_byte(int64_t chunk, int r, int i) { return (chunk / 2) * 32 + r * 4 + i; }
+// A code plane of `bits` (1, 2 or 4) bits per code: int8 chunk `chunk` (8 rows x 4 k) is in
+// 32-byte group chunk / (8 / bits), byte r * 4 + i, at bit bits * (chunk % (8 / bits)).
+inline int plane_get(const uint8_t* plane, int bits, int64_t chunk, int r, int i) {
+  const int per = 8 / bits;
+  return (plane[(chunk / per) * 32 + r * 4 + i] >> (bits * (chunk % per))) & ((1 << bits) - 1);
+}
+inline void plane_put(uint8_t* plane, int bits, int64_t chunk, int r, int i, int v) {
+  const int per = 8 / bits, s = int(bits * (chunk % per)), mask = (1 << bits) - 1;
+  uint8_t& b = plane[(chunk / per) * 32 + r * 4 + i];
+  b = uint8_t((b & ~(mask << s)) | (v & mask) << s);
+}
+// The low bits' plane (nibbles; two-bit codes below 4 bits) and the high bits' after it.
+inline int low_bits(const FormatInfo& f) { return f.code_bits >= 4 ? 4 : 2; }
+inline int64_t low_plane_bytes(const WeightGeometry& g, const FormatInfo& f) { return int64_t(g.nr) * f.super * low_bits(f) / 8; }
 
 }  // namespace
 
@@ -302,7 +372,7 @@ void decode_meta(const WeightGeometry& g, const uint8_t* block, int r, BlockMeta
   const FormatInfo& f = format_info(g.format);
   const RawMeta raw = get_panel_meta(g, block, r);
   for (int j = 0; j < f.nsub(); ++j) {
-    out->sc[j] = f.nsub() == 1 ? 1 : raw.sc[j] - (g.format == Format::iq4_xs ? 32 : 0);
+    out->sc[j] = f.nsub() == 1 ? 1 : raw.sc[j] - (g.format == Format::iq4_xs || g.format == Format::q3_k ? 32 : 0);
     out->mn[j] = f.nsub() == 1 ? 1 : raw.mn[j];
   }
   out->d = g.format == Format::mxfp4 ? mxfp4_half_scale(uint8_t(raw.d)) : half_to_float(raw.d);
@@ -321,9 +391,7 @@ WeightGeometry make_block_geometry(int64_t n, int64_t k, Format format) {
   g.nblocks = g.ngroups = ceil_div(k, f.super);
   g.layout = LayoutId::nr8_kr4; g.nr = 8; g.kr = 4;
   g.npanels = ceil_div(n, g.nr);
-  const int64_t nibbles = int64_t(g.nr) * f.super / 2;
-  const int64_t high = int64_t(g.nr) * f.super * (f.code_bits - 4) / 8;
-  g.code_bytes = nibbles + high;
+  g.code_bytes = int64_t(g.nr) * f.super * f.code_bits / 8;
   g.block_bytes = g.code_bytes + int64_t(g.nr) * f.meta_bytes;
   g.panel_bytes = g.nblocks * g.block_bytes;
   g.total_bytes = g.npanels * g.panel_bytes;
@@ -333,16 +401,14 @@ WeightGeometry make_block_geometry(int64_t n, int64_t k, Format format) {
 
 void block_codes(const WeightGeometry& g, const uint8_t* block, int r, uint8_t* c) {
   const FormatInfo& f = format_info(g.format);
-  const int64_t nibbles = int64_t(g.nr) * f.super / 2;
-  const uint8_t* high = block + nibbles;
+  const int lo = low_bits(f), hi = f.code_bits - lo;
+  const uint8_t* high = block + low_plane_bytes(g, f);
   for (int64_t kk = 0; kk < f.super; ++kk) {
     const int64_t chunk = kk / 4;
     const int i = int(kk % 4);
-    const uint8_t b = block[nibble_byte(chunk, r, i)];
-    uint8_t v = (chunk & 1) ? b >> 4 : b & 15;
-    if (f.code_bits == 5) v |= ((high[(chunk / 8) * 32 + r * 4 + i] >> (chunk % 8)) & 1) << 4;
-    if (f.code_bits == 6) v |= ((high[(chunk / 4) * 32 + r * 4 + i] >> (2 * (chunk % 4))) & 3) << 4;
-    c[kk] = v;
+    int v = plane_get(block, lo, chunk, r, i);
+    if (hi) v |= plane_get(high, hi, chunk, r, i) << lo;
+    c[kk] = uint8_t(v);
   }
 }
 
@@ -355,7 +421,7 @@ void pack_block_rows(const WeightGeometry& g, const uint8_t* src, int64_t rows, 
   if (rows < 0 || row0 < 0 || row0 + rows > g.n)
     throw std::invalid_argument("rows [" + std::to_string(row0) + ", " + std::to_string(row0 + rows) +
                                 ") do not fit a weight of " + std::to_string(g.n) + " rows");
-  const int64_t nibbles = int64_t(g.nr) * f.super / 2;
+  const int lo = low_bits(f), hi = f.code_bits - lo;
   uint8_t c[256];
   for (int64_t row = row0; row < row0 + rows; ++row) {
     const int64_t p = row / g.nr;
@@ -364,21 +430,12 @@ void pack_block_rows(const WeightGeometry& g, const uint8_t* src, int64_t rows, 
       const uint8_t* fb = src + (row - row0) * row_bytes + b * f.file_bytes;
       uint8_t* block = packed + p * g.panel_bytes + b * g.block_bytes;
       codes_from_file(g.format, fb, c);
-      uint8_t* high = block + nibbles;
+      uint8_t* high = block + low_plane_bytes(g, f);
       for (int64_t kk = 0; kk < f.super; ++kk) {
         const int64_t chunk = kk / 4;
         const int i = int(kk % 4);
-        uint8_t& nb = block[nibble_byte(chunk, r, i)];
-        nb = (chunk & 1) ? uint8_t((nb & 0x0F) | (c[kk] & 15) << 4) : uint8_t((nb & 0xF0) | (c[kk] & 15));
-        if (f.code_bits == 5) {
-          uint8_t& h = high[(chunk / 8) * 32 + r * 4 + i];
-          const int s = int(chunk % 8);
-          h = uint8_t((h & ~(1 << s)) | ((c[kk] >> 4) & 1) << s);
-        } else if (f.code_bits == 6) {
-          uint8_t& h = high[(chunk / 4) * 32 + r * 4 + i];
-          const int s = int(2 * (chunk % 4));
-          h = uint8_t((h & ~(3 << s)) | ((c[kk] >> 4) & 3) << s);
-        }
+        plane_put(block, lo, chunk, r, i, c[kk]);
+        if (hi) plane_put(high, hi, chunk, r, i, c[kk] >> lo);
       }
       const RawMeta meta = read_file_meta(g.format, fb);
       // MXFP4's E8M0 scale has no infinity; 0xFF is its NaN (OCP MX spec).

@@ -61,7 +61,7 @@ enum class LayoutId : uint8_t {
 // docs/semantics.md, sections 1-3) or one of the block formats of GGUF files (block_format.h).
 enum class Format : uint8_t {
   affine = 0,
-  q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4,
+  q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4, q2_k, q3_k,
 };
 
 struct LayoutInfo {

@@ -6,7 +6,7 @@
 //
 // Per super-block of a panel the 8 rows' constants are unpacked into vectors (six-bit sub-scales
 // with a few byte operations), per sub-block the codes are unpacked chunk by chunk in registers
-// (nibbles AND / shift, the high plane's bits shifted into bits 4..5 by immediates, IQ4 / MXFP4
+// (nibbles or two-bit codes AND / shift, the high plane's bits shifted above them, IQ4 / MXFP4
 // through a TBL of the signed values) and dotted with the activations; the sub-block's int32 sums
 // are scaled by its sub-scale into the super-block's sum, the minimums' term from the
 // activations' sums of 16. The float epilogue is the scalar kernel's, operation for operation (two
@@ -47,7 +47,7 @@ inline float32x4_t half4(const uint8_t* p) {
 template <Format F>
 struct PanelMeta {
   F8 d, m;                              // m: the minimums' float factor (formats with minimums)
-  alignas(16) uint8_t sc6[64], mn6[64];  // six-bit sub-scales / minimums, [sub-block][row]
+  alignas(16) uint8_t sc6[128], mn6[128];  // the sub-scales / minimums as bytes, [sub-block][row]
 
   // 64 six-bit entries (block_format.cc get6: 32 bytes of nibbles, 16 of two-bit pairs) as bytes.
   static void unpack6(const uint8_t* p, uint8_t* out) {
@@ -81,6 +81,15 @@ struct PanelMeta {
       unpack6(meta + 80, mn6);
     } else if constexpr (F == Format::iq4_xs) {
       unpack6(meta + 16, sc6);
+    } else if constexpr (F == Format::q3_k) {
+      unpack6(meta + 16, sc6);
+      unpack6(meta + 64, sc6 + 64);
+    } else if constexpr (F == Format::q2_k) {  // the file's bytes: sub-scale | minimum << 4
+      for (int i = 0; i < 8; ++i) {
+        const uint8x16_t v = vld1q_u8(meta + 32 + 16 * i);
+        vst1q_u8(sc6 + 16 * i, vandq_u8(v, vdupq_n_u8(0x0F)));
+        vst1q_u8(mn6 + 16 * i, vshrq_n_u8(v, 4));
+      }
     }
   }
 
@@ -88,7 +97,7 @@ struct PanelMeta {
   I8 sc(const uint8_t* meta, int j) const {
     if constexpr (F == Format::q6_k) {
       return widen_s8(meta + 16 + 8 * j);
-    } else if constexpr (F == Format::iq4_xs) {
+    } else if constexpr (F == Format::iq4_xs || F == Format::q3_k) {
       I8 s = widen_u8(sc6 + 8 * j);
       return {{vsubq_s32(s.h[0], vdupq_n_s32(32)), vsubq_s32(s.h[1], vdupq_n_s32(32))}};
     } else {
@@ -98,12 +107,12 @@ struct PanelMeta {
   I8 mn(int j) const { return widen_u8(mn6 + 8 * j); }
 };
 
-// Bit S of each byte moved to bit 4 (immediate shifts: NEON's are per byte, nothing crosses).
-template <int S>
-inline uint8x16_t to_bit4(uint8x16_t h) {
-  if constexpr (S < 4) return vshlq_n_u8(h, 4 - S);
-  else if constexpr (S == 4) return h;
-  else return vshrq_n_u8(h, S - 4);
+// Bit S of each byte moved to bit D (immediate shifts: NEON's are per byte, nothing crosses).
+template <int S, int D>
+inline uint8x16_t move_bit(uint8x16_t h) {
+  if constexpr (S < D) return vshlq_n_u8(h, D - S);
+  else if constexpr (S == D) return h;
+  else return vshrq_n_u8(h, S - D);
 }
 
 // The int8 chunk pair 2Q, 2Q + 1 of a super-block (8 rows x k 8Q .. 8Q + 3 and 8Q + 4 .. 8Q + 7)
@@ -111,21 +120,28 @@ inline uint8x16_t to_bit4(uint8x16_t h) {
 template <Format F, int Q>
 inline void chunk_pair(const uint8_t* block, C8* c0, C8* c1) {
   using T = BlockTraits<F>;
-  const uint8x16_t low4 = vdupq_n_u8(0x0F);
+  constexpr int kL = T::kLowBits;
+  const uint8_t* high = block + T::kLowBytes;
   for (int h = 0; h < 2; ++h) {
-    const uint8x16_t raw = vld1q_u8(block + 32 * Q + 16 * h);
-    c0->h[h] = vandq_u8(raw, low4);
-    c1->h[h] = vshrq_n_u8(raw, 4);
-    if constexpr (T::kBits == 5) {  // bit t of byte i of group Q / 4: chunk 8 (Q / 4) + t
-      const uint8x16_t hi = vld1q_u8(block + T::kNibbleBytes + 32 * (Q / 4) + 16 * h);
-      const uint8x16_t bit = vdupq_n_u8(0x10);
-      c0->h[h] = vorrq_u8(c0->h[h], vandq_u8(to_bit4<2 * (Q % 4)>(hi), bit));
-      c1->h[h] = vorrq_u8(c1->h[h], vandq_u8(to_bit4<2 * (Q % 4) + 1>(hi), bit));
-    } else if constexpr (T::kBits == 6) {  // bits 2t, 2t + 1 of byte i of group Q / 2: chunk 4 (Q / 2) + t
-      const uint8x16_t hi = vld1q_u8(block + T::kNibbleBytes + 32 * (Q / 2) + 16 * h);
+    if constexpr (kL == 4) {  // nibbles: int4 chunk Q
+      const uint8x16_t raw = vld1q_u8(block + 32 * Q + 16 * h);
+      c0->h[h] = vandq_u8(raw, vdupq_n_u8(0x0F));
+      c1->h[h] = vshrq_n_u8(raw, 4);
+    } else {  // two-bit codes: chunk 4 (Q / 2) + t at bits 2t of group Q / 2
+      const uint8x16_t raw = vld1q_u8(block + 32 * (Q / 2) + 16 * h);
+      c0->h[h] = vandq_u8(move_bit<4 * (Q % 2), 0>(raw), vdupq_n_u8(0x03));
+      c1->h[h] = vandq_u8(move_bit<4 * (Q % 2) + 2, 0>(raw), vdupq_n_u8(0x03));
+    }
+    if constexpr (T::kHighBits == 1) {  // bit t of byte i of group Q / 4: chunk 8 (Q / 4) + t, to bit kL
+      const uint8x16_t hi = vld1q_u8(high + 32 * (Q / 4) + 16 * h);
+      const uint8x16_t bit = vdupq_n_u8(1 << kL);
+      c0->h[h] = vorrq_u8(c0->h[h], vandq_u8(move_bit<2 * (Q % 4), kL>(hi), bit));
+      c1->h[h] = vorrq_u8(c1->h[h], vandq_u8(move_bit<2 * (Q % 4) + 1, kL>(hi), bit));
+    } else if constexpr (T::kHighBits == 2) {  // bits 2t, 2t + 1 of byte i of group Q / 2: chunk 4 (Q / 2) + t, to bits 4..5
+      const uint8x16_t hi = vld1q_u8(high + 32 * (Q / 2) + 16 * h);
       const uint8x16_t two = vdupq_n_u8(0x30);
-      c0->h[h] = vorrq_u8(c0->h[h], vandq_u8(to_bit4<4 * (Q % 2)>(hi), two));
-      c1->h[h] = vorrq_u8(c1->h[h], vandq_u8(to_bit4<4 * (Q % 2) + 2>(hi), two));
+      c0->h[h] = vorrq_u8(c0->h[h], vandq_u8(move_bit<4 * (Q % 2), 4>(hi), two));
+      c1->h[h] = vorrq_u8(c1->h[h], vandq_u8(move_bit<4 * (Q % 2) + 2, 4>(hi), two));
     }
   }
 }

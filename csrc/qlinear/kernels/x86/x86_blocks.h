@@ -5,7 +5,7 @@
 //
 // Per super-block of a panel: the sub-scales and constants of the 8 rows are unpacked into vectors
 // (8 int32 / float lanes), then per sub-block the codes are unpacked chunk by chunk in registers
-// (nibble plane AND / shift, the high plane's bits shifted into bits 4..5, IQ4 / MXFP4 through a
+// (nibble or two-bit plane AND / shift, the high plane's bits shifted above them, IQ4 / MXFP4 through a
 // 16-byte table lookup) and dotted with the activations; the sub-block's int32 sums are scaled by
 // its sub-scale (VPMULLD) into the super-block's sum, the minimums' term likewise from the
 // activations' sums of 16. The float epilogue is the scalar kernel's, operation for operation
@@ -28,7 +28,7 @@ namespace {
 template <Format F>
 struct PanelMeta {
   __m256 d, m;                                    // m: the minimums' float factor (formats with minimums)
-  alignas(32) uint8_t sc6[64], mn6[64];           // six-bit sub-scales / minimums, [sub-block][row]
+  alignas(32) uint8_t sc6[128], mn6[128];         // the sub-scales / minimums as bytes, [sub-block][row]
 
   // 64 six-bit entries (block_format.cc get6) unpacked to bytes.
   static void unpack6(const uint8_t* p, uint8_t* out) {
@@ -66,6 +66,16 @@ struct PanelMeta {
       unpack6(meta + 80, mn6);
     } else if constexpr (F == Format::iq4_xs) {
       unpack6(meta + 16, sc6);
+    } else if constexpr (F == Format::q3_k) {
+      unpack6(meta + 16, sc6);
+      unpack6(meta + 64, sc6 + 64);
+    } else if constexpr (F == Format::q2_k) {  // the file's bytes: sub-scale | minimum << 4
+      const __m256i low4 = _mm256_set1_epi8(0x0F);
+      for (int i = 0; i < 4; ++i) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(meta + 32 + 32 * i));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(sc6 + 32 * i), _mm256_and_si256(v, low4));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(mn6 + 32 * i), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+      }
     }
   }
 
@@ -74,7 +84,7 @@ struct PanelMeta {
   __m256i sc(const uint8_t* meta, int j) const {
     if constexpr (F == Format::q6_k)
       return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(meta + 16 + 8 * j)));
-    else if constexpr (F == Format::iq4_xs)
+    else if constexpr (F == Format::iq4_xs || F == Format::q3_k)
       return _mm256_sub_epi32(u8x8(sc6 + 8 * j), _mm256_set1_epi32(32));
     else
       return u8x8(sc6 + 8 * j);
@@ -84,31 +94,41 @@ struct PanelMeta {
 
 // The 32-byte int8 chunk pair 2Q, 2Q + 1 of a super-block (8 rows x k 8Q .. 8Q + 3 and
 // 8Q + 4 .. 8Q + 7) as codes 0..63 (lookup formats: the table's indices). Q is a constant, so the
-// high plane's shifts are immediates.
+// planes' shifts are immediates.
 template <Format F, int Q>
 inline void chunk_pair(const uint8_t* block, __m256i* c0, __m256i* c1) {
   using T = BlockTraits<F>;
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * Q));
-  *c0 = _mm256_and_si256(raw, low4);
-  *c1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-  // the high plane's bits s (chunk 2Q) and s' (chunk 2Q + 1) moved to bit 4 (5-bit) / bits 4..5
-  // (6-bit) of each byte: 16-bit shifts, whose bits crossing into the other byte are masked off
-  const auto to_bit4 = [](__m256i h, auto s) {
-    constexpr int kS = decltype(s)::value;
-    if constexpr (kS <= 4) return _mm256_slli_epi16(h, 4 - kS);
-    else return _mm256_srli_epi16(h, kS - 4);
+  // bit S of each byte moved to bit D: 16-bit shifts, whose bits crossing into the other byte are
+  // masked off by the caller
+  const auto move = [](__m256i h, auto s, auto d) {
+    constexpr int kS = decltype(s)::value, kD = decltype(d)::value;
+    if constexpr (kS <= kD) return _mm256_slli_epi16(h, kD - kS);
+    else return _mm256_srli_epi16(h, kS - kD);
   };
-  if constexpr (T::kBits == 5) {  // bit t of byte i of group Q / 4: chunk 8 (Q / 4) + t
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + T::kNibbleBytes + 32 * (Q / 4)));
-    const __m256i bit = _mm256_set1_epi8(0x10);
-    *c0 = _mm256_or_si256(*c0, _mm256_and_si256(to_bit4(h, std::integral_constant<int, 2 * (Q % 4)>{}), bit));
-    *c1 = _mm256_or_si256(*c1, _mm256_and_si256(to_bit4(h, std::integral_constant<int, 2 * (Q % 4) + 1>{}), bit));
-  } else if constexpr (T::kBits == 6) {  // bits 2t, 2t + 1 of byte i of group Q / 2: chunk 4 (Q / 2) + t
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + T::kNibbleBytes + 32 * (Q / 2)));
+  using Zero = std::integral_constant<int, 0>;
+  if constexpr (T::kLowBits == 4) {  // nibbles: int4 chunk Q
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * Q));
+    *c0 = _mm256_and_si256(raw, low4);
+    *c1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+  } else {  // two-bit codes: chunk 4 (Q / 2) + t at bits 2t of group Q / 2
+    const __m256i three = _mm256_set1_epi8(0x03);
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * (Q / 2)));
+    *c0 = _mm256_and_si256(move(raw, std::integral_constant<int, 4 * (Q % 2)>{}, Zero{}), three);
+    *c1 = _mm256_and_si256(move(raw, std::integral_constant<int, 4 * (Q % 2) + 2>{}, Zero{}), three);
+  }
+  constexpr int kL = T::kLowBits;
+  const uint8_t* high = block + T::kLowBytes;
+  if constexpr (T::kHighBits == 1) {  // bit t of byte i of group Q / 4: chunk 8 (Q / 4) + t, to bit kL
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(high + 32 * (Q / 4)));
+    const __m256i bit = _mm256_set1_epi8(1 << kL);
+    *c0 = _mm256_or_si256(*c0, _mm256_and_si256(move(h, std::integral_constant<int, 2 * (Q % 4)>{}, std::integral_constant<int, kL>{}), bit));
+    *c1 = _mm256_or_si256(*c1, _mm256_and_si256(move(h, std::integral_constant<int, 2 * (Q % 4) + 1>{}, std::integral_constant<int, kL>{}), bit));
+  } else if constexpr (T::kHighBits == 2) {  // bits 2t, 2t + 1 of byte i of group Q / 2: chunk 4 (Q / 2) + t, to bits 4..5
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(high + 32 * (Q / 2)));
     const __m256i two = _mm256_set1_epi8(0x30);
-    *c0 = _mm256_or_si256(*c0, _mm256_and_si256(to_bit4(h, std::integral_constant<int, 4 * (Q % 2)>{}), two));
-    *c1 = _mm256_or_si256(*c1, _mm256_and_si256(to_bit4(h, std::integral_constant<int, 4 * (Q % 2) + 2>{}), two));
+    *c0 = _mm256_or_si256(*c0, _mm256_and_si256(move(h, std::integral_constant<int, 4 * (Q % 2)>{}, std::integral_constant<int, 4>{}), two));
+    *c1 = _mm256_or_si256(*c1, _mm256_and_si256(move(h, std::integral_constant<int, 4 * (Q % 2) + 2>{}, std::integral_constant<int, 4>{}), two));
   }
 }
 

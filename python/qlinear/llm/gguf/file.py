@@ -188,7 +188,7 @@ def dequantize(t, path) -> np.ndarray:
 
 def codes(t, rows_k: Optional[tuple] = None):
     """A 2-D Q4_0 / Q8_0 tensor's codes moved into our group-32 layouts (Moved), a tensor of a
-    block format (Q4_K, Q5_K, Q6_K, Q5_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS, MXFP4) as its rows (Blocks),
+    block format (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q5_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS, MXFP4) as its rows (Blocks),
     else None; ``rows_k``: a tensor of more dimensions seen as [rows, k] (k its innermost dimension)."""
     from qlinear import blocks  # noqa: PLC0415
     from gguf import GGMLQuantizationType as T  # noqa: PLC0415

@@ -5,11 +5,11 @@ tokenizer rebuilt as a ``tokenizers`` one, weights mapped by tensor name (``blk.
 
 Codes are moved, not re-rounded: Q4_0 is our symmetric int4 group 32 (w = d (q - 8): code q,
 zero point 8, float16 scale d), Q8_0 our symmetric int8 group 32 (code q + 128), and the block
-formats (Q4_K, Q5_K, Q6_K, Q5_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS, MXFP4: ``qlinear.blocks``) are packed
+formats (Q2_K .. Q6_K, Q5_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS, MXFP4: ``qlinear.blocks``) are packed
 from their rows as stored. A fused weight (q / k / v, gate / up) whose tensors the file stores in
 different types (a Q4_K_M file's Q4_K q / k beside a Q6_K v) is a weight of parts
-(``qlinear.stack_weights``), each part in its own format. Other types (F16, BF16, F32, Q2_K, Q3_K,
-...) are dequantized with ``gguf.quants`` and quantized again at the requested bits;
+(``qlinear.stack_weights``), each part in its own format. Other types (F16, BF16, F32,
+IQ2 / IQ3, ...) are dequantized with ``gguf.quants`` and quantized again at the requested bits;
 ``model.info["gguf_requantized"]`` lists them.
 
 The embedding: F16 / BF16 / F32 tables are read on disk from the file like a checkpoint's; a
