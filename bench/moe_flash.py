@@ -150,9 +150,9 @@ def reads_of(files):
     """(layer, expert), j -> the reads of that expert of ``files`` into scratch buffer j % 8."""
     from qlinear.llm.flash.expert_files import ExpertFile
     if isinstance(files, ExpertFile):
-        bufs = [(np.empty(files.gate_up.nbytes, np.uint8), np.empty(files.down.nbytes, np.uint8)) for _ in range(8)]
+        bufs = [(np.empty(files.gate_up_bytes, np.uint8), np.empty(files.down_bytes, np.uint8)) for _ in range(8)]
         return lambda key, j: files.reads(*key, *bufs[j % 8])
-    bufs = [np.empty(files.read_bytes, np.uint8) for _ in range(8)]
+    bufs = [np.empty(files.max_expert_read, np.uint8) for _ in range(8)]
     return lambda key, j: files.reads(*key, bufs[j % 8])[0]
 
 

@@ -376,3 +376,26 @@ def test_file_of_another_layout(models, tmp_path, bits):
         return
     with pytest.raises(ValueError, match="memory='ram'"):
         llm.load(moved, memory="flash", progress=False)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "MXFP4"])
+@pytest.mark.parametrize("bundled", [False, True])
+def test_block_format_ffns_stream_from_a_converted_file(tmp_path, qtype, bundled):
+    """A GGUF file's block-format FFNs, converted (as separate weights or in the bundled layout),
+    stream with memory='flash' as the in-memory load computes them, bit for bit; a file whose
+    layers' FFNs differ in type (a Q4_K_M file's Q6_K downs in some layers) is refused by name."""
+    gguf = pytest.importorskip("gguf")
+    from test_gguf import SHAPE, write_gguf
+
+    T = gguf.GGMLQuantizationType
+    ck = make_checkpoint(tmp_path / "ck", arch="qwen2", seed=5, **SHAPE)
+    path = write_gguf(ck, tmp_path / "m.gguf", getattr(T, qtype))
+    ids = list(range(5, 40))
+    want = llm.load(path, progress=False, max_context=128).logits(ids)
+    llm.convert(path, tmp_path / "conv", progress=False, flash=bundled)
+    with llm.load(tmp_path / "conv", memory="flash", progress=False, max_context=128) as m:
+        np.testing.assert_array_equal(m.logits(ids), want)
+    mix = write_gguf(ck, tmp_path / "mix.gguf", T.Q4_K, types={"blk.1.ffn_down.weight": T.Q6_K})
+    llm.convert(mix, tmp_path / "mixc", progress=False)
+    with pytest.raises(ValueError, match="quantized differently"):
+        llm.load(tmp_path / "mixc", memory="flash", progress=False)

@@ -186,8 +186,13 @@ def gguf_models(tmp_path_factory):
                              **experts, **{**SHAPE, "num_hidden_layers": 3})
         for qtype in (T.Q4_0, T.Q8_0):
             out[arch, qtype.name] = write_gguf(ck, d / f"{arch}-{qtype.name}.gguf", qtype)
-        if arch == "qwen3_moe":   # one layer's down experts of another type
+        if arch == "qwen3_moe":   # one layer's down experts of another type; the block formats
             out["mixed"] = write_gguf(ck, d / "mixed.gguf", T.Q4_0, types={"blk.1.ffn_down_exps.weight": T.Q8_0})
+            # a Q4_K_M file's experts: Q4_K, the downs of some layers Q6_K
+            out["Q4_K_M"] = write_gguf(ck, d / "q4km.gguf", T.Q4_K, types={"blk.1.ffn_down_exps.weight": T.Q6_K})
+            out["MXFP4"] = write_gguf(ck, d / "mxfp4.gguf", T.MXFP4)
+            out["Q2_K"] = write_gguf(ck, d / "q2k.gguf", T.Q2_K, types={"blk.0.ffn_down_exps.weight": T.Q3_K})
+            out["gate-up-apart"] = write_gguf(ck, d / "apart.gguf", T.Q4_K, types={"blk.2.ffn_up_exps.weight": T.Q5_K})
             out["dense-ck"] = ck
     return out
 
@@ -215,9 +220,43 @@ def test_gguf_experts_read_from_the_file_equal_its_in_memory_load(gguf_models, a
             assert st["misses"] + st["prefetched"] <= st["experts"] == 3 * 8
 
 
+@pytest.mark.parametrize("name", ["mixed", "Q4_K_M", "MXFP4", "Q2_K"])
+def test_gguf_experts_of_every_type_read_from_the_file_equal_its_in_memory_load(gguf_models, name):
+    """Experts of the block formats (a Q4_K_M file's Q4_K with Q6_K downs in some layers, MXFP4,
+    Q2_K with Q3_K) and of types that differ by layer (Q4_0 with a layer's Q8_0 downs): each
+    layer's experts computed in that layer's geometry over the slots' buffers, the codes moved as
+    the in-memory load moves them, the same logits and tokens bit for bit."""
+    path = gguf_models[name]
+    ref = llm.load(path, progress=False, max_context=256)
+    assert ref.info["gguf_requantized"] == []
+    want, want_gen = ref.logits(IDS), ref.generate_ids(IDS[:6], 10)
+    for slots in (None, 1):
+        with flash(path, slots) as m:
+            np.testing.assert_array_equal(m.logits(IDS), want)
+            m.reset()
+            assert m.generate_ids(IDS[:6], 10) == want_gen
+            m.flash.experts.drain()
+            st = m.flash.stats
+            assert st["misses"] > 0 and st["bytes"] == m.flash.bytes_read
+            files = m.flash.files
+            assert len(files.kinds) == (1 if name == "MXFP4" else 2)
+            assert st["expert_bytes"] == max(g.nbytes for g, _ in files.kinds) + max(d.nbytes for _, d in files.kinds)
+
+
+def test_converted_block_format_experts_read_from_the_file_equal_its_in_memory_load(gguf_models, tmp_path):
+    """A converted Q4_K_M MoE file (Q4_K experts, a layer's downs Q6_K): each layer's experts
+    read in their own geometry from the converted file, the same logits bit for bit."""
+    want = llm.load(gguf_models["Q4_K_M"], progress=False, max_context=256).logits(IDS)
+    llm.convert(gguf_models["Q4_K_M"], tmp_path / "conv", progress=False)
+    for slots in (None, 1):
+        with flash(tmp_path / "conv", slots) as m:
+            np.testing.assert_array_equal(m.logits(IDS), want)
+            assert len(m.flash.files.kinds) == 2 and m.flash.stats["misses"] > 0
+
+
 def test_gguf_flash_refuses_what_it_cannot_read(gguf_models, tmp_path):
-    with pytest.raises(ValueError, match="mix Q4_0 and Q8_0"):
-        flash(gguf_models["mixed"])
+    with pytest.raises(ValueError, match="layer 2's expert gate is Q4_K and its up Q5_K"):
+        flash(gguf_models["gate-up-apart"])
     from test_gguf import SHAPE, T, write_gguf
 
     dense = make_checkpoint(tmp_path / "dense", arch="qwen2", **SHAPE)

@@ -38,8 +38,8 @@ def load(path, bits: Optional[int] = 4, group_size: Optional[int] = 64, act: str
          act_block: ActBlock = DEFAULT_ACT_BLOCK, symmetric: bool = False, progress: bool = True,
          memory_budget_mb: Optional[float] = None, predictor=None, window: int = 5,
          reader_threads: Optional[int] = None, kv_cache: str = "float32") -> Model:
-    """Open a model: a GGUF file (Qwen2 / Llama; Q4_0 / Q8_0 / Q4_K codes used as they are, other
-    types quantized here to ``bits``), a Hugging Face checkpoint directory (``config.json``, ``*.safetensors``,
+    """Open a model: a GGUF file (Qwen2 / Llama / ...; Q4_0 / Q8_0 and the block formats' codes,
+    Q2_K .. Q6_K, IQ4, MXFP4, used as they are, other types quantized here to ``bits``), a Hugging Face checkpoint directory (``config.json``, ``*.safetensors``,
     ``tokenizer.json``; quantized here to ``bits`` with ``group_size``), a directory written by
     ``convert`` (its own quantization is used; ``bits``/``group_size`` are ignored), or an MNN
     LLM export (``llm.mnn``, ``llm.mnn.weight``, ...).
@@ -65,7 +65,7 @@ def load(path, bits: Optional[int] = 4, group_size: Optional[int] = 64, act: str
     active in the last ``window`` tokens kept in memory (``sparsity``). Routed experts (Qwen3-MoE,
     OLMoE) are read on demand into an expert cache sized by ``memory_budget_mb``
     (``flash.experts``; ``model.flash.stats``: its hit rate and bytes read), also from llama.cpp's
-    GGUF file itself (Q4_0 / Q8_0 experts).
+    GGUF file itself (Q4_0 / Q8_0 and block-format experts).
     """
     t0 = time.perf_counter()
     if threads is not None:

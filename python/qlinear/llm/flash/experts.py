@@ -63,10 +63,11 @@ class ExpertStats:
 class _Slot:
     def __init__(self, index: int, files: "ExpertFile | GGUFExpertFile", act: str, act_block: int):
         self.index = index
-        self.gate_up_buf = np.zeros(files.gate_up.nbytes, np.uint8)
-        self.down_buf = np.zeros(files.down.nbytes, np.uint8)
-        self.linears = (Linear(flash_layout.packed(self.gate_up_buf, files.gate_up), None, act, act_block),
-                        Linear(flash_layout.packed(self.down_buf, files.down), None, act, act_block))
+        # buffers of the largest geometry; the Linears of each kind of layer over them
+        self.gate_up_buf = np.zeros(files.gate_up_bytes, np.uint8)
+        self.down_buf = np.zeros(files.down_bytes, np.uint8)
+        self.linears = [(Linear(flash_layout.packed(self.gate_up_buf, g), None, act, act_block),
+                         Linear(flash_layout.packed(self.down_buf, d), None, act, act_block)) for g, d in files.kinds]
         self.key: Optional[tuple] = None
         self.job = None
         self.pins = 0
@@ -88,20 +89,23 @@ class ExpertCache:
         self.prefetch = prefetch
         self.policy = policy
         self.order = EvictionOrder(slots)   # whom to evict (policy)
-        self._compiled = None   # _core.MoeExperts over the slots (compiled())
+        self._compiled: dict = {}   # kind of layer -> _core.MoeExperts over the slots (compiled())
 
-    def compiled(self, cfg) -> Optional[object]:
-        """The compiled routed MLP over the slots (``_core.MoeExperts``, one for all layers: they
-        run one after another), or None for an activation it lacks (then numpy runs the experts)."""
+    def compiled(self, cfg, layer: int) -> Optional[object]:
+        """The compiled routed MLP over the slots for ``layer`` (``_core.MoeExperts``, one for all
+        layers of a kind: they run one after another), or None for an activation it lacks (then
+        numpy runs the experts)."""
         if cfg.hidden_act not in ("silu", "gelu_tanh"):
             return None
-        if self._compiled is None:
+        kind = self.files.kind(layer)
+        if kind not in self._compiled:
             def spec(m: Linear):
                 return (core_handle(m.weight), None, m.act == "int8", int(m._block))
-            self._compiled = _core.moe_experts([(spec(s.linears[0]), spec(s.linears[1])) for s in self.slots],
-                                               cfg.num_experts, cfg.experts_per_token,
-                                               gelu=cfg.hidden_act == "gelu_tanh")
-        return self._compiled
+            self._compiled[kind] = _core.moe_experts([(spec(s.linears[kind][0]), spec(s.linears[kind][1]))
+                                                      for s in self.slots],
+                                                     cfg.num_experts, cfg.experts_per_token,
+                                                     gelu=cfg.hidden_act == "gelu_tanh")
+        return self._compiled[kind]
 
     @property
     def prefetch(self) -> str:
@@ -146,7 +150,7 @@ class ExpertCache:
         slot.job = self.reader.submit(*self.files.read_job(*key, slot.gate_up_buf, slot.down_buf))
         self.where[key] = slot
         self.order.touch(key)
-        self.stats.bytes += self.files.read_bytes
+        self.stats.bytes += self.files.read_bytes_of(key[0])
         return slot
 
     def request(self, layer: int, experts) -> dict:
@@ -190,7 +194,7 @@ class ExpertCache:
                 self._forget(slot)
                 raise
             slot.job = None
-        return slot.linears
+        return slot.linears[self.files.kind(layer)]
 
     def release(self, slot: _Slot) -> None:
         slot.pins -= 1
@@ -227,7 +231,7 @@ class FlashMoeBlock(MoeBlock):
         self.layer, self.cache, self.next_block = layer, cache, None
         self.experts = None   # the placeholders build_model made: the weights are the cache's
         self.core_moe = None  # (built over those placeholders)
-        self.core_experts = cache.compiled(self.cfg)
+        self.core_experts = cache.compiled(self.cfg, layer)
 
     def __call__(self, h: np.ndarray, cache, start: int) -> np.ndarray:
         out = super().__call__(h, cache, start)
@@ -264,7 +268,7 @@ class FlashMoeBlock(MoeBlock):
                 for e in ready:
                     self.cache.release(got[e])
                     pending.remove(e)
-                self.expert_bytes_read += len(ready) * self.cache.files.expert_bytes
+                self.expert_bytes_read += len(ready) * self.cache.files.expert_bytes_of(self.layer)
         except BaseException:
             for e in pending:
                 if e in got and got[e].pins > 0:

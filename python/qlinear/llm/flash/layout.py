@@ -68,8 +68,13 @@ class Geometry:
         return self.npanels * self.panel_bytes
 
     @classmethod
-    def of_entry(cls, e: dict) -> "Geometry":
+    def of_entry(cls, e: dict) -> "Geometry | BlockGeometry":
         n, k = e["shape"]
+        fmt = e.get("format", "affine")
+        if fmt == "parts":
+            raise ValueError("a weight of parts (rows in different formats): memory='flash' reads weights of one format")
+        if fmt != "affine":
+            return BlockGeometry(int(n), int(k), str(fmt))
         return cls(int(n), int(k), int(e["bits"]), int(e["group_size"]), bool(e["symmetric"]), e["layout"])
 
     def to_entry(self) -> dict:
@@ -77,11 +82,64 @@ class Geometry:
                 "symmetric": self.symmetric, "layout": self.layout}
 
 
+@dataclass(frozen=True)
+class BlockGeometry:
+    """A block-format weight's byte geometry (``qlinear.blocks``; make_block_geometry in
+    block_format.cc): panels of 8 rows, each a sequence of storage blocks (one super-block of the
+    8 rows: 8 x the file's bytes per super-block), the same bytes on every CPU."""
+
+    n: int
+    k: int
+    format: str
+
+    @property
+    def _f(self):
+        from ... import blocks  # noqa: PLC0415
+        return blocks.block_format(self.format)
+
+    @property
+    def block(self) -> int:
+        return self._f.super
+
+    @property
+    def nblocks(self) -> int:
+        return -(-self.k // self.block)
+
+    @property
+    def block_bytes(self) -> int:
+        return NR * self._f.file_bytes
+
+    @property
+    def panel_bytes(self) -> int:
+        return self.nblocks * self.block_bytes
+
+    @property
+    def npanels(self) -> int:
+        return -(-self.n // NR)
+
+    @property
+    def nbytes(self) -> int:
+        return self.npanels * self.panel_bytes
+
+    def to_entry(self) -> dict:
+        return {"shape": [self.n, self.k], "format": self.format}
+
+
+def geometry_of(pw: PackedWeight) -> "Geometry | BlockGeometry":
+    if pw.format == "parts":
+        raise ValueError("a weight of parts (rows in different formats): memory='flash' reads weights of one format")
+    if pw.format != "affine":
+        return BlockGeometry(*pw.shape, pw.format)
+    return Geometry(*pw.shape, pw.bits, pw.group_size, pw.symmetric, pw.layout)
+
+
 def check_readable(geoms, where: str) -> None:
     """Flash reads packed bytes into the kernels as the file has them: the running level's kernels
     must read their layout (its own, or on the i8mm level the dotprod level's as well): int8 codes
     are stored flipped on ARM, and the i8mm level keeps 8 k of a row together."""
     for g in geoms:
+        if isinstance(g, BlockGeometry):   # one layout on every CPU
+            continue
         if not _core.reads_layout(g.layout, g.bits):
             want = _core.native_layout(g.bits)
             raise ValueError(f"{where}: its int{g.bits} weights are packed as {g.layout!r}, this CPU's kernels read "
@@ -183,9 +241,8 @@ def bundle_file_tensors(tensors: dict, num_layers: int) -> dict:
     for i in range(num_layers):
         gu, down = out.pop(f"layers.{i}.gate_up"), out.pop(f"layers.{i}.down")
         if not all(isinstance(w, PackedWeight) for w in (gu, down)):
-            raise ValueError("the flash layout needs quantized FFN weights (bits 4 or 8)")
-        gg = Geometry(*gu.shape, gu.bits, gu.group_size, gu.symmetric, gu.layout)
-        dg = Geometry(*down.shape, down.bits, down.group_size, down.symmetric, down.layout)
+            raise ValueError("the flash layout needs quantized FFN weights (bits 4 or 8, or a block format)")
+        gg, dg = geometry_of(gu), geometry_of(down)
         if meta is not None and (meta["gate_up"], meta["down"]) != (gg.to_entry(), dg.to_entry()):
             raise ValueError(f"layer {i}'s FFN is quantized unlike layer 0's: the flash layout needs one geometry")
         layout = FFNLayout(gg, dg)
@@ -212,16 +269,18 @@ def unbundle_file_tensors(tensors: dict, meta: dict, num_layers: int, where: str
             tensors[f"layers.{i}.{name}"] = packed(buf, geom)
 
 
-def packed(buf: np.ndarray, g: Geometry) -> PackedWeight:
-    """A PackedWeight over ``buf`` (the packed bytes, not copied)."""
+def packed(buf: np.ndarray, g: "Geometry | BlockGeometry") -> PackedWeight:
+    """A PackedWeight over the first ``g.nbytes`` of ``buf`` (the packed bytes, not copied)."""
+    buf = buf[:g.nbytes]
+    if isinstance(g, BlockGeometry):
+        return PackedWeight(_core.PackedWeightHandle(buf, g.n, g.k, g.format))
     return PackedWeight(_core.PackedWeightHandle(buf, g.n, g.k, g.bits, g.group_size, g.symmetric, g.layout))
 
 
 def copy_resident(t):
     """A tensor copied out of the file mapping into process memory."""
     if isinstance(t, PackedWeight):
-        g = Geometry(*t.shape, t.bits, t.group_size, t.symmetric, t.layout)
-        return packed(np.array(t.buffer), g)
+        return packed(np.array(t.buffer), geometry_of(t))
     if isinstance(t, np.ndarray):
         return np.array(t)
     return t

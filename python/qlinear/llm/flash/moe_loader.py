@@ -4,7 +4,8 @@ norms, routers, lm head and KV cache resident, the embedding rows read as needed
 whose size comes from ``memory_budget_mb``: what the budget holds after the resident part and
 the process's reserve (``plan.PROCESS_RESERVE``), at least experts_per_token slots (one layer's
 experts for one token); every expert without a budget. The file: a converted model, or llama.cpp's
-GGUF file itself (Q4_0 / Q8_0 experts, read from their stacked tensors: ``expert_files``)."""
+GGUF file itself (Q4_0 / Q8_0 and block-format experts, Q4_K, Q6_K, MXFP4, ..., read from their
+stacked tensors: ``expert_files``)."""
 
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def load_flash_moe(d: Path, opts: Options, max_context: int, entries: dict, cfg,
 def load_flash_moe_gguf(p: Path, opts: Options, max_context: int, memory_budget_mb: Optional[float] = None,
                         reader_threads: Optional[int] = None, slots: Optional[int] = None,
                         prefetch: str = "none") -> Model:
-    """A Model over llama.cpp's GGUF file ``p`` of a MoE model (Q4_0 / Q8_0 experts), its experts
+    """A Model over llama.cpp's GGUF file ``p`` of a MoE model (Q4_0 / Q8_0 / block-format experts), its experts
     read from that file on demand (``expert_files.GGUFExpertFile``)."""
     f = GGUFFile(p)
     cfg = read_config(f)
@@ -113,11 +114,12 @@ def _model(path: Path, source, files, n: int, plan: MemoryPlan, opts: Options, m
     an expert cache of ``n`` slots."""
     cfg, tensors = source.config, source.tensors
     # one placeholder of each shape stands for every expert, so that build_model builds the rest
-    ph = (flash_layout.packed(np.zeros(files.gate_up.nbytes, np.uint8), files.gate_up),
-          flash_layout.packed(np.zeros(files.down.nbytes, np.uint8), files.down))
+    # (one per kind of layer: a file's types may differ by layer)
+    ph = [(flash_layout.packed(np.zeros(g.nbytes, np.uint8), g), flash_layout.packed(np.zeros(d.nbytes, np.uint8), d))
+          for g, d in files.kinds]
     for i in range(cfg.num_layers):
         for e in range(cfg.num_experts):
-            tensors[f"layers.{i}.experts.{e}.gate_up"], tensors[f"layers.{i}.experts.{e}.down"] = ph
+            tensors[f"layers.{i}.experts.{e}.gate_up"], tensors[f"layers.{i}.experts.{e}.down"] = ph[files.kind(i)]
     model = build_model(source, opts, max_context)
     del source, tensors
     first = model.blocks[0].experts[0]
