@@ -22,10 +22,16 @@ const KernelTable& avx512vnni_kernels() {
     t.isa = Isa::avx512vnni;
     add_avx512vnni_block_kernels(t);
     t.int8.clear();
-    // GEMV (decode): the AVX2 level's GEMVs come first. Measured on a Zen 5 CPU in one run, they
-    // stream a Qwen2.5-0.5B model's weights at 98% of a plain streaming read against 65% for the
-    // zmm GEMV (decode 130 against 90 tokens/s); the zmm GEMVs stay listed after them, never
-    // chosen by the driver, for the per-kernel tests and A/B runs on such CPUs.
+    // GEMV (decode): one panel per register, one stream of weights per thread, VPDPBUSD on ymm.
+    // Measured on a Zen 5 CPU in one run, the AVX2 level's single-stream GEMVs streamed a
+    // Qwen2.5-0.5B model's weights at 98% of a plain streaming read against 65% for the zmm GEMV,
+    // which reads two panels' streams at once (decode 130 against 90 tokens/s). On an Intel
+    // Sapphire Rapids-class Xeon (1 thread, Qwen2.5-0.5B shapes from DRAM) the same single
+    // stream with VPDPBUSD instead of VPMADDUBSW + VPMADDWD: int8 15.8-16.1 against 13.1-13.5
+    // GB/s (a streaming read 18.4), int4 14.5-15.0 against 14.2-14.7. The AVX2 and zmm GEMVs
+    // stay listed after them, never chosen by the driver, for the per-kernel tests and A/B runs.
+    t.int8.push_back(ukernel<YDot>("gemv_w4a8_nr8_kr4_1x8_avx512vnni", gemv<YmmEvex, YDot, 4>, 4, 1, 1, 1, 1));
+    t.int8.push_back(ukernel<YDot>("gemv_w8a8_nr8_kr4_1x8_avx512vnni", gemv<YmmEvex, YDot, 8>, 8, 1, 1, 1, 1));
     for (const Int8Ukernel& k : avx2_kernels().int8)
       if (k.m_max == 1) t.int8.push_back(k);
     // A few rows (batched decode of 2..4 sequences: still bound by the weights' stream): ymm
