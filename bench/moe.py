@@ -17,7 +17,10 @@ checkpoint converted with `llm.convert(bits=4, group_size=32, symmetric=True)` a
 qlinear's figures only. Each round also times qlinear's GEMV on one 72 MB weight at every thread
 count: the memory bandwidth decode can use, whose 2 threads / 1 bounds decode's.
 
-    python bench/moe.py [--threads 1 2] [--rounds 3] [--prompt 64] [--decode 32]
+    python bench/moe.py [--threads 1 2] [--rounds 3] [--prompt 64] [--decode 32] [--ik DIR]
+
+``--ik DIR``: ik_llama.cpp's bin folder (bench/README.md: how to build it): its llama-bench runs the
+same file too, with and without ``-rtr 1``, in the same rounds.
 """
 
 from __future__ import annotations
@@ -101,6 +104,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--no-python", action="store_true", help="skip the previous path (the Python blocks)")
+    ap.add_argument("--ik", type=Path, default=None,
+                    help="ik_llama.cpp's bin folder (its llama-bench): run it too, with and without -rtr 1")
     a = ap.parse_args()
     lv = llamacpp_vs
     import qlinear
@@ -115,14 +120,21 @@ def main() -> None:
           f"medians (best) of {a.rounds} interleaved rounds, tok/s")
     print(f"both engines on {gguf.name} (qlinear: W4A8)" if gguf else
           "qlinear: int4 g32 W4A8 (the checkpoint converted); llama.cpp: not built (python bench/llamacpp_vs.py --build)")
-    print("| phase | threads | qlinear | qlinear, previous path (numpy MoE) | llama.cpp | qlinear / llama.cpp |")
-    print("|---|---|---|---|---|---|")
+    peers = {"llama.cpp": (lv.BUILD / "bin", ())} if gguf else {}
+    if gguf and a.ik is not None:
+        if not (a.ik / "llama-bench").is_file():
+            sys.exit(f"--ik {a.ik}: no llama-bench there (build ik_llama.cpp: bench/README.md)")
+        peers.update({"ik": (a.ik, ()), "ik -rtr": (a.ik, ("-rtr", "1"))})
+    ik = "ik" in peers
+    print("| phase | threads | qlinear | qlinear, previous path (numpy MoE) | llama.cpp |"
+          + (" ik | ik -rtr |" if ik else "") + " qlinear / llama.cpp |" + (" qlinear / best ik |" if ik else ""))
+    print("|---" * (6 + (3 if ik else 0)) + "|")
     engines = {"qlinear": Qlinear(path, a.threads[0], a.prompt, a.decode)}
     if not a.no_python:
         engines["python"] = Qlinear(path, a.threads[0], a.prompt, a.decode, compiled=False)
     stream = Stream()
     streamed = {t: [] for t in a.threads}
-    runs = {(name, t): [] for t in a.threads for name in [*engines, *(["llama.cpp"] if gguf else [])]}
+    runs = {(name, t): [] for t in a.threads for name in [*engines, *peers]}
     for t in a.threads:
         for e in engines.values():
             e.threads = t
@@ -133,9 +145,9 @@ def main() -> None:
             for name, e in engines.items():
                 e.threads = t
                 runs[name, t].append(e.speed())
-            if gguf:
-                r = llamacpp.bench(gguf, a.prompt, a.decode, t, 1, where=str(lv.BUILD / "bin"))
-                runs["llama.cpp", t].append({"prefill": r["prefill_tok_s"], "decode": r["decode_tok_s"]})
+            for name, (where, extra) in peers.items():
+                r = llamacpp.bench(gguf, a.prompt, a.decode, t, 1, where=str(where), extra_args=extra)
+                runs[name, t].append({"prefill": r["prefill_tok_s"], "decode": r["decode_tok_s"]})
     results = {}
     for t in a.threads:
         for phase in ("prefill", "decode"):
@@ -144,8 +156,10 @@ def main() -> None:
             results[phase, t] = v
             cell = {name: f"{med[name]:.1f} ({max(v[name]):.1f})" for name in v}
             ratio = f"{med['qlinear'] / med['llama.cpp']:.2f}x" if "llama.cpp" in med else "-"
-            print(f"| {phase} | {t} | {cell['qlinear']} | {cell.get('python', '-')} | {cell.get('llama.cpp', '-')} | "
-                  f"{ratio} |", flush=True)
+            iks = f" {cell['ik']} | {cell['ik -rtr']} |" if ik else ""
+            best = f" {med['qlinear'] / max(med['ik'], med['ik -rtr']):.2f}x |" if ik else ""
+            print(f"| {phase} | {t} | {cell['qlinear']} | {cell.get('python', '-')} | {cell.get('llama.cpp', '-')} |{iks} "
+                  f"{ratio} |{best}", flush=True)
     if len(a.threads) > 1:
         lo, hi = min(a.threads), max(a.threads)
 
