@@ -197,6 +197,17 @@ def gguf_models(tmp_path_factory):
     return out
 
 
+def _runs_as_in_memory(m, want, want_gen) -> dict:
+    """The flash model's logits and generated tokens equal the in-memory load's; its stats."""
+    np.testing.assert_array_equal(m.logits(IDS), want)
+    m.reset()
+    assert m.generate_ids(IDS[:6], 10) == want_gen
+    m.flash.experts.drain()
+    st = m.flash.stats
+    assert st["misses"] > 0 and st["bytes"] == m.flash.bytes_read
+    return st
+
+
 @pytest.mark.parametrize("arch, qtype", [("qwen3_moe", "Q4_0"), ("qwen3_moe", "Q8_0"), ("olmoe", "Q4_0"),
                                          ("mixtral", "Q8_0")])
 @pytest.mark.parametrize("slots, prefetch", [(None, "none"), (2, "router"), (1, "none"), (5, "none")])
@@ -209,12 +220,7 @@ def test_gguf_experts_read_from_the_file_equal_its_in_memory_load(gguf_models, a
     want, want_gen = ref.logits(IDS), ref.generate_ids(IDS[:6], 10)
     with flash(path, slots, prefetch=prefetch) as m:
         assert m.info["memory"] == "flash" and m.info["flash_experts"]
-        np.testing.assert_array_equal(m.logits(IDS), want)
-        m.reset()
-        assert m.generate_ids(IDS[:6], 10) == want_gen
-        m.flash.experts.drain()
-        st = m.flash.stats
-        assert st["misses"] > 0 and st["bytes"] == m.flash.bytes_read
+        st = _runs_as_in_memory(m, want, want_gen)
         assert st["bytes"] == (st["misses"] + st["prefetched"]) * st["read_bytes"]
         if slots is None:
             assert st["misses"] + st["prefetched"] <= st["experts"] == 3 * 8
@@ -232,12 +238,7 @@ def test_gguf_experts_of_every_type_read_from_the_file_equal_its_in_memory_load(
     want, want_gen = ref.logits(IDS), ref.generate_ids(IDS[:6], 10)
     for slots in (None, 1):
         with flash(path, slots) as m:
-            np.testing.assert_array_equal(m.logits(IDS), want)
-            m.reset()
-            assert m.generate_ids(IDS[:6], 10) == want_gen
-            m.flash.experts.drain()
-            st = m.flash.stats
-            assert st["misses"] > 0 and st["bytes"] == m.flash.bytes_read
+            st = _runs_as_in_memory(m, want, want_gen)
             files = m.flash.files
             assert len(files.kinds) == (1 if name == "MXFP4" else 2)
             assert st["expert_bytes"] == max(g.nbytes for g, _ in files.kinds) + max(d.nbytes for _, d in files.kinds)

@@ -37,7 +37,22 @@ MAX_GAP = 4096   # a gap between an expert's gate_up and down read along rather 
 GGUF_BITS = {"Q4_0": 4, "Q8_0": 8}   # the GGUF expert types whose codes move into our layouts
 
 
-class ExpertFile:
+class _Kinds:
+    """A file's kinds of layer: ``kinds`` the distinct (gate_up, down) geometries, ``_kind`` each
+    layer's index into them, ``_read`` what one of a layer's experts reads."""
+
+    def kind(self, layer: int) -> int:
+        return self._kind[layer]
+
+    def read_bytes_of(self, layer: int) -> int:
+        return self._read[layer]
+
+    def expert_bytes_of(self, layer: int) -> int:
+        gu, d = self.kinds[self._kind[layer]]
+        return gu.nbytes + d.nbytes
+
+
+class ExpertFile(_Kinds):
     """Where each (layer, expert)'s gate_up and down are in a converted model file, and their geometry
     (one per layer: a layer's experts alike, the layers' kinds may differ)."""
 
@@ -87,16 +102,6 @@ class ExpertFile:
         self.scratch = np.empty(self.gap or 0, np.uint8)   # the gap's bytes land here (not kept)
         self.max_read = max(self._read) + self.gap if self.gap is not None else max(self.gate_up_bytes, self.down_bytes)
 
-    def kind(self, layer: int) -> int:
-        return self._kind[layer]
-
-    def read_bytes_of(self, layer: int) -> int:
-        return self._read[layer]
-
-    def expert_bytes_of(self, layer: int) -> int:
-        gu, d = self.kinds[self._kind[layer]]
-        return gu.nbytes + d.nbytes
-
     def reads(self, layer: int, expert: int, gate_up: np.ndarray, down: np.ndarray) -> list:
         gs, ds = self.ranges[layer, expert]
         gu, dn = self.kinds[self._kind[layer]]
@@ -110,7 +115,7 @@ class ExpertFile:
         return self.reads(layer, expert, gate_up, down), None
 
 
-class GGUFExpertFile:
+class GGUFExpertFile(_Kinds):
     """Where each layer's stacked experts are in a GGUF file (``f``: ``gguf.file.GGUFFile``)."""
 
     def __init__(self, f, cfg, staging: int):
@@ -157,16 +162,6 @@ class GGUFExpertFile:
             return flash_layout.BlockGeometry(n, k, kind)
         bits = GGUF_BITS[kind]
         return flash_layout.Geometry(n, k, bits, 32, True, _core.native_layout(bits))   # pack_gguf_rows's layout
-
-    def kind(self, layer: int) -> int:
-        return self._kind[layer]
-
-    def read_bytes_of(self, layer: int) -> int:
-        return self._read[layer]
-
-    def expert_bytes_of(self, layer: int) -> int:
-        gu, d = self.kinds[self._kind[layer]]
-        return gu.nbytes + d.nbytes
 
     def reads(self, layer: int, expert: int, raw: np.ndarray) -> tuple:
         """The reads of the expert's gate, up and down slices into ``raw`` (a staging buffer),

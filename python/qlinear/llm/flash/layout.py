@@ -30,8 +30,29 @@ BUNDLES = "ffn_bundles"
 FLASH_META = "flash"
 
 
+class _Panels:
+    """Panels of 8 rows over the whole K, each ``nblocks`` storage blocks of ``block`` k and
+    ``block_bytes`` bytes (a subclass gives those two)."""
+
+    @property
+    def nblocks(self) -> int:
+        return -(-self.k // self.block)
+
+    @property
+    def panel_bytes(self) -> int:
+        return self.nblocks * self.block_bytes
+
+    @property
+    def npanels(self) -> int:
+        return -(-self.n // NR)
+
+    @property
+    def nbytes(self) -> int:
+        return self.npanels * self.panel_bytes
+
+
 @dataclass(frozen=True)
-class Geometry:
+class Geometry(_Panels):
     """A packed weight's byte geometry (as ``make_geometry`` in layout.cc)."""
 
     n: int
@@ -48,24 +69,8 @@ class Geometry:
         return min(-(-self.k // 32) * 32, 256)
 
     @property
-    def nblocks(self) -> int:
-        return -(-self.k // self.block)
-
-    @property
     def block_bytes(self) -> int:
         return NR * self.block * self.bits // 8 + NR * 2 * (1 if self.symmetric else 2)
-
-    @property
-    def panel_bytes(self) -> int:
-        return self.nblocks * self.block_bytes
-
-    @property
-    def npanels(self) -> int:
-        return -(-self.n // NR)
-
-    @property
-    def nbytes(self) -> int:
-        return self.npanels * self.panel_bytes
 
     @classmethod
     def of_entry(cls, e: dict) -> "Geometry | BlockGeometry":
@@ -83,7 +88,7 @@ class Geometry:
 
 
 @dataclass(frozen=True)
-class BlockGeometry:
+class BlockGeometry(_Panels):
     """A block-format weight's byte geometry (``qlinear.blocks``; make_block_geometry in
     block_format.cc): panels of 8 rows, each a sequence of storage blocks (one super-block of the
     8 rows: 8 x the file's bytes per super-block), the same bytes on every CPU."""
@@ -102,24 +107,8 @@ class BlockGeometry:
         return self._f.super
 
     @property
-    def nblocks(self) -> int:
-        return -(-self.k // self.block)
-
-    @property
     def block_bytes(self) -> int:
         return NR * self._f.file_bytes
-
-    @property
-    def panel_bytes(self) -> int:
-        return self.nblocks * self.block_bytes
-
-    @property
-    def npanels(self) -> int:
-        return -(-self.n // NR)
-
-    @property
-    def nbytes(self) -> int:
-        return self.npanels * self.panel_bytes
 
     def to_entry(self) -> dict:
         return {"shape": [self.n, self.k], "format": self.format}
