@@ -41,6 +41,12 @@ class _Kinds:
     """A file's kinds of layer: ``kinds`` the distinct (gate_up, down) geometries, ``_kind`` each
     layer's index into them, ``_read`` what one of a layer's experts reads."""
 
+    def _add_layer(self, geoms: tuple) -> None:
+        """The next layer's (gate_up, down) geometries: a kind of its own, or one seen before."""
+        if geoms not in self.kinds:
+            self.kinds.append(geoms)
+        self._kind.append(self.kinds.index(geoms))
+
     def kind(self, layer: int) -> int:
         return self._kind[layer]
 
@@ -87,10 +93,7 @@ class ExpertFile(_Kinds):
             if len(geoms) != 1:
                 raise ValueError(f"{path}: layer {i}'s experts are quantized differently; memory='flash' reads "
                                  "one geometry a layer")
-            g = geoms.pop()
-            if g not in self.kinds:
-                self.kinds.append(g)
-            self._kind.append(self.kinds.index(g))
+            self._add_layer(geoms.pop())
         flash_layout.check_readable([g for kind in self.kinds for g in kind], self.path)
         self.gate_up_bytes = max(g.nbytes for g, _ in self.kinds)
         self.down_bytes = max(d.nbytes for _, d in self.kinds)
@@ -138,13 +141,9 @@ class GGUFExpertFile(_Kinds):
             if types[0] != types[1]:
                 raise ValueError(f"{self.path}: layer {i}'s expert gate is {types[0]} and its up {types[1]}; "
                                  "memory='flash' reads the two in one type (they are one fused weight)")
-            geoms = (self._geometry(types[0], 2 * M, H), self._geometry(types[2], H, M), types[0], types[2])
-            if geoms not in self.kinds:
-                self.kinds.append(geoms)
-            self._kind.append(self.kinds.index(geoms))
+            self._add_layer((self._geometry(types[0], 2 * M, H), self._geometry(types[2], H, M)))
             self._read.append(sum(size for _, size, _ in parts))
             self.ranges[i] = parts
-        self.kinds = [(gu, d) for gu, d, *_ in self.kinds]
         self.gate_up_bytes = max(g.nbytes for g, _ in self.kinds)
         self.down_bytes = max(d.nbytes for _, d in self.kinds)
         self.expert_bytes = self.gate_up_bytes + self.down_bytes   # a slot: the largest of each
