@@ -11,7 +11,7 @@ from .. import _core
 from .._packed import PackedWeight
 from .config import ModelConfig
 from .runtime.embedding import MemoryEmbedding, ScaledEmbedding, embed_scale
-from .runtime.layers import Attention, Block, CappedLinear, Linear, Rope
+from .runtime.layers import Attention, Block, CappedLinear, GatedAttention, Linear, Rope
 from .runtime.model import Model
 from .options import Options
 from .source import Source
@@ -23,16 +23,31 @@ def ropes(cfg: ModelConfig, max_context: int, inv_freq=None) -> tuple:
     return rope, Rope(cfg, max_context, local=True) if cfg.rope_local_theta is not None else rope
 
 
-def make_block(cfg: ModelConfig, i: int, linear: Callable, vector: Callable, rope: Rope, local_rope: Rope) -> Block:
-    """Block ``i`` of ``cfg``'s architecture from our named tensors: ``linear(name, shape)`` and
-    ``vector(name, n)`` give its layers and norms."""
-    H, I, d, p = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, f"layers.{i}."
+def token_mixer(cfg: ModelConfig, i: int, linear: Callable, vector: Callable, rope: Rope):
+    """Layer ``i``'s attention (gated: Qwen3.5) or, in a hybrid, its Gated DeltaNet."""
+    H, d, p = cfg.hidden_size, cfg.head_dim, f"layers.{i}."
+    if cfg.mixer(i) == "delta":
+        from .runtime.delta_net import GatedDeltaNet  # noqa: PLC0415
+
+        C, vd, nv = cfg.delta_conv_dim, cfg.delta_v_heads * cfg.delta_v_dim, cfg.delta_v_heads
+        return GatedDeltaNet(cfg, i, linear(p + "delta_in", (C + vd + 2 * nv, H)), linear(p + "delta_out", (H, vd)),
+                             vector(p + "conv", (C, 1, cfg.conv_kernel)), vector(p + "dt_bias", nv),
+                             vector(p + "a_log", nv), vector(p + "delta_norm", cfg.delta_v_dim))
     if cfg.qk_norm_whole:  # OLMoE: one norm over all heads of q, one over all of k
         qk = (vector(p + "q_norm", cfg.q_size), vector(p + "k_norm", cfg.kv_size))
     else:
         qk = (vector(p + "q_norm", d), vector(p + "k_norm", d)) if cfg.qk_norm else ()
-    attn = Attention(cfg, i, linear(p + "qkv", (cfg.q_size + 2 * cfg.kv_size, H)),
-                     linear(p + "o", (H, cfg.q_size)), local_rope if cfg.window(i) else rope, *qk)
+    gate = cfg.q_size if cfg.attn_output_gate else 0
+    kind = GatedAttention if gate else Attention
+    return kind(cfg, i, linear(p + "qkv", (cfg.q_size + 2 * cfg.kv_size + gate, H)), linear(p + "o", (H, cfg.q_size)),
+                rope, *qk)
+
+
+def make_block(cfg: ModelConfig, i: int, linear: Callable, vector: Callable, rope: Rope, local_rope: Rope) -> Block:
+    """Block ``i`` of ``cfg``'s architecture from our named tensors: ``linear(name, shape)`` and
+    ``vector(name, n)`` give its layers and norms."""
+    H, I, p = cfg.hidden_size, cfg.intermediate_size, f"layers.{i}."
+    attn = token_mixer(cfg, i, linear, vector, local_rope if cfg.window(i) else rope)
     if cfg.num_experts:  # routed experts (Qwen3-MoE, OLMoE)
         from .runtime.moe import MoeBlock  # noqa: PLC0415
 
@@ -83,10 +98,11 @@ def build_model(source: Source, opts: Options, max_context: int) -> Model:
             return cls(np.asarray(w, np.float32), bias, act="float", **extra)
         return cls(w, bias, act=act, act_block=opts.act_block, **extra)
 
-    def vector(name, n):
+    def vector(name, n):  # n: a length, or a shape
         v = np.array(need(name), dtype=np.float32)
-        if v.shape != (n,):
-            raise ValueError(f"tensor {name!r} has shape {v.shape}, expected ({n},)")
+        shape = tuple(n) if isinstance(n, tuple) else (n,)
+        if v.shape != shape:
+            raise ValueError(f"tensor {name!r} has shape {v.shape}, expected {shape}")
         return v
 
     H = cfg.hidden_size

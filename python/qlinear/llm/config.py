@@ -52,6 +52,17 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     shared_expert_size: int = 0            # a shared expert every token runs, gated (Qwen2-MoE)
+    # hybrids (Qwen3.5): the token mixer per layer, "attention" or "delta" (Gated DeltaNet: a
+    # causal depthwise conv over q / k / v, then the gated delta rule over a state of
+    # delta_k_dim x delta_v_dim per value head); None: attention everywhere
+    mixers: Optional[tuple] = None
+    attn_output_gate: bool = False         # attention's output times sigmoid(gate), the gate a q-sized projection
+    rotary_dim: int = 0                    # partial rotary: the leading rotary_dim of each head rotate (0: all)
+    delta_k_heads: int = 0
+    delta_v_heads: int = 0
+    delta_k_dim: int = 0
+    delta_v_dim: int = 0
+    conv_kernel: int = 0                   # the delta layers' causal conv width
 
     @property
     def q_size(self) -> int:
@@ -60,6 +71,20 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    def mixer(self, layer: int) -> str:
+        """Layer ``layer``'s token mixer: "attention" or "delta"."""
+        return "attention" if self.mixers is None else self.mixers[layer]
+
+    @property
+    def has_state(self) -> bool:
+        """Some layer carries a recurrent state (not KV rows) from position to position."""
+        return self.mixers is not None and any(m != "attention" for m in self.mixers)
+
+    @property
+    def delta_conv_dim(self) -> int:
+        """Channels of a delta layer's conv: q, k and v side by side."""
+        return 2 * self.delta_k_heads * self.delta_k_dim + self.delta_v_heads * self.delta_v_dim
 
     def window(self, layer: int) -> int:
         """Positions layer ``layer`` attends over (0: all before it)."""
@@ -76,6 +101,7 @@ class ModelConfig:
                 raise ValueError(f"{where}: field {key!r} is missing or invalid ({v!r})")
             return v
 
+        hf = archs.text_part(hf, where)  # a multimodal checkpoint's text model
         arch = archs.get(hf.get("model_type"), where)
         hidden, heads, layers = need("hidden_size"), need("num_attention_heads"), need("num_hidden_layers")
         kv_heads = hf.get("num_key_value_heads") or heads
@@ -99,7 +125,10 @@ class ModelConfig:
         features = arch.features(hf, where)
         bias = arch.attention_bias if arch.attention_bias is not None else bool(hf.get("attention_bias", False))
         return cls(
-            arch=arch.model_type, hidden_size=hidden, intermediate_size=need("intermediate_size"),
+            arch=arch.model_type, hidden_size=hidden,
+            # a routed model without dense layers may leave the dense width out (Qwen3.5-MoE)
+            intermediate_size=(features["moe_intermediate_size"] if "intermediate_size" not in hf
+                               and features.get("num_experts") else need("intermediate_size")),
             num_layers=layers, num_heads=heads, num_kv_heads=int(kv_heads),
             head_dim=int(head_dim), vocab_size=need("vocab_size"),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
@@ -120,8 +149,9 @@ class ModelConfig:
         if missing or not set(d) <= names:
             raise ValueError(f"{where}: bad model config (missing {sorted(missing)}, "
                              f"unknown {sorted(set(d) - names)})")
-        if d.get("layer_types") is not None:  # a list in JSON
-            d = {**d, "layer_types": tuple(d["layer_types"])}
+        for key in ("layer_types", "mixers"):  # lists in JSON
+            if d.get(key) is not None:
+                d = {**d, key: tuple(d[key])}
         return cls(**d)
 
 

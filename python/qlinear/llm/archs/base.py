@@ -23,13 +23,18 @@ LINEARS = ("qkv", "o", "gate_up", "down")
 ROUTED_LAYER = {k: v for k, v in LLAMA_LAYER.items() if k not in ("gate_up", "down")}  # the MLP: experts
 
 
-def layer_linears(cfg) -> list:
-    """Our names of a layer's quantized linears: LINEARS, or with routed experts the attention's
-    and every expert's (``experts.E.gate_up`` / ``experts.E.down``; the router stays float)."""
+MIXER_LINEARS = {"attention": ("qkv", "o"), "delta": ("delta_in", "delta_out")}
+
+
+def layer_linears(cfg, layer: int = 0) -> list:
+    """Our names of layer ``layer``'s quantized linears: its token mixer's (attention: qkv, o;
+    Gated DeltaNet: delta_in, delta_out), then the MLP's: gate_up, down, or with routed experts
+    every expert's (``experts.E.gate_up`` / ``experts.E.down``; the router stays float)."""
+    mixer = list(MIXER_LINEARS[cfg.mixer(layer)])
     if not cfg.num_experts:
-        return list(LINEARS)
+        return mixer + ["gate_up", "down"]
     shared = ["shared_gate_up", "shared_down"] if cfg.shared_expert_size else []
-    return ["qkv", "o"] + [f"experts.{e}.{n}" for e in range(cfg.num_experts) for n in ("gate_up", "down")] + shared
+    return mixer + [f"experts.{e}.{n}" for e in range(cfg.num_experts) for n in ("gate_up", "down")] + shared
 QK_NORMS = {"q_norm": ("self_attn.q_norm.weight",), "k_norm": ("self_attn.k_norm.weight",)}
 # where a routed MLP's tensors are (under model.layers.{i}.; "{e}": the expert's index)
 QWEN_EXPERTS = {"router": "mlp.gate.weight", "expert": "mlp.experts.{e}.", "gate": "gate_proj.weight",
@@ -76,3 +81,6 @@ class Arch:
     attention_bias: Optional[bool] = None   # always (Qwen2) / never; None: config.json's attention_bias
     tie_word_embeddings: bool = False       # the default when config.json leaves it out
     experts: dict = field(default_factory=lambda: dict(QWEN_EXPERTS))  # routed MLPs' tensor names
+    # hybrids: each token mixer's tensors (``ModelConfig.mixer``), beside ``layer``'s in every layer
+    mixer_layers: dict = field(default_factory=dict)
+    raw_norms: tuple = ()                   # norms stored as they are, whatever norm_offset says

@@ -109,6 +109,9 @@ def to_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
     raise ValueError(f"expected a float tensor, got {dtype}")
 
 
+TEXT_PREFIX = "model.language_model."
+
+
 class Checkpoint:
     """All ``*.safetensors`` files of a checkpoint directory, as one name -> tensor table."""
 
@@ -118,23 +121,36 @@ class Checkpoint:
         if not files:
             raise ValueError(f"{self.directory}: no *.safetensors files (only safetensors checkpoints "
                              "are read: no pickle-based .bin files)")
-        self._where = {}
+        self._where = {}  # name -> (file, the name in that file)
         for path in files:
             st = SafetensorsFile(path)
             for name in st.keys():
-                self._where[name] = st
+                self._where[name] = (st, name)
+        # a multimodal checkpoint keeps its text model under model.language_model. (Qwen3.5):
+        # read it under model. as a text-only one is (its other towers are not read)
+        if TEXT_PREFIX + "embed_tokens.weight" in self._where and "model.embed_tokens.weight" not in self._where:
+            for name in [n for n in self._where if n.startswith(TEXT_PREFIX)]:
+                self._where["model." + name[len(TEXT_PREFIX):]] = self._where[name]
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
 
     def file(self, name: str) -> SafetensorsFile:
+        return self._find(name)[0]
+
+    def _find(self, name: str) -> tuple:
         if name not in self._where:
             raise ValueError(f"{self.directory}: checkpoint has no tensor {name!r}")
         return self._where[name]
 
+    def location(self, name: str) -> tuple[int, str, tuple]:
+        st, real = self._find(name)
+        return st.location(real)
+
     def raw(self, name: str) -> tuple[np.ndarray, str]:
-        st = self.file(name)
-        return st.raw(name), st.dtype(name)
+        st, real = self._find(name)
+        return st.raw(real), st.dtype(real)
 
     def float32(self, name: str) -> np.ndarray:
-        return self.file(name).float32(name)
+        st, real = self._find(name)
+        return st.float32(real)

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..._packed import pack_weight
 from .. import archs
-from ..archs.base import LINEARS, layer_linears
+from ..archs.base import LINEARS, layer_linears  # noqa: F401  (LINEARS: gptq's)
 from ..config import ModelConfig
 from ..runtime.embedding import EmbeddingFile
 from ..source import trim_heap
@@ -54,7 +54,7 @@ def open_checkpoint(d: Path, opts: Options) -> tuple:
     tokenizer = Tokenizer.from_dir(d, extra_stop_ids=stop_ids(cfg.eos_token_id))
     ckpt = Checkpoint(d)
     st = ckpt.file(EMBEDDING)
-    offset, dtype, shape = st.location(EMBEDDING)
+    offset, dtype, shape = ckpt.location(EMBEDDING)
     if dtype not in _DTYPES or tuple(shape) != (cfg.vocab_size, cfg.hidden_size):
         raise ValueError(f"{d}: embedding is {dtype} {shape}, expected float [{cfg.vocab_size}, {cfg.hidden_size}]")
     embedding = EmbeddingFile(st.path, offset, cfg.vocab_size, cfg.hidden_size, _DTYPES[dtype])
@@ -73,7 +73,7 @@ def _tensors(ckpt: Checkpoint, cfg: ModelConfig, opts: Options, rows: Optional[n
     bar = progress(cfg.num_layers + 1, "quantizing" if opts.bits else "loading", progress_bar, leave=bar_leave)
     for i in range(cfg.num_layers):
         layer = layer_tensors(ckpt, cfg, i)
-        for n in layer_linears(cfg):
+        for n in layer_linears(cfg, i):
             layer[f"layers.{i}.{n}"] = quantize(layer[f"layers.{i}.{n}"])
         out.update(layer)
         del layer
@@ -89,14 +89,16 @@ def _tensors(ckpt: Checkpoint, cfg: ModelConfig, opts: Options, rows: Optional[n
 
 def layer_tensors(ckpt: Checkpoint, cfg: ModelConfig, i: int) -> dict:
     """Block ``i``'s tensors under our names, float32, nothing quantized: the architecture's
-    tensors fused along N (q/k/v, gate/up) with their biases, its norms (Gemma's ``w - 1``
-    stored norms with the 1 added back)."""
+    tensors (a hybrid's: its token mixer's too) fused along N (q/k/v, gate/up) with their biases,
+    its norms (Gemma's and Qwen3.5's ``w - 1`` stored norms with the 1 added back) and vectors."""
     arch = archs.get(cfg.arch)
     p, out = f"model.layers.{i}.", {}
-    for ours, names in arch.layer.items():
+    linears = set(layer_linears(cfg, i))
+    for ours, names in {**arch.layer, **arch.mixer_layers.get(cfg.mixer(i), {})}.items():
         names = [p + n for n in names]
-        if ours not in LINEARS:
-            out[f"layers.{i}.{ours}"] = _norm(ckpt, arch, names[0])
+        if ours not in linears:
+            raw = ours in arch.raw_norms or not ours.endswith("norm")
+            out[f"layers.{i}.{ours}"] = ckpt.float32(names[0]) if raw else _norm(ckpt, arch, names[0])
             continue
         out[f"layers.{i}.{ours}"] = _fused(ckpt, names)
         biases = [n[:-len("weight")] + "bias" for n in names]
@@ -108,16 +110,64 @@ def layer_tensors(ckpt: Checkpoint, cfg: ModelConfig, i: int) -> dict:
     if cfg.num_experts:  # the router, float; each expert's gate / up fused, and its down
         names = arch.experts
         out[f"layers.{i}.router"] = ckpt.float32(p + names["router"])
-        for e in range(cfg.num_experts):
-            x = p + names["expert"].format(e=e)
-            out[f"layers.{i}.experts.{e}.gate_up"] = _fused(ckpt, [x + names["gate"], x + names["up"]])
-            out[f"layers.{i}.experts.{e}.down"] = ckpt.float32(x + names["down"])
+        out.update(_experts(ckpt, cfg, i, p, names))
     if cfg.shared_expert_size:  # Qwen2-MoE: the shared expert and its gate (a [1, hidden] row, float)
         x = p + "mlp.shared_expert."
         out[f"layers.{i}.shared_gate_up"] = _fused(ckpt, [x + "gate_proj.weight", x + "up_proj.weight"])
         out[f"layers.{i}.shared_down"] = ckpt.float32(x + "down_proj.weight")
         out[f"layers.{i}.shared_gate"] = ckpt.float32(p + "mlp.shared_expert_gate.weight").reshape(-1)
+    if cfg.attn_output_gate and cfg.mixer(i) == "attention":
+        gated_attention_tensors(cfg, i, out)
     return out
+
+
+def _experts(ckpt: Checkpoint, cfg: ModelConfig, i: int, p: str, names: dict) -> dict:
+    """Each expert's gate_up and down: from one tensor per expert and projection, or from the
+    experts stacked (transformers 5's form: ``mlp.experts.gate_up_proj`` [E, 2M, H] and
+    ``mlp.experts.down_proj`` [E, H, M])."""
+    out, E = {}, cfg.num_experts
+    stacked = p + names["expert"].split("{e}")[0]  # "mlp.experts."
+    if stacked + "gate_up_proj" in ckpt:
+        gate_up, down = ckpt.float32(stacked + "gate_up_proj"), ckpt.float32(stacked + "down_proj")
+        M, H = cfg.moe_intermediate_size, cfg.hidden_size
+        if gate_up.shape != (E, 2 * M, H) or down.shape != (E, H, M):
+            raise ValueError(f"{ckpt.directory}: layer {i}'s stacked experts are {gate_up.shape} / {down.shape}, "
+                             f"expected {(E, 2 * M, H)} / {(E, H, M)}")
+        for e in range(E):
+            out[f"layers.{i}.experts.{e}.gate_up"] = np.ascontiguousarray(gate_up[e])
+            out[f"layers.{i}.experts.{e}.down"] = np.ascontiguousarray(down[e])
+        return out
+    for e in range(E):
+        x = p + names["expert"].format(e=e)
+        out[f"layers.{i}.experts.{e}.gate_up"] = _fused(ckpt, [x + names["gate"], x + names["up"]])
+        out[f"layers.{i}.experts.{e}.down"] = ckpt.float32(x + names["down"])
+    return out
+
+
+def gated_attention_tensors(cfg: ModelConfig, i: int, out: dict) -> None:
+    """Qwen3.5's attention in our layout, in place: ``q_proj`` interleaves each head's query and
+    output gate; ours is [q, k, v, gate] along N, q / k (and their head norms) in the order the
+    partial rotary wants (``layers.rotary_order``)."""
+    from ..runtime.layers import rotary_order  # noqa: PLC0415
+
+    heads, kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    order = rotary_order(d, cfg.rotary_dim)
+    for suffix in ("", ".bias"):
+        key = f"layers.{i}.qkv{suffix}"
+        if key not in out:
+            continue
+        w = out[key]
+        rest = w.shape[1:]
+        qg = w[:2 * heads * d].reshape(heads, 2, d, *rest)
+        k = w[2 * heads * d:2 * heads * d + kv * d].reshape(kv, d, *rest)
+        v = w[2 * heads * d + kv * d:]
+        if v.shape[0] != kv * d:
+            raise ValueError(f"layer {i}: q_proj / k_proj / v_proj give {w.shape[0]} rows, expected "
+                             f"{2 * heads * d + 2 * kv * d} (a query and a gate per head)")
+        out[key] = np.concatenate([qg[:, 0][:, order].reshape(-1, *rest), k[:, order].reshape(-1, *rest), v,
+                                   qg[:, 1].reshape(-1, *rest)])
+    for norm in ("q_norm", "k_norm"):
+        out[f"layers.{i}.{norm}"] = np.ascontiguousarray(out[f"layers.{i}.{norm}"][order])
 
 
 def _norm(ckpt: Checkpoint, arch, name: str) -> np.ndarray:  # Gemma stores RMSNorm weights as w - 1

@@ -1,5 +1,6 @@
 """The KV cache: every layer's keys and values, preallocated, lazily resident; sliding-window
-layers as rings; and the rollback of positions a speculative run computed but did not keep."""
+layers as rings; a hybrid's recurrent layers' fixed-size states; and the rollback of positions a
+speculative run computed but did not keep."""
 
 from __future__ import annotations
 
@@ -32,7 +33,18 @@ class KVCache:
     layer holds ``capacity`` positions, else a list of the layers' arrays."""
 
     def __init__(self, cfg: ModelConfig, capacity: int, dtype=np.float32):
-        caps = [min(capacity, cfg.window(i) or capacity) for i in range(cfg.num_layers)]
+        # a recurrent layer (Gated DeltaNet) holds no rows: its state, float32 whatever dtype
+        caps = [0 if cfg.mixer(i) != "attention" else min(capacity, cfg.window(i) or capacity)
+                for i in range(cfg.num_layers)]
+        self.states = [None] * cfg.num_layers  # per recurrent layer: [conv inputs, state]
+        if cfg.has_state:
+            from .delta_net import GatedDeltaNet  # noqa: PLC0415
+
+            shapes = GatedDeltaNet.state_shapes(cfg)
+            self.states = [[np.zeros(s, np.float32) for s in shapes] if cfg.mixer(i) == "delta" else None
+                           for i in range(cfg.num_layers)]
+        self.journal = None  # a guarded run's recurrent rows (delta_net), for a rollback
+        self._state_saved = None
         self.windows = [c if c < capacity else 0 for c in caps]
         if len(set(caps)) == 1:
             shape = (cfg.num_layers, cfg.num_kv_heads, caps[0], cfg.head_dim)
@@ -48,7 +60,19 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (*self.k, *self.v)) if isinstance(self.k, list) else self.k.nbytes + self.v.nbytes
+        rows = sum(a.nbytes for a in (*self.k, *self.v)) if isinstance(self.k, list) else self.k.nbytes + self.v.nbytes
+        return rows + sum(a.nbytes for st in self.states if st is not None for a in st)
+
+    @property
+    def has_state(self) -> bool:
+        """Some layer holds a recurrent state: it resumes only where the cache is (or from 0)."""
+        return any(st is not None for st in self.states)
+
+    def reset_states(self) -> None:
+        for st in self.states:
+            if st is not None:
+                for a in st:
+                    a.fill(0)
 
     @property
     def max_run(self) -> int:
@@ -63,6 +87,9 @@ class KVCache:
         if count > self.max_run:
             raise ValueError(f"a guarded run of {count} positions exceeds the smallest sliding window ({self.max_run})")
         self._saved = []
+        if self.has_state:  # the states before the run, and its rows from here on
+            self._state_saved = (start, [None if st is None else [a.copy() for a in st] for st in self.states])
+            self.journal = []
         for i, w in enumerate(self.windows):
             for pos in range(max(start, w), start + count) if w else ():
                 slot = pos % w
@@ -73,13 +100,35 @@ class KVCache:
         they took (since the last ``guard``) get back what they held."""
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back to {length} positions: the cache holds {self.length}")
+        if self.has_state and length != self.length:
+            self._roll_states_back(length)
         for i, pos, k, v in self._saved:
             if pos >= length:
                 slot = pos % self.windows[i]
                 self.k[i][:, slot], self.v[i][:, slot] = k, v
-        self._saved = []
+        self.forget_saved()
         self.length, self.ids, self.prefilled = length, self.ids[:length], min(self.prefilled, length)
+
+    def _roll_states_back(self, length: int) -> None:
+        """The recurrent states at ``length``: zero at 0; else those before the last guarded run
+        (which must cover ``length``) with its first rows replayed."""
+        if length == 0:
+            self.reset_states()
+            return
+        if self._state_saved is None or not self._state_saved[0] <= length:
+            raise ValueError(f"cannot roll a recurrent state back to position {length}: the cache holds "
+                             f"{self.length} and no guarded run covers it")
+        start, saved = self._state_saved
+        for st, before in zip(self.states, saved):
+            if st is not None:
+                for a, b in zip(st, before):
+                    a[:] = b
+        for rows in self.journal:  # (layer, start, ...): each layer's calls in order
+            layer, first = rows[0], rows[1]
+            if first < length:
+                layer.replay(*self.states[layer.layer], rows, min(length - first, rows[2].shape[0]))
 
     def forget_saved(self) -> None:
         """Drop what the last ``guard`` kept (the positions it covered are being rewritten)."""
         self._saved = []
+        self._state_saved, self.journal = None, None

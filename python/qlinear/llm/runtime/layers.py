@@ -105,8 +105,10 @@ class Rope:
         factor = 1.0
         if inv_freq is None:
             theta = cfg.rope_local_theta if local else cfg.rope_theta
-            inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+            r = cfg.rotary_dim or d  # partial rotary: the rest at frequency 0 (see rotary_order)
+            inv_freq = 1.0 / (theta ** (np.arange(0, r, 2, dtype=np.float64) / r))
             inv_freq, factor = _scaled_inv_freq(inv_freq, None if local else cfg.rope_scaling, max_positions)
+            inv_freq = np.concatenate([inv_freq, np.zeros((d - r) // 2)])
         elif np.shape(inv_freq) != (d // 2,):
             raise ValueError(f"RoPE frequencies must have shape ({d // 2},), got {np.shape(inv_freq)}")
         inv_freq = np.asarray(inv_freq, np.float64)
@@ -165,8 +167,12 @@ class Attention:
         self.softcap = float(cfg.attn_softcap or 0.0)
 
     def __call__(self, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
+        return self.o(self.attend(self.qkv(x), cache, start))
+
+    def attend(self, qkv: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
+        """The heads' outputs [tokens, q_size] of projected rows ``qkv`` at positions start..:
+        head norms, RoPE, the cache updated, attention over it."""
         cfg = self.cfg
-        qkv = self.qkv(x)
         if self.q_norm is not None:
             _per_head_norm(qkv, 0, cfg.q_size, self.q_norm, cfg.rms_norm_eps)
         if self.k_norm is not None:
@@ -175,14 +181,45 @@ class Attention:
             np.clip(qkv, -cfg.clip_qkv, cfg.clip_qkv, out=qkv)
         k, v, ring = cache.k[self.layer], cache.v[self.layer], cache.windows[self.layer]
         rope, heads, scale = self.rope, cfg.num_heads, float(self.scale)
-        if x.shape[0] == 1:  # decode: RoPE, cache update and attention in one call
-            return self.o(_core.attend_one(qkv, rope.cos, rope.sin, start, k, v, heads, scale,
-                                           window=ring, softcap=self.softcap))
+        if qkv.shape[0] == 1:  # decode: RoPE, cache update and attention in one call
+            return _core.attend_one(qkv, rope.cos, rope.sin, start, k, v, heads, scale,
+                                    window=ring, softcap=self.softcap)
         # prefill: RoPE, cache update and causal attention (blocked, online softmax) in one call
-        if not ring or start + x.shape[0] <= ring:
-            return self.o(_core.attend_prefill(qkv, rope.cos, rope.sin, start, k, v, heads, scale,
-                                               window=self.window, softcap=self.softcap))
-        return self.o(_ring_prefill(qkv, rope, start, k, v, heads, scale, ring, self.softcap))
+        if not ring or start + qkv.shape[0] <= ring:
+            return _core.attend_prefill(qkv, rope.cos, rope.sin, start, k, v, heads, scale,
+                                        window=self.window, softcap=self.softcap)
+        return _ring_prefill(qkv, rope, start, k, v, heads, scale, ring, self.softcap)
+
+
+class GatedAttention(Attention):
+    """Attention whose heads' outputs are gated before ``o``: times sigmoid(gate), the gate a
+    q-sized projection of the same input (Qwen3.5). ``qkv`` projects [q, k, v, gate] along N."""
+
+    def __call__(self, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
+        cfg = self.cfg
+        y = self.qkv(x)
+        width = cfg.q_size + 2 * cfg.kv_size
+        heads = self.attend(np.ascontiguousarray(y[:, :width]), cache, start)
+        return self.o(heads * sigmoid(y[:, width:]))
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return (1.0 / (1.0 + np.exp(-x))).astype(np.float32, copy=False)
+
+
+def rotary_order(head_dim: int, rotary_dim: int) -> np.ndarray:
+    """The order of a head's dimensions under partial rotary (the leading ``rotary_dim`` rotate
+    in rotate-half pairs (j, j + rotary_dim / 2), the rest pass through) that makes it full-width
+    rotate-half: pairs (j, j + head_dim / 2), the passing dimensions at frequency 0 (cos 1, sin 0).
+    Queries and keys alike reordered (and their head norms), so attention's dot products are the
+    same; the RoPE tables carry the zero frequencies (``Rope``). ``new[j] = old[order[j]]``."""
+    d, r = head_dim, rotary_dim
+    if not r or r == d:
+        return np.arange(d)
+    if r % 2 or (d - r) % 2 or not 0 < r < d:
+        raise ValueError(f"partial rotary of {r} of {d} dimensions: both must be even, {r} < {d}")
+    rh, rest = r // 2, (d - r) // 2
+    return np.concatenate([np.arange(rh), r + np.arange(rest), rh + np.arange(rh), r + rest + np.arange(rest)])
 
 
 def _ring_prefill(qkv, rope: Rope, start: int, k: np.ndarray, v: np.ndarray, heads: int, scale: float,
@@ -241,6 +278,8 @@ def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache)
         return None
     cfg = blocks[0].cfg
     if cfg.qk_norm_whole or cfg.clip_qkv is not None:  # the compiled step: per-head norms, no clamp
+        return None
+    if any(type(b.attention) is not Attention for b in blocks):  # gated attention, recurrent layers
         return None
     mlps = [m for b in blocks if b.gate_up is not None for m in (b.gate_up, b.down)]
     linears = [lm_head] + [m for b in blocks for m in (b.attention.qkv, b.attention.o)] + mlps

@@ -56,6 +56,8 @@ def own_prefix(cache: KVCache, ids: Sequence[int]) -> int:
         common += 1
     if any(cache.windows) and cache.length > common + 1:
         return 0
+    if cache.has_state and common != cache.length:  # a recurrent state is only where the cache is
+        return 0
     return common
 
 
@@ -127,11 +129,13 @@ class PrefixCache:
         ``count``: in the figures (lookups, hits, tokens)."""
         ids = [int(i) for i in ids]
         own = own_prefix(cache, ids)
-        found = self._longest(cache, ids, own)
+        found = [] if cache.has_state else self._longest(cache, ids, own)
         start = own
         if found:
             start = found[-1][2]
             self._copy_in(cache, found, own)
+        if start == 0 and cache.has_state:
+            cache.reset_states()
         cache.length, cache.ids, cache.prefilled = start, ids[:start], start
         cache.forget_saved()
         if count:
@@ -210,7 +214,7 @@ class PrefixCache:
     # -- keeping ------------------------------------------------------------------------------------
     def store(self, cache: KVCache) -> None:
         """Keep the rows ``cache`` holds as a prefill computed them: its whole blocks and its tail."""
-        if not self.budget:
+        if not self.budget or cache.has_state:
             return
         self._check(cache)
         count = min(cache.prefilled, cache.length)

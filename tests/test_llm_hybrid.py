@@ -1,0 +1,239 @@
+"""Hybrid models (Qwen3.5 dense and MoE: Gated DeltaNet layers beside gated attention) on small
+random checkpoints written here (``synthetic``; transformers 4.x has no class for them): their
+logits against transformers 5.x (the tests that need it skip without it, and fail so with
+QLINEAR_REQUIRE_TRANSFORMERS5=1, as CI's transformers-5 environment sets), the recurrent state's
+rules (docs/semantics.md, "Recurrent state"), and what a hostile file gets."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("safetensors")
+
+from qlinear import llm  # noqa: E402
+from qlinear.llm import synthetic  # noqa: E402
+from qlinear.llm.runtime import delta_net, prefix_cache  # noqa: E402
+from qlinear.llm.runtime.speculative import Speculation  # noqa: E402
+
+SHAPE = dict(hidden_size=128, intermediate_size=352, num_attention_heads=4, num_key_value_heads=2,
+             num_hidden_layers=4, vocab_size=1024)  # layers 0-2 Gated DeltaNet, layer 3 attention
+FORMS = {"qwen3_5": ("qwen3_5", {}), "qwen3_5_moe": ("qwen3_5_moe", {}),
+         "qwen3_5_multimodal": ("qwen3_5", {"multimodal": True}),
+         "qwen3_5_moe_multimodal": ("qwen3_5_moe", {"multimodal": True})}
+IDS = [int(t) for t in np.random.default_rng(7).integers(0, 1000, 150)]  # three chunks of 64
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hybrid")
+    return {name: synthetic.make_checkpoint(root / name, arch, seed=0, norm_noise=0.1, **SHAPE, **extra)
+            for name, (arch, extra) in FORMS.items()}
+
+
+@pytest.fixture(scope="module")
+def transformers5():
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        transformers = None
+    if transformers is None or int(transformers.__version__.split(".")[0]) < 5:
+        why = "needs transformers 5.x (Qwen3.5's classes); CI runs it in its transformers-5 environment"
+        if os.environ.get("QLINEAR_REQUIRE_TRANSFORMERS5"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return torch, transformers
+
+
+def reference_logits(transformers5, path, ids):
+    torch, transformers = transformers5
+    cfg = json.loads((path / "config.json").read_text())
+    auto = transformers.AutoModelForImageTextToText if "text_config" in cfg else transformers.AutoModelForCausalLM
+    model = auto.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def cosines(a, b):
+    return np.sum(a * b, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_float_weights_match_transformers(checkpoints, transformers5, form):
+    """150 positions: three 64-chunks of the delta rule's prefill (the last one partial)."""
+    ref = reference_logits(transformers5, checkpoints[form], IDS)
+    out = llm.load(checkpoints[form], bits=None, act="float", max_context=256, progress=False).logits(IDS)
+    assert np.abs(out - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+# Against the float path (which matches transformers above), mean cosine over 150 positions,
+# checkpoint seeds 0-4: dense int8 0.9990-0.9993, W4A8 g64 0.918-0.928; MoE int8 0.990-0.995 (router
+# near-ties flipped by the rounding, as Mixtral's), W4A8 0.90-0.93. Random weights make the
+# delta layers' q / k / v / z projections the sensitive ones: keeping delta_in in float lifts
+# W4A8 to 0.968, the other projections move it by < 0.01.
+MIN_COS = {("qwen3_5", 8): 0.999, ("qwen3_5", 4): 0.91, ("qwen3_5_moe", 8): 0.988, ("qwen3_5_moe", 4): 0.89}
+
+
+@pytest.mark.parametrize("form", ["qwen3_5", "qwen3_5_moe"])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_logits_stay_close(checkpoints, form, bits):
+    ref = llm.load(checkpoints[form], bits=None, act="float", max_context=256, progress=False).logits(IDS)
+    model = llm.load(checkpoints[form], bits=bits, group_size=64, act="int8", max_context=256, progress=False)
+    assert cosines(model.logits(IDS), ref).mean() >= MIN_COS[(form, bits)]
+
+
+def test_text_only_and_multimodal_forms_are_one_model(checkpoints):
+    """The published multimodal form (text_config, model.language_model. tensors, an MTP head
+    beside them) loads as the text-only checkpoint of the same weights does, bit for bit."""
+    for text, multi in (("qwen3_5", "qwen3_5_multimodal"), ("qwen3_5_moe", "qwen3_5_moe_multimodal")):
+        a = llm.load(checkpoints[text], bits=4, max_context=128, progress=False)
+        b = llm.load(checkpoints[multi], bits=4, max_context=128, progress=False)
+        assert a.config == b.config
+        np.testing.assert_array_equal(a.logits(IDS[:40]), b.logits(IDS[:40]))
+
+
+@pytest.mark.parametrize("form", ["qwen3_5", "qwen3_5_moe"])
+def test_decode_with_state_equals_full_forward(checkpoints, form):
+    """Greedy tokens decoded one at a time (the recurrent form) are the argmax of the
+    teacher-forced logits (the chunked form); the cache holds no rows for the delta layers."""
+    model = llm.load(checkpoints[form], bits=4, max_context=256, progress=False)
+    model.tokenizer.stop_ids = set()
+    assert [model.cache.k[i].shape[1] for i in range(4)] == [0, 0, 0, 256]
+    gen = model.generate_ids(IDS[:20], 30)
+    assert len(gen) == 30
+    full = model.logits(IDS[:20] + gen)
+    assert full[19:-1].argmax(-1).tolist() == gen
+    model.reset()
+    assert model.generate_ids(IDS[:20], 30) == gen  # reset zeroed the states
+
+
+def test_chunked_rule_equals_recurrent_rule():
+    """The two forms of the delta rule on the same inputs: the same outputs and final state to
+    float32 rounding, from a non-zero state, a start off a chunk boundary, grouped heads."""
+    rng = np.random.default_rng(0)
+    h, n, dk, dv = 4, 150, 16, 24
+    q, k = (rng.standard_normal((h, n, dk)).astype(np.float32) for _ in range(2))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    q /= np.linalg.norm(q, axis=-1, keepdims=True) * np.sqrt(dk)
+    v = rng.standard_normal((h, n, dv)).astype(np.float32)
+    beta = rng.uniform(0, 1, (n, h)).astype(np.float32)
+    g = -rng.uniform(0, 2, (n, h)).astype(np.float32)
+    s0 = rng.standard_normal((h, dk, dv)).astype(np.float32) * 0.1
+    s1, s2 = s0.copy(), s0.copy()
+    a = delta_net.chunked(s1, q, k, v, beta, g, start=37)
+    b = delta_net.recurrent(s2, q, k, v, beta, g)
+    np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * np.abs(b).max())
+    np.testing.assert_allclose(s1, s2, rtol=0, atol=2e-5 * np.abs(s2).max())
+
+
+def test_prefill_cut_at_chunk_multiples_is_exact(checkpoints, monkeypatch):
+    """Prefill cut into forwards at multiples of the delta rule's chunk (64, 128) gives the
+    logits of one pass bit for bit: chunks sit at absolute positions."""
+    model = llm.load(checkpoints["qwen3_5"], bits=4, max_context=256, progress=False)
+    one = model.logits(IDS)
+    for cut in (64, 128):
+        monkeypatch.setattr(prefix_cache, "PREFILL_CHUNK", cut)
+        np.testing.assert_array_equal(model.logits(IDS), one)
+
+
+def test_rollback_replays_the_state(checkpoints):
+    """A guarded run of 6 one-token steps rolled back to 2 of them: the states (conv inputs,
+    recurrent matrices) and the next logits are those of running the 2 alone, bit for bit."""
+    model = llm.load(checkpoints["qwen3_5"], bits=4, max_context=256, progress=False)
+    model.prefill(IDS[:30])
+    cache = model.cache
+    cache.guard(30, 6)
+    for j, t in enumerate(IDS[30:36]):
+        model._forward([t], 30 + j)
+    cache.rollback(32)
+    after = model._forward([IDS[32]], 32)
+    states = [[a.copy() for a in st] for st in cache.states if st is not None]
+    twin = llm.load(checkpoints["qwen3_5"], bits=4, max_context=256, progress=False)
+    twin.prefill(IDS[:30])
+    for j, t in enumerate(IDS[30:32]):
+        twin._forward([t], 30 + j)
+    np.testing.assert_array_equal(twin._forward([IDS[32]], 32), after)
+    for st, ref in zip(states, [st for st in twin.cache.states if st is not None]):
+        for a, b in zip(st, ref):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="recurrent state back to position 10"):
+        cache.rollback(10)  # before the guarded run: no snapshot there
+
+
+@pytest.mark.parametrize("form", ["qwen3_5", "qwen3_5_moe"])
+def test_speculative_greedy_equals_plain(checkpoints, form):
+    """Drafts of 4 from the same weights with float activations (a hybrid draft model: its own
+    states guarded and rolled back too), mostly accepted, some rejected part way (the states
+    rolled back to the last accepted token): the tokens of plain greedy decoding. (n-gram
+    drafts never match a random model's text.)"""
+    model = llm.load(checkpoints[form], bits=4, max_context=512, progress=False)
+    draft = llm.load(checkpoints[form], bits=4, act="float", max_context=512, progress=False)
+    model.tokenizer.stop_ids = set()
+    plain = model.generate_ids(IDS[:40], 60)
+    spec = model.generate_ids(IDS[:40], 60, speculative=Speculation("draft", draft, max_draft=4, adaptive=False))
+    st = model.stats
+    assert spec == plain
+    assert st.draft_tokens > st.accepted_tokens > 0
+
+
+def test_a_second_turn_resumes_only_where_the_state_is(checkpoints):
+    """The state is at the cache's end: a prompt that extends what was prefilled resumes there
+    (the logits of prefilling it all, bit for bit); one that departs earlier starts from 0."""
+    model = llm.load(checkpoints["qwen3_5"], bits=4, max_context=512, progress=False)
+    fresh = llm.load(checkpoints["qwen3_5"], bits=4, max_context=512, progress=False)
+    model.prefill(IDS[:64])
+    np.testing.assert_array_equal(model.prefill(IDS[:130]), fresh.prefill(IDS[:130]))
+    assert model.stats.reused_tokens == 64
+    other = IDS[:50] + IDS[100:140]
+    np.testing.assert_array_equal(model.prefill(other), fresh.prefill(other))
+    assert model.stats.reused_tokens == 0
+
+
+# -- hostile files ---------------------------------------------------------------------------------
+def _edit(src, dst, config=None, drop=(), reshape=None):
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(src, dst)
+    if config is not None:
+        cfg = json.loads((dst / "config.json").read_text())
+        config(cfg)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    if drop or reshape:
+        w = load_file(str(dst / "model.safetensors"))
+        for name in drop:
+            del w[name]
+        for name, shape in (reshape or {}).items():
+            w[name] = np.zeros(shape, np.float32)
+        save_file(w, str(dst / "model.safetensors"))
+    return dst
+
+
+HOSTILE = {
+    "layer_types_length": (dict(config=lambda c: c["layer_types"].pop()), "layer_types must list 4"),
+    "layer_types_value": (dict(config=lambda c: c["layer_types"].__setitem__(0, "mamba")), "layer_types must list"),
+    "heads": (dict(config=lambda c: c.__setitem__("linear_num_value_heads", 3)), "not a multiple of"),
+    "rotary": (dict(config=lambda c: c["rope_parameters"].__setitem__("partial_rotary_factor", 1.5)),
+               "partial_rotary_factor"),
+    "conv_missing": (dict(drop=["model.layers.1.linear_attn.conv1d.weight"]), "conv1d.weight"),
+    "decay_missing": (dict(drop=["model.layers.0.linear_attn.A_log"]), "A_log"),
+    "conv_shape": (dict(reshape={"model.layers.2.linear_attn.conv1d.weight": (256, 1, 3)}), "layers.2.conv"),
+    "state_shape": (dict(config=lambda c: c.__setitem__("linear_value_head_dim", 8)), "has shape"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_files_are_refused(checkpoints, tmp_path, case):
+    edits, match = HOSTILE[case]
+    path = _edit(checkpoints["qwen3_5"], tmp_path / case, **edits)
+    with pytest.raises(ValueError, match=match):
+        llm.load(path, bits=4, max_context=64, progress=False)
+
+
+def test_multimodal_config_without_text_config_is_refused(checkpoints, tmp_path):
+    path = _edit(checkpoints["qwen3_5_multimodal"], tmp_path / "m", config=lambda c: c.pop("text_config"))
+    with pytest.raises(ValueError, match="text_config"):
+        llm.load(path, bits=4, max_context=64, progress=False)
