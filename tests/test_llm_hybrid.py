@@ -180,17 +180,52 @@ def test_speculative_greedy_equals_plain(checkpoints, form):
     assert st.draft_tokens > st.accepted_tokens > 0
 
 
-def test_a_second_turn_resumes_only_where_the_state_is(checkpoints):
-    """The state is at the cache's end: a prompt that extends what was prefilled resumes there
-    (the logits of prefilling it all, bit for bit); one that departs earlier starts from 0."""
+def test_a_second_turn_resumes_at_the_state_snapshot(checkpoints):
+    """A prefill keeps the states at the last multiple of 64 before its end; a next prompt that
+    shares that much (a conversation's next turn: the reply's rows came from decode steps)
+    resumes there: the logits and tokens of prefilling it all, bit for bit. One that departs
+    before it starts from 0; one that extends a cache prefilled to its end resumes at the end."""
     model = llm.load(checkpoints["qwen3_5"], bits=4, max_context=512, progress=False)
     fresh = llm.load(checkpoints["qwen3_5"], bits=4, max_context=512, progress=False)
-    model.prefill(IDS[:64])
-    np.testing.assert_array_equal(model.prefill(IDS[:130]), fresh.prefill(IDS[:130]))
-    assert model.stats.reused_tokens == 64
+    model.tokenizer.stop_ids = fresh.tokenizer.stop_ids = set()
+    turn = IDS[:150]
+    reply = model.generate_ids(turn, 20)
+    second = turn + reply + IDS[100:140]
+    np.testing.assert_array_equal(model.prefill(second), fresh.prefill(second))
+    assert model.stats.reused_tokens == 128
+    assert model.generate_ids(second, 20) == fresh.generate_ids(second, 20)
     other = IDS[:50] + IDS[100:140]
     np.testing.assert_array_equal(model.prefill(other), fresh.prefill(other))
     assert model.stats.reused_tokens == 0
+    model.logits(IDS[:64])  # prefilled to its end: resumed there
+    np.testing.assert_array_equal(model.prefill(IDS[:130]), fresh.prefill(IDS[:130]))
+    assert model.stats.reused_tokens == 64
+
+
+def test_prefix_cache_keeps_states_with_the_rows(checkpoints):
+    """The prefix store (the server's) keeps a state snapshot with the block where a prefill's
+    snapshot fell, beside the attention layers' rows: another cache resumes there exactly."""
+    model = llm.load(checkpoints["qwen3_5_moe"], bits=4, max_context=512, progress=False)
+    fresh = llm.load(checkpoints["qwen3_5_moe"], bits=4, max_context=512, progress=False)
+    store = prefix_cache.PrefixCache(64)
+    first = model.new_cache(512)
+    model.prefill_into(first, IDS[:140], 0, store)
+    assert store.nbytes > sum(a.nbytes for st in first.states if st is not None for a in st)
+    ids = IDS[:140] + IDS[10:60]
+    cache = model.new_cache(512)
+    start = store.restore(cache, ids)
+    assert start == 128
+    np.testing.assert_array_equal(model.prefill_into(cache, ids, start, store)[0], fresh.prefill(ids))
+
+
+def test_converted_model_equals_the_checkpoint(checkpoints, tmp_path):
+    from qlinear.llm.converted.convert import convert
+
+    for form in ("qwen3_5", "qwen3_5_moe_multimodal"):
+        out = convert(checkpoints[form], tmp_path / form, bits=4, progress=False)
+        a = llm.load(out, max_context=256, progress=False).logits(IDS)
+        b = llm.load(checkpoints[form], bits=4, max_context=256, progress=False).logits(IDS)
+        np.testing.assert_array_equal(a, b)
 
 
 # -- hostile files ---------------------------------------------------------------------------------

@@ -168,6 +168,31 @@ def test_scheduler_on_other_architectures(tmp_path, arch, extra, kv_cache):
     assert scheduler.speculative.accepted_tokens > 0
 
 
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
+def test_scheduler_on_hybrids(tmp_path, arch):
+    """Qwen3.5 (Gated DeltaNet layers: a recurrent state per sequence in its cache) and its MoE:
+    sequences joining and leaving the batch, greedy and sampled, each one's tokens those of
+    Model.generate_ids alone; a second turn of a conversation resumes at the state the
+    scheduler's prefix store kept with its rows, with the logits of a fresh prefill."""
+    path = synthetic.make_checkpoint(tmp_path / arch, arch=arch, shape="tiny", seed=3, norm_noise=0.1)
+    reference, model = load(path), load(path)
+    reference.tokenizer.stop_ids = model.tokenizer.stop_ids = set()
+    tok = reference.tokenizer
+    jobs = [(tok.encode(p), n, {} if i % 3 else {"temperature": 0.9, "top_p": 0.9, "seed": i})
+            for i, (p, n) in enumerate(zip(PROMPTS, [40, 3, 25, 60, 9, 33]))]
+    long_prompt = [int(t) for t in np.random.default_rng(4).integers(3, 1000, 150)]
+    jobs.append((long_prompt, 20, {}))
+    results, scheduler = run_scheduler(model, jobs, max_batch=4)
+    for (ids, n, sampling), (tokens, finish) in zip(jobs, results):
+        assert tokens == reference_ids(reference, ids, n, **sampling)
+    second = long_prompt + results[-1][0] + long_prompt[:30]  # the long prompt's next turn
+    cache = model.new_cache(CONTEXT)
+    start = scheduler.prefix.restore(cache, second)
+    assert start == 128  # the last multiple of 64 before the first prompt's end
+    reference.reset()
+    np.testing.assert_array_equal(model.prefill_into(cache, second, start)[0], reference.prefill(second))
+
+
 def test_flash_models_are_refused(checkpoint, tmp_path):
     converted = llm.convert(checkpoint, tmp_path / "q4", progress=False)
     with llm.load(converted, memory="flash", max_context=64, progress=False) as model:

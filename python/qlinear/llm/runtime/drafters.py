@@ -129,8 +129,8 @@ class ModelDrafter:
         if held > len(context) or cache.ids[:held] != list(context[:held]):
             held = next((i for i, (x, y) in enumerate(zip(cache.ids, context)) if x != y), min(held, len(context)))
         held = min(held, len(context) - 1)
-        if held == 0 or (held < cache.length and any(cache.windows)):
-            self._logits = m.prefill(list(context))  # a ring cannot be cut back unguarded
+        if held == 0 or (held < cache.length and (any(cache.windows) or cache.has_state)):
+            self._logits = m.prefill(list(context))  # a ring or a recurrent state: not cut back unguarded
             self.synced = len(context)
             return
         cache.rollback(held)

@@ -45,6 +45,7 @@ class KVCache:
                            for i in range(cfg.num_layers)]
         self.journal = None  # a guarded run's recurrent rows (delta_net), for a rollback
         self._state_saved = None
+        self.snapshot = None  # (position, states) a prefill kept: where a next prompt may resume
         self.windows = [c if c < capacity else 0 for c in caps]
         if len(set(caps)) == 1:
             shape = (cfg.num_layers, cfg.num_kv_heads, caps[0], cfg.head_dim)
@@ -67,6 +68,20 @@ class KVCache:
     def has_state(self) -> bool:
         """Some layer holds a recurrent state: it resumes only where the cache is (or from 0)."""
         return any(st is not None for st in self.states)
+
+    def keep_snapshot(self) -> None:
+        """Keep the states at the cache's end (a prefill's, at a multiple of the delta rule's
+        chunk): a prompt that departs from this one after here resumes here."""
+        self.snapshot = (self.length, [None if st is None else [a.copy() for a in st] for st in self.states])
+
+    def resume_at_snapshot(self) -> int:
+        """Set the states to the snapshot's; its position."""
+        position, kept = self.snapshot
+        for st, before in zip(self.states, kept):
+            if st is not None:
+                for a, b in zip(st, before):
+                    a[:] = b
+        return position
 
     def reset_states(self) -> None:
         for st in self.states:
@@ -102,6 +117,8 @@ class KVCache:
             raise ValueError(f"cannot roll back to {length} positions: the cache holds {self.length}")
         if self.has_state and length != self.length:
             self._roll_states_back(length)
+        if self.snapshot is not None and self.snapshot[0] > length:
+            self.snapshot = None
         for i, pos, k, v in self._saved:
             if pos >= length:
                 slot = pos % self.windows[i]

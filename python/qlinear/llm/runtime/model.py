@@ -14,7 +14,7 @@ from .drafters import check_compatible
 from .generation import Sampler, Sampling
 from .stats import Stats
 from .kv_cache import KVCache
-from .prefix_cache import PrefixCache, prefill_chunks
+from .prefix_cache import STATE_ALIGN, PrefixCache, prefill_chunks
 from .speculative import Speculation, decode as speculative_decode
 from .layers import Block, Linear, decode_step, rms_norm
 from ..options import KV_DTYPES
@@ -140,7 +140,8 @@ class Model:
         evaluation; ids slimmed away get -inf)."""
         ids = [int(i) for i in ids]
         self.cache.rollback(0)
-        parts = [self._forward(ids[a:b], a, all_positions=True) for a, b in prefill_chunks(0, len(ids))]
+        parts = [self._forward(ids[a:b], a, all_positions=True)
+                 for a, b in prefill_chunks(0, len(ids), self.cache.has_state)]
         self.cache.prefilled = len(ids)
         return self._full_vocab(np.concatenate(parts))
 
@@ -159,9 +160,11 @@ class Model:
         rows kept in ``keep`` chunk by chunk (a ring still holds a chunk's rows after it); the
         last position's logits [1, lm head]."""
         ids = [int(i) for i in ids]
-        for a, b in prefill_chunks(start, len(ids)):
+        for a, b in prefill_chunks(start, len(ids), cache.has_state):
             logits = self._forward(ids[a:b], a, cache=cache)
             cache.prefilled = b
+            if cache.has_state and b % STATE_ALIGN == 0:  # where a next prompt may resume
+                cache.keep_snapshot()
             if keep is not None:
                 keep.store(cache)
         return logits

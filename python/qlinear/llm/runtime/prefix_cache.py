@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -34,13 +34,24 @@ from .kv_cache import KVCache
 PREFILL_CHUNK = 512  # prompt tokens per forward: bounds the attention scores' memory
 
 
-def prefill_chunks(start: int, end: int) -> list:
+# A model with recurrent state resumes a prompt only where a state snapshot was kept: at the end
+# of a prefill's forward that falls on a multiple of this (the delta rule's chunk, so that a cut
+# there changes no bits: docs/semantics.md 7). A prefill of such a model also cuts at the last
+# such multiple before its end, where a next turn of the conversation will resume.
+STATE_ALIGN = 64
+
+
+def prefill_chunks(start: int, end: int, state: bool = False) -> list:
     """The [first, last) chunks a prefill of positions start..end runs: cut at multiples of
     PREFILL_CHUNK (where a prefill from 0 cuts), a one-row last chunk joined to the chunk before
-    it (one row would take the decode path's attention, whose sums differ)."""
+    it (one row would take the decode path's attention, whose sums differ). ``state`` (a model
+    with recurrent state): cut too at the last multiple of STATE_ALIGN that leaves >= 2 rows."""
     cuts = [start] + list(range((start // PREFILL_CHUNK + 1) * PREFILL_CHUNK, end, PREFILL_CHUNK)) + [end]
     if len(cuts) > 2 and cuts[-1] - cuts[-2] == 1:
         del cuts[-2]
+    last = (end - 2) // STATE_ALIGN * STATE_ALIGN
+    if state and cuts[-2] < last:
+        cuts.insert(-1, last)
     return list(zip(cuts[:-1], cuts[1:]))
 
 
@@ -56,8 +67,8 @@ def own_prefix(cache: KVCache, ids: Sequence[int]) -> int:
         common += 1
     if any(cache.windows) and cache.length > common + 1:
         return 0
-    if cache.has_state and common != cache.length:  # a recurrent state is only where the cache is
-        return 0
+    if cache.has_state and common != cache.length:  # states: at the cache's end, or its snapshot
+        return cache.snapshot[0] if cache.snapshot is not None and cache.snapshot[0] <= common else 0
     return common
 
 
@@ -70,6 +81,7 @@ class _Block:
     v: list
     lo: list
     nbytes: int
+    states: Optional[list] = None  # a model with recurrent state: the states at the block's end
 
 
 class PrefixCache:
@@ -129,11 +141,18 @@ class PrefixCache:
         ``count``: in the figures (lookups, hits, tokens)."""
         ids = [int(i) for i in ids]
         own = own_prefix(cache, ids)
-        found = [] if cache.has_state else self._longest(cache, ids, own)
+        found = self._longest(cache, ids, own)
         start = own
         if found:
             start = found[-1][2]
             self._copy_in(cache, found, own)
+            if cache.has_state:  # the states where the rows end
+                for st, kept in zip(cache.states, found[-1][0].states):
+                    if st is not None:
+                        for a, b in zip(st, kept):
+                            a[:] = b
+        elif cache.has_state and 0 < start < cache.length:  # at the snapshot (own_prefix)
+            cache.resume_at_snapshot()
         if start == 0 and cache.has_state:
             cache.reset_states()
         cache.length, cache.ids, cache.prefilled = start, ids[:start], start
@@ -183,6 +202,9 @@ class PrefixCache:
                 break
         while chain and chain[-1][3] > beyond:
             end = chain[-1][3]
+            if cache.has_state and chain[-1][1].states is None:  # no state kept there
+                chain.pop()
+                continue
             if all(b.lo[i] <= max(0, need - first)
                    for i, need in enumerate(self._needed(cache, beyond, end))
                    for _, b, first, last in chain if last > need):
@@ -202,6 +224,8 @@ class PrefixCache:
         end = found[-1][2]
         for i, need in enumerate(self._needed(cache, own, end)):
             w = cache.windows[i]
+            if not cache.k[i].shape[1]:  # a recurrent layer: no rows
+                continue
             for b, first, last in found:
                 lo = max(need, first)
                 if lo >= last:
@@ -214,20 +238,28 @@ class PrefixCache:
     # -- keeping ------------------------------------------------------------------------------------
     def store(self, cache: KVCache) -> None:
         """Keep the rows ``cache`` holds as a prefill computed them: its whole blocks and its tail."""
-        if not self.budget or cache.has_state:
+        if not self.budget:
             return
         self._check(cache)
         count = min(cache.prefilled, cache.length)
+        snapshot = cache.has_state and count == cache.length and count % STATE_ALIGN == 0 and count % self.block == 0
         keys, key = [], b""
         for first, last in self._spans(count):
             key = self._key(key, cache.ids[first:last])
             keys.append(key)
             have = self._blocks.get(key)
-            if have is not None and not any(have.lo):
+            states = None
+            if snapshot and last == count:  # the states at this block's end
+                states = have.states if have is not None and have.states is not None else \
+                    [None if st is None else [a.copy() for a in st] for st in cache.states]
+            if have is not None and not any(have.lo) and (states is None or have.states is not None):
                 continue
             k, v, lo = [], [], []
             for i, w in enumerate(cache.windows):
                 held = min(max(0, cache.length - w - first), last - first) if w else 0  # rows a ring lost
+                if not cache.k[i].shape[1]:  # a recurrent layer: no rows
+                    k.append(None), v.append(None), lo.append(0)
+                    continue
                 if have is not None and have.lo[i] <= held:
                     k.append(have.k[i]), v.append(have.v[i]), lo.append(have.lo[i])
                     continue
@@ -236,9 +268,12 @@ class PrefixCache:
                 k.append(np.ascontiguousarray(cache.k[i][:, slots]) if len(pos) else None)
                 v.append(np.ascontiguousarray(cache.v[i][:, slots]) if len(pos) else None)
                 lo.append(held)
+            if states is None and have is not None:
+                states = have.states
             nbytes = sum(a.nbytes for a in k + v if a is not None)
+            nbytes += sum(a.nbytes for st in states or () if st is not None for a in st)
             self.nbytes += nbytes - (have.nbytes if have is not None else 0)
-            self._blocks[key] = _Block(tuple(cache.ids[first:last]), k, v, lo, nbytes)
+            self._blocks[key] = _Block(tuple(cache.ids[first:last]), k, v, lo, nbytes, states)
         for key in reversed(keys):
             self._blocks.move_to_end(key)
         while self.nbytes > self.budget:  # the least recently used first: this chain's last
