@@ -77,9 +77,11 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
     cfg = json.loads((ckpt / "config.json").read_text())
     tj = json.loads((ckpt / "tokenizer.json").read_text())
     st = load_file(str(ckpt / "model.safetensors"))
-    arch = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "mixtral": "llama"}.get(cfg["model_type"],
-                                                                                     cfg["model_type"])
+    arch = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "mixtral": "llama", "qwen3_5_text": "qwen35"}.get(
+        cfg["model_type"], cfg["model_type"])
     w = gguf.GGUFWriter(str(path), arch)
+    if arch == "qwen35":
+        st = _qwen35_tensors(w, cfg, st)
     experts = cfg.get("num_experts") or cfg.get("num_local_experts", 0)
     if experts:  # as llama.cpp's converter writes them (Qwen3-MoE, OLMoE, Mixtral as llama)
         w.add_expert_count(experts)
@@ -152,6 +154,8 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
              "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
              "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}  # Phi-3's fused ones
+    if arch == "qwen35":  # the post-attention norm is the MLP's input norm
+        names.update({"post_attention_layernorm": "post_attention_norm", **_QWEN35_NAMES})
     if arch in ("gemma2", "gemma3"):  # four norms a block
         names.update({"pre_feedforward_layernorm": "ffn_norm", "post_attention_layernorm": "post_attention_norm",
                       "post_feedforward_layernorm": "post_ffw_norm"})
@@ -171,11 +175,12 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
             _, _, i, rest = name.split(".", 3)
             mod, kind = rest.rsplit(".", 1)
             g = f"blk.{i}.{names[mod]}.{kind}"
-            t = T.F32 if a.ndim == 1 or mod == "mlp.gate" else qtype  # routers stay F32, as llama.cpp keeps them
+            g = g.removesuffix(".weight") if g.endswith("ssm_a.weight") else g  # llama.cpp's name for it
+            t = T.F32 if a.ndim == 1 or mod in ("mlp.gate", "linear_attn.conv1d") else qtype  # routers stay F32
             if arch == "llama" and mod in ("self_attn.q_proj", "self_attn.k_proj"):
                 a = permute(a, heads if mod == "self_attn.q_proj" else kv)
-        if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
-            a = a + 1  # Gemma stores RMSNorm weights as w - 1; llama.cpp's converter adds the 1
+        if arch in ("gemma2", "gemma3", "qwen35") and name.endswith("norm.weight") and "linear_attn" not in name:
+            a = a + 1  # Gemma / Qwen3.5 store RMSNorm weights as w - 1; llama.cpp's converter adds the 1
         t = types.get(g, t)
         data = a if t == T.F32 else a.astype(np.float16) if t == T.F16 else encode(a, t)
         w.add_tensor(g, data, raw_dtype=None if t in (T.F32, T.F16) else t)
@@ -184,6 +189,59 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+_QWEN35_NAMES = {"linear_attn.in_proj_qkv": "attn_qkv", "linear_attn.in_proj_z": "attn_gate",
+                 "linear_attn.in_proj_b": "ssm_beta", "linear_attn.in_proj_a": "ssm_alpha",
+                 "linear_attn.out_proj": "ssm_out", "linear_attn.norm": "ssm_norm",
+                 "linear_attn.conv1d": "ssm_conv1d", "linear_attn": "ssm_a", "linear_attn.dt": "ssm_dt"}
+
+
+def _qwen35_tensors(w, cfg: dict, st: dict) -> dict:
+    """Qwen3.5's metadata and tensors as llama.cpp's converter writes them: the delta layers'
+    geometry as ssm.*, the recurrent layers listed, value heads reordered from grouped (by key
+    head) to tiled, A_log as ssm_a = -exp(A_log), the conv [channels, kernel]."""
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv, r = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], nv // nk
+    w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
+    w.add_ssm_state_size(dk)
+    w.add_ssm_group_count(nk)
+    w.add_ssm_time_step_rank(nv)
+    w.add_ssm_inner_size(dv * nv)
+    w.add_array("qwen35.attention.recurrent_layers", [t == "linear_attention" for t in cfg["layer_types"]])
+    w.add_uint32("qwen35.full_attention_interval", 4)
+    w.add_rope_dimension_count(int(cfg["head_dim"] * cfg["rope_parameters"]["partial_rotary_factor"]))
+    cfg["rope_theta"] = cfg["rope_parameters"]["rope_theta"]
+
+    def tiled(a, head, axis=0):  # [nk, r, head] -> [r, nk, head] along ``axis``
+        a = np.moveaxis(a, axis, 0)
+        a = a.reshape(nk, r, head, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)
+        return np.moveaxis(a, 0, axis)
+
+    out = {}
+    for name, a in st.items():
+        if ".linear_attn." not in name:
+            out[name] = a
+            continue
+        p = name.rsplit(".linear_attn.", 1)[0] + ".linear_attn."
+        rest = name[len(p):]
+        if rest == "in_proj_qkv.weight":
+            a = np.concatenate([a[:2 * nk * dk], tiled(a[2 * nk * dk:], dv)])
+        elif rest == "in_proj_z.weight":
+            a = tiled(a, dv)
+        elif rest in ("in_proj_a.weight", "in_proj_b.weight"):
+            a = tiled(a, 1)
+        elif rest == "A_log":
+            name, a = p + "weight", -np.exp(tiled(a, 1))
+        elif rest == "dt_bias":
+            name, a = p + "dt.bias", tiled(a, 1)
+        elif rest == "conv1d.weight":
+            a = a.reshape(a.shape[0], -1)
+            a = np.concatenate([a[:2 * nk * dk], tiled(a[2 * nk * dk:], dv)])
+        elif rest == "out_proj.weight":
+            a = tiled(a, dv, axis=1)
+        out[name] = a
+    return out
 
 
 def _stack_experts(st: dict, experts: int) -> dict:
@@ -317,15 +375,45 @@ def test_codes_are_moved_exactly(files, qtype):
     np.testing.assert_array_equal(pw.dequantize(), want)
 
 
+@pytest.mark.parametrize("qtype", [T.F32, T.Q8_0, T.Q4_0])
+def test_qwen35_file_matches_its_checkpoint(tmp_path, qtype):
+    """A Qwen3.5 file as llama.cpp's converter writes it (tiled value heads, ssm_a, norms + 1):
+    in float, the checkpoint's logits (to float32 rounding); quantized, the codes moved (nothing
+    re-rounded) computing the file's weights as gguf dequantizes them. (Against llama.cpp on
+    its own converter's files: docs/benchmarks.md.)"""
+    ckpt = synthetic.make_checkpoint(tmp_path / "ckpt", "qwen3_5", seed=2, norm_noise=0.1, hidden_size=128,
+                                     intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+                                     num_hidden_layers=4, vocab_size=512, linear_value_head_dim=32)
+    # (value heads of 32: the tiled order moves whole groups of 32 along ssm_out's k)
+    path = write_gguf(ckpt, tmp_path / f"q35-{qtype.name}.gguf", qtype, embd=T.F32)
+    ids = [int(t) for t in np.random.default_rng(3).integers(0, 500, 100)]
+    if qtype == T.F32:
+        ours = llm.load(path, bits=None, act="float", max_context=128, progress=False)
+        ref = llm.load(ckpt, bits=None, act="float", max_context=128, progress=False).logits(ids)
+        assert ours.config.delta_tiled_heads
+        np.testing.assert_allclose(ours.logits(ids), ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+        return
+    model = llm.load(path, act="float", max_context=128, progress=False)
+    assert model.info["gguf_requantized"] == []
+    got = model.logits(ids)
+    # the file's weights dequantized by gguf (bits=None): the same function, to float32 rounding
+    ref = llm.load(path, bits=None, act="float", max_context=128, progress=False).logits(ids)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
+    if qtype == T.Q8_0:
+        float_ref = llm.load(ckpt, bits=None, act="float", max_context=128, progress=False).logits(ids)
+        assert cosines(got, float_ref).mean() > 0.999
+
+
 def test_other_types_are_requantized_and_listed(checkpoints, tmp_path):
-    """Float tensors are quantized at the requested bits and listed; a fused weight whose tensors
-    the file stores in different types is a weight of parts, each moved in its own format."""
+    """Float tensors among quantized ones (llama-quantize keeps a tensor float where its types do
+    not fit) are quantized at int8 at least and listed; a fused weight whose tensors the file
+    stores in different types is a weight of parts, each moved in its own format."""
     path = write_gguf(checkpoints["qwen2"], tmp_path / "mixed.gguf", T.Q4_0, embd=T.Q8_0,
                       types={"blk.0.attn_v.weight": T.F16, "blk.1.ffn_down.weight": T.F32,
                              "blk.1.attn_k.weight": T.Q8_0, "blk.0.ffn_gate.weight": T.Q4_K})
     model = llm.load(path, act="float", progress=False)
     req = model.info["gguf_requantized"]
-    assert sorted(req) == ["blk.0.attn_v.weight (F16 -> int4 group 64)", "blk.1.ffn_down.weight (F32 -> int4 group 64)"], req
+    assert sorted(req) == ["blk.0.attn_v.weight (F16 -> int8 group 64)", "blk.1.ffn_down.weight (F32 -> int8 group 64)"], req
     for name in ("blk.0.ffn_up.weight (Q4_0)", "blk.0.ffn_gate.weight (Q4_K)", "blk.1.attn_k.weight (Q8_0)",
                  "blk.1.attn_q.weight (Q4_0)"):
         assert name in model.info["gguf_moved"], model.info["gguf_moved"]

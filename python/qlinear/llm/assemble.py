@@ -32,7 +32,7 @@ def token_mixer(cfg: ModelConfig, i: int, linear: Callable, vector: Callable, ro
         C, vd, nv = cfg.delta_conv_dim, cfg.delta_v_heads * cfg.delta_v_dim, cfg.delta_v_heads
         return GatedDeltaNet(cfg, i, linear(p + "delta_in", (C + vd + 2 * nv, H)), linear(p + "delta_out", (H, vd)),
                              vector(p + "conv", (C, 1, cfg.conv_kernel)), vector(p + "dt_bias", nv),
-                             vector(p + "a_log", nv), vector(p + "delta_norm", cfg.delta_v_dim))
+                             vector(p + "ssm_a", nv), vector(p + "delta_norm", cfg.delta_v_dim))
     if cfg.qk_norm_whole:  # OLMoE: one norm over all heads of q, one over all of k
         qk = (vector(p + "q_norm", cfg.q_size), vector(p + "k_norm", cfg.kv_size))
     else:

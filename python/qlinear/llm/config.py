@@ -63,6 +63,9 @@ class ModelConfig:
     delta_k_dim: int = 0
     delta_v_dim: int = 0
     conv_kernel: int = 0                   # the delta layers' causal conv width
+    # value head j reads key head j % key heads (llama.cpp's files: value heads "tiled"); else
+    # j // (value heads / key heads), Hugging Face's grouping
+    delta_tiled_heads: bool = False
 
     @property
     def q_size(self) -> int:

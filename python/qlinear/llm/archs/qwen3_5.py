@@ -61,7 +61,8 @@ def features(hf: dict, where: str) -> dict:
                          "not an even number >= 2")
     out = {"hidden_act": activation(hf, where), "qk_norm": True, "attn_output_gate": True,
            "rotary_dim": 0 if rotary == head_dim else rotary,
-           "mixers": tuple(MIXERS[t] for t in types), "conv_kernel": _positive(hf, "linear_conv_kernel_dim", where, 4)}
+           "mixers": tuple(MIXERS[t] for t in types), "conv_kernel": _positive(hf, "linear_conv_kernel_dim", where, 4),
+           "delta_tiled_heads": bool(hf.get("delta_tiled_heads", False))}  # (GGUF files: gguf.config)
     for key, ours in (("linear_num_key_heads", "delta_k_heads"), ("linear_num_value_heads", "delta_v_heads"),
                       ("linear_key_head_dim", "delta_k_dim"), ("linear_value_head_dim", "delta_v_dim")):
         out[ours] = _positive(hf, key, where, 16 if "heads" in key else 128)

@@ -7,9 +7,9 @@ from __future__ import annotations
 from ..config import ModelConfig
 from .file import GGUFFile
 
-ARCHS = ("qwen2", "llama", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "olmoe")
+ARCHS = ("qwen2", "llama", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "olmoe", "qwen35", "qwen35moe")
 # llama.cpp's architecture names where they differ from transformers' model_type
-_MODEL_TYPES = {"qwen3moe": "qwen3_moe"}
+_MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text"}
 
 
 def read_config(f: GGUFFile) -> ModelConfig:
@@ -22,7 +22,8 @@ def read_config(f: GGUFFile) -> ModelConfig:
     if embd is None or len(embd.shape) != 2 or int(embd.shape[0]) != hidden:
         raise f.error("tensor 'token_embd.weight' is missing or not [vocab, hidden]")
     hf = {"model_type": _MODEL_TYPES.get(arch, arch), "hidden_size": hidden, "num_attention_heads": heads,
-          "intermediate_size": f.count(a + "feed_forward_length"),
+          # (a file of routed experts only may leave the dense width out: Qwen3.5-MoE)
+          "intermediate_size": f.count(a + "feed_forward_length", f.meta(a + "expert_feed_forward_length", int)),
           "num_hidden_layers": f.count(a + "block_count"),
           "num_key_value_heads": f.count(a + "attention.head_count_kv", heads),
           "head_dim": f.count(a + "attention.key_length", hidden // heads),
@@ -38,7 +39,9 @@ def read_config(f: GGUFFile) -> ModelConfig:
         hf.update(_gemma_config(f, hf, arch))
     if arch == "phi3":
         hf.update(_phi3_config(f, hf))
-    if arch in ("qwen3moe", "olmoe") or (arch == "llama" and f.meta(a + "expert_count", int)):
+    if arch in ("qwen35", "qwen35moe"):
+        hf.update(_qwen35_config(f, hf, arch))
+    if arch in ("qwen3moe", "olmoe", "qwen35moe") or (arch == "llama" and f.meta(a + "expert_count", int)):
         hf.update(_experts_config(f, hf, arch))
     kind = f.meta(a + "rope.scaling.type", str, "none")
     if kind == "linear":
@@ -95,8 +98,10 @@ def _experts_config(f: GGUFFile, hf: dict, arch: str) -> dict:
     if arch == "llama":
         out = {"model_type": "mixtral", "num_local_experts": out["num_experts"],
                "num_experts_per_tok": out["num_experts_per_tok"]}
-    elif arch == "qwen3moe":
+    elif arch in ("qwen3moe", "qwen35moe"):
         out["moe_intermediate_size"] = f.count(a + "expert_feed_forward_length")
+        if arch == "qwen35moe":
+            out["shared_expert_intermediate_size"] = f.count(a + "expert_shared_feed_forward_length")
     else:
         out["clip_qkv"] = f.meta(a + "attention.clamp_kqv", float)
     for name in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
@@ -108,6 +113,32 @@ def _experts_config(f: GGUFFile, hf: dict, arch: str) -> dict:
             raise f.error(f"tensor 'blk.0.{name}.weight' has {int(t.shape[-1])} experts; the metadata says "
                           f"{count} ({a}expert_count)")
     return out
+
+
+def _qwen35_config(f: GGUFFile, hf: dict, arch: str) -> dict:
+    """Qwen3.5 as llama.cpp's converter writes it: the recurrent layers listed
+    (``attention.recurrent_layers``), the Gated DeltaNet's geometry as ``ssm.*`` (state_size: the
+    key head size, group_count: key heads, time_step_rank: value heads, inner_size: all value
+    heads' width), the rotary part of each head as ``rope.dimension_count``, value heads "tiled"
+    (value head j reads key head j % key heads), norms stored with their 1 added."""
+    a, n = arch + ".", hf["num_hidden_layers"]
+    recurrent = f.meta(a + "attention.recurrent_layers", list)
+    if recurrent is None:
+        every = f.count(a + "full_attention_interval", 4)
+        recurrent = [(i + 1) % every != 0 for i in range(n)]
+    if len(recurrent) != n:
+        raise f.error(f"metadata {a}attention.recurrent_layers has {len(recurrent)} entries for {n} layers")
+    v_heads, inner = f.count(a + "ssm.time_step_rank"), f.count(a + "ssm.inner_size")
+    if inner % v_heads:
+        raise f.error(f"metadata {a}ssm.inner_size {inner} is not a multiple of {v_heads} value heads")
+    head_dim = hf["head_dim"]
+    return {"layer_types": ["linear_attention" if r else "full_attention" for r in recurrent],
+            "linear_conv_kernel_dim": f.count(a + "ssm.conv_kernel"),
+            "linear_key_head_dim": f.count(a + "ssm.state_size"),
+            "linear_num_key_heads": f.count(a + "ssm.group_count"),
+            "linear_num_value_heads": v_heads, "linear_value_head_dim": inner // v_heads,
+            "partial_rotary_factor": f.count(a + "rope.dimension_count", head_dim) / head_dim,
+            "delta_tiled_heads": True}
 
 
 def _phi3_config(f: GGUFFile, hf: dict) -> dict:

@@ -65,14 +65,19 @@ def read(p: Path, opts: Options, progress_bar: bool = True, routed_experts: bool
     bar = progress(cfg.num_layers + 1, "repacking", progress_bar)
     for i in range(cfg.num_layers):
         b, o = f"blk.{i}.", f"layers.{i}."
-        qkv = [(b + "attn_q", cfg.q_size, cfg.num_heads), (b + "attn_k", cfg.kv_size, cfg.num_kv_heads),
-               (b + "attn_v", cfg.kv_size, None)]
-        if b + "attn_qkv.weight" in f.tensors:  # Phi-3: fused in the file, in our order
-            qkv = [(b + "attn_qkv", cfg.q_size + 2 * cfg.kv_size, None)]
-        tensors[o + "qkv"] = w.fused(o + "qkv", [(n + ".weight", (r, H), h) for n, r, h in qkv])
-        if b + "attn_q.bias" in f.tensors:
-            tensors[o + "qkv.bias"] = np.concatenate([w.vector(n + ".bias", r, h) for n, r, h in qkv])
-        tensors[o + "o"] = w.fused(o + "o", [(b + "attn_output.weight", (H, cfg.q_size), None)])
+        if cfg.mixer(i) == "delta":
+            tensors.update(_delta_tensors(w, cfg, b, o))
+        elif cfg.attn_output_gate:
+            tensors.update(_gated_attention_tensors(w, cfg, b, o))
+        else:
+            qkv = [(b + "attn_q", cfg.q_size, cfg.num_heads), (b + "attn_k", cfg.kv_size, cfg.num_kv_heads),
+                   (b + "attn_v", cfg.kv_size, None)]
+            if b + "attn_qkv.weight" in f.tensors:  # Phi-3: fused in the file, in our order
+                qkv = [(b + "attn_qkv", cfg.q_size + 2 * cfg.kv_size, None)]
+            tensors[o + "qkv"] = w.fused(o + "qkv", [(n + ".weight", (r, H), h) for n, r, h in qkv])
+            if b + "attn_q.bias" in f.tensors:
+                tensors[o + "qkv.bias"] = np.concatenate([w.vector(n + ".bias", r, h) for n, r, h in qkv])
+            tensors[o + "o"] = w.fused(o + "o", [(b + "attn_output.weight", (H, cfg.q_size), None)])
         if cfg.num_experts:
             tensors.update(w.experts(b, o) if routed_experts else {o + "router": w.router(b)})
         else:
@@ -82,8 +87,9 @@ def read(p: Path, opts: Options, progress_bar: bool = True, routed_experts: bool
             tensors[o + "gate_up"] = w.fused(o + "gate_up", gate_up)
             tensors[o + "down"] = w.fused(o + "down", [(b + "ffn_down.weight", (H, I), None)])
         tensors[o + "input_norm"] = w.vector(b + "attn_norm.weight", H)
-        tensors[o + "post_norm"] = w.vector(b + "ffn_norm.weight", H)
-        if cfg.qk_norm:  # Qwen3, Gemma 3 (per head); OLMoE (over all heads)
+        # (Qwen3.5's MLP input norm is its post_attention_norm)
+        tensors[o + "post_norm"] = w.vector(b + ("post_attention_norm.weight" if cfg.mixers else "ffn_norm.weight"), H)
+        if cfg.qk_norm and not cfg.attn_output_gate:  # Qwen3, Gemma 3 (per head); OLMoE (over all heads)
             q, k = (cfg.q_size, cfg.kv_size) if cfg.qk_norm_whole else (hd, hd)
             tensors[o + "q_norm"] = w.vector(b + "attn_q_norm.weight", q)
             tensors[o + "k_norm"] = w.vector(b + "attn_k_norm.weight", k)
@@ -116,6 +122,45 @@ def read(p: Path, opts: Options, progress_bar: bool = True, routed_experts: bool
     return Source(KIND, p, cfg, tokenizer, embedding, tensors, quantization, info=info, rope_inv_freq=inv_freq)
 
 
+def _delta_tensors(w: "_Weights", cfg: ModelConfig, b: str, o: str) -> dict:
+    """A Gated DeltaNet layer of a qwen35 file: its projections fused in our order (the conv
+    channels ``attn_qkv``, the output gate ``attn_gate``, ``ssm_beta``, ``ssm_alpha``), its value
+    heads left in the file's tiled order (``delta_tiled_heads``), the decay's rate ``ssm_a`` =
+    -exp(A_log) as stored."""
+    H, C, nv = cfg.hidden_size, cfg.delta_conv_dim, cfg.delta_v_heads
+    vd = nv * cfg.delta_v_dim
+    return {o + "delta_in": w.fused(o + "delta_in", [(b + "attn_qkv.weight", (C, H), None),
+                                                     (b + "attn_gate.weight", (vd, H), None),
+                                                     (b + "ssm_beta.weight", (nv, H), None),
+                                                     (b + "ssm_alpha.weight", (nv, H), None)]),
+            o + "delta_out": w.fused(o + "delta_out", [(b + "ssm_out.weight", (H, vd), None)]),
+            o + "conv": np.array(w.f.dequantize(w.f.tensor(b + "ssm_conv1d.weight", (C, cfg.conv_kernel)))
+                                 ).reshape(C, 1, cfg.conv_kernel),
+            o + "dt_bias": w.vector(b + "ssm_dt.bias", nv), o + "ssm_a": w.vector(b + "ssm_a", nv),
+            o + "delta_norm": w.vector(b + "ssm_norm.weight", cfg.delta_v_dim)}
+
+
+def _gated_attention_tensors(w: "_Weights", cfg: ModelConfig, b: str, o: str) -> dict:
+    """Qwen3.5's attention of a qwen35 file: ``attn_q`` interleaves each head's query and output
+    gate (as the checkpoint's q_proj); ours is [q, k, v, gate], q / k and their norms in the
+    partial rotary's order (``layers.rotary_order``)."""
+    from ..runtime.layers import rotary_order  # noqa: PLC0415
+
+    H, heads, kv, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    order = rotary_order(d, cfg.rotary_dim)
+    q_rows = (np.arange(heads)[:, None] * 2 * d + order).reshape(-1)
+    gate_rows = (np.arange(heads)[:, None] * 2 * d + d + np.arange(d)).reshape(-1)
+    k_rows = (np.arange(kv)[:, None] * d + order).reshape(-1)
+    q = (b + "attn_q.weight", (2 * cfg.q_size, H), None)
+    parts = [w._part(*q, rows=q_rows), w._part(b + "attn_k.weight", (cfg.kv_size, H), None, rows=k_rows),
+             w._part(b + "attn_v.weight", (cfg.kv_size, H), None), w._part(*q, rows=gate_rows)]
+    return {o + "qkv": w._fuse(o + "qkv", parts, [b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight",
+                                                  b + "attn_q.weight (gate)"]),
+            o + "o": w.fused(o + "o", [(b + "attn_output.weight", (H, cfg.q_size), None)]),
+            o + "q_norm": w.vector(b + "attn_q_norm.weight", d)[order],
+            o + "k_norm": w.vector(b + "attn_k_norm.weight", d)[order]}
+
+
 def _unpermute(x: np.ndarray, heads: Optional[int]) -> np.ndarray:
     """Undo llama.cpp's Q/K row order for Llama (its converter interleaves each head's two
     rotary halves): back to Hugging Face's rotate-half order."""
@@ -131,6 +176,12 @@ class _Weights:
     def __init__(self, f: GGUFFile, cfg: ModelConfig, opts: Options):
         self.f, self.opts, self.llama, self.cfg = f, opts, cfg.arch in ("llama", "mixtral"), cfg
         self.moved, self.requantized = [], []
+        # a float tensor among quantized ones was left float by llama-quantize (a width its
+        # types do not fit): at int8 at least, not below the file (an all-float file: ``bits``)
+        self.floats_kept = {t.name for t in f.tensors.values() if t.name.startswith("blk.") and len(t.shape) >= 2
+                            and t.tensor_type.name in _FLOAT_EMBEDDINGS}
+        if len(self.floats_kept) == sum(1 for t in f.tensors.values() if t.name.startswith("blk.") and len(t.shape) >= 2):
+            self.floats_kept = set()
 
     def experts(self, b: str, o: str) -> dict:
         """A routed MLP: the router (``ffn_gate_inp``, float as the runtime keeps it) and each
@@ -141,6 +192,15 @@ class _Weights:
         out = {o + "router": self.router(b)}
         stacks = {part: self._stacked(f"{b}ffn_{part}_exps.weight", shape)
                   for part, shape in (("gate", (E, M, H)), ("up", (E, M, H)), ("down", (E, H, M)))}
+        if cfg.shared_expert_size:  # Qwen3.5-MoE: the shared expert and its gate row (float)
+            S = cfg.shared_expert_size
+            out[o + "shared_gate_up"] = self.fused(o + "shared_gate_up", [(b + "ffn_gate_shexp.weight", (S, H), None),
+                                                                        (b + "ffn_up_shexp.weight", (S, H), None)])
+            out[o + "shared_down"] = self.fused(o + "shared_down", [(b + "ffn_down_shexp.weight", (H, S), None)])
+            name = b + "ffn_gate_inp_shexp.weight"  # [1, hidden], or [hidden] once requantized
+            t = self.f.tensors.get(name)
+            shape = (H,) if t is not None and len(t.shape) == 1 else (1, H)
+            out[o + "shared_gate"] = np.array(self.f.dequantize(self.f.tensor(name, shape))).reshape(H)
         for e in range(E):
             out[f"{o}experts.{e}.gate_up"] = self._fuse(f"{o}experts.{e}.gate_up", [stacks["gate"](e), stacks["up"](e)],
                                                         [f"{b}ffn_gate_exps.weight[{e}]", f"{b}ffn_up_exps.weight[{e}]"])
@@ -167,10 +227,11 @@ class _Weights:
         v = np.array(self.f.dequantize(self.f.tensor(name, (n,))))  # a copy: no view of the mapped file
         return _unpermute(v, heads) if self.llama else v
 
-    def _part(self, name, shape, heads):
+    def _part(self, name, shape, heads, rows=None):
+        """A weight's codes (moved), or its float rows; ``rows``: those rows only, in that order."""
         t = self.f.tensor(name, shape)
         m = codes(t) if self.opts.bits is not None else None
-        order = None
+        order = rows
         if self.llama and heads is not None:
             order = _unpermute(np.arange(shape[0]), heads)
         if m is not None:
@@ -211,7 +272,7 @@ class _Weights:
             # types of more than 4 bits per weight (Q5_*, Q6_K, ...) are re-quantized to int8 at
             # least: at int4 their own rounding and ours stack up (a Q4_K_M file of a 0.5B model,
             # most of it Q5_0 / Q6_K: logits cosine against llama.cpp 0.89 at int4, 0.9989 at int8)
-            if any(p[1] in _ABOVE_4_BITS for p in parts):
+            if any(p[1] in _ABOVE_4_BITS for p in parts) or any(n.split("[")[0] in self.floats_kept for n in names):
                 bits = max(bits, 8)
             label = f"int{bits} group {group}"
         out = []

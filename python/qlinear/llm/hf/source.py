@@ -118,6 +118,8 @@ def layer_tensors(ckpt: Checkpoint, cfg: ModelConfig, i: int) -> dict:
         out[f"layers.{i}.shared_gate"] = ckpt.float32(p + "mlp.shared_expert_gate.weight").reshape(-1)
     if cfg.attn_output_gate and cfg.mixer(i) == "attention":
         gated_attention_tensors(cfg, i, out)
+    if f"layers.{i}.a_log" in out:  # the decay's rate as the runtime takes it: A = -exp(A_log)
+        out[f"layers.{i}.ssm_a"] = -np.exp(out.pop(f"layers.{i}.a_log"))
     return out
 
 

@@ -44,18 +44,21 @@ def l2norm(x: np.ndarray) -> np.ndarray:
 
 class GatedDeltaNet:
     def __init__(self, cfg: ModelConfig, layer: int, proj: Linear, out: Linear, conv: np.ndarray,
-                 dt_bias: np.ndarray, a_log: np.ndarray, norm: np.ndarray):
+                 dt_bias: np.ndarray, ssm_a: np.ndarray, norm: np.ndarray):
+        """``ssm_a``: the decay's rate -exp(A_log) per value head (as llama.cpp's files store it)."""
         self.cfg, self.layer, self.proj, self.out = cfg, layer, proj, out
         C, K, nv = cfg.delta_conv_dim, cfg.conv_kernel, cfg.delta_v_heads
         conv = np.asarray(conv, np.float32)
         if conv.shape not in ((C, 1, K), (C, K)):
             raise ValueError(f"layer {layer}: the delta conv has shape {conv.shape}, expected ({C}, 1, {K})")
         self.conv = np.ascontiguousarray(conv.reshape(C, K).T)  # [K, C]: tap j of every channel
-        for name, v, n in (("dt_bias", dt_bias, nv), ("A_log", a_log, nv), ("norm", norm, cfg.delta_v_dim)):
+        for name, v, n in (("dt_bias", dt_bias, nv), ("A", ssm_a, nv), ("norm", norm, cfg.delta_v_dim)):
             if np.shape(v) != (n,):
                 raise ValueError(f"layer {layer}: the delta {name} has shape {np.shape(v)}, expected ({n},)")
         self.dt_bias = np.asarray(dt_bias, np.float32)
-        self.neg_a = -np.exp(np.asarray(a_log, np.float32))  # the decay's rate, negated
+        self.neg_a = np.asarray(ssm_a, np.float32)
+        if not np.all(self.neg_a < 0):  # exp(g) <= 1: the state decays (a file may not say otherwise)
+            raise ValueError(f"layer {layer}: the delta decay rate A = -exp(A_log) must be negative")
         self.norm = np.asarray(norm, np.float32)
 
     # -- the state a cache holds for this layer ----------------------------------------------------
@@ -101,8 +104,10 @@ class GatedDeltaNet:
         q = l2norm(h[:, :kd].reshape(n, nk, cfg.delta_k_dim)) * np.float32(cfg.delta_k_dim ** -0.5)
         k = l2norm(h[:, kd:2 * kd].reshape(n, nk, cfg.delta_k_dim))
         v = h[:, 2 * kd:].reshape(n, nv, cfg.delta_v_dim)
-        if nv != nk:  # each key head serves nv / nk consecutive value heads
-            q, k = np.repeat(q, nv // nk, axis=1), np.repeat(k, nv // nk, axis=1)
+        if nv != nk:  # each key head serves nv / nk value heads: consecutive ones, or every nk-th
+            spread = (lambda x: np.tile(x, (1, nv // nk, 1))) if cfg.delta_tiled_heads else \
+                (lambda x: np.repeat(x, nv // nk, axis=1))
+            q, k = spread(q), spread(k)
         return (np.ascontiguousarray(q.transpose(1, 0, 2)), np.ascontiguousarray(k.transpose(1, 0, 2)),
                 np.ascontiguousarray(v.transpose(1, 0, 2)))
 
