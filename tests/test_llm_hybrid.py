@@ -111,6 +111,79 @@ def test_decode_with_state_equals_full_forward(checkpoints, form):
     assert model.generate_ids(IDS[:20], 30) == gen  # reset zeroed the states
 
 
+def recurrent(state, q, k, v, beta, g):
+    """The delta rule position by position (numpy; the reference of both compiled forms):
+    ``state`` [h, dk, dv] updated in place; the readout [n, h * dv]. q, k [h, n, dk], v [h, n, dv],
+    beta, g [n, h]."""
+    h, n, dv = v.shape
+    out = np.empty((n, h, dv), np.float32)
+    for t in range(n):
+        state *= np.exp(g[t])[:, None, None]
+        kt = k[:, t:t + 1]
+        delta = (v[:, t] - (kt @ state)[:, 0]) * beta[t][:, None]
+        state += kt.transpose(0, 2, 1) * delta[:, None, :]
+        out[t] = (q[:, t:t + 1] @ state)[:, 0]
+    return out.reshape(n, h * dv)
+
+
+def _layer(rng, tiled, k_heads=2, v_heads=4, dk=16, dv=24, kernel=4):
+    from qlinear.llm.config import ModelConfig
+    from qlinear.llm.runtime.layers import Linear
+
+    cfg = ModelConfig(arch="qwen3_5_text", hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                      num_kv_heads=1, head_dim=16, vocab_size=64, rms_norm_eps=1e-6, rope_theta=1e4,
+                      max_position_embeddings=256, tie_word_embeddings=False, attention_bias=False,
+                      mixers=("delta",), delta_k_heads=k_heads, delta_v_heads=v_heads, delta_k_dim=dk,
+                      delta_v_dim=dv, conv_kernel=kernel, delta_tiled_heads=tiled)
+    C, vd = cfg.delta_conv_dim, v_heads * dv
+    eye = Linear(np.eye(C + vd + 2 * v_heads, dtype=np.float32))
+    return delta_net.GatedDeltaNet(cfg, 0, eye, Linear(np.eye(vd, dtype=np.float32)),
+                                   rng.standard_normal((C, 1, kernel)).astype(np.float32) * 0.5,
+                                   rng.standard_normal(v_heads).astype(np.float32),
+                                   -rng.uniform(0.01, 8, v_heads).astype(np.float32),
+                                   1 + 0.1 * rng.standard_normal(dv).astype(np.float32))
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+def test_compiled_token_equals_the_chunked_rule(tiled):
+    """The compiled one-token step (``_core.delta_rows``: conv, norms, gates, the recurrent rule,
+    the gated readout) row after row, against the numpy chunked form over the same rows (grouped
+    and tiled value heads, a start off a chunk boundary): the same readouts and states to
+    float32 rounding."""
+    rng = np.random.default_rng(1)
+    layer = _layer(rng, tiled)
+    y = rng.standard_normal((100, layer.proj.shape[0])).astype(np.float32)
+    shapes = delta_net.GatedDeltaNet.state_shapes(layer.cfg)
+    states = [[rng.standard_normal(s).astype(np.float32) * 0.1 for s in shapes] for _ in range(2)]
+    states[1] = [a.copy() for a in states[0]]
+    one = np.concatenate([layer.mix(y[i:i + 1], *states[0], 37 + i) for i in range(len(y))])
+    many = layer.mix(y, *states[1], 37)
+    np.testing.assert_allclose(one, many, rtol=0, atol=1e-4 * np.abs(many).max())
+    for a, b in zip(*states):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max())
+
+
+def test_compiled_token_is_the_same_at_every_level():
+    """delta_rows gives the same bits at every ISA level (its loops in one fixed order)."""
+    import qlinear
+
+    rng = np.random.default_rng(2)
+    layer = _layer(rng, False, k_heads=2, v_heads=4, dk=32, dv=40)
+    y = rng.standard_normal((5, layer.proj.shape[0])).astype(np.float32)
+    shapes = delta_net.GatedDeltaNet.state_shapes(layer.cfg)
+    results, previous = {}, qlinear.cpu_info()["active_isa"]
+    for level in qlinear.cpu_info()["available_isas"]:
+        qlinear.set_isa(level)
+        st = [np.full(s, 0.01, np.float32) for s in shapes]
+        results[level] = (layer.mix(y[:1], *st, 0), layer.mix(y[1:2], *st, 1), *st)
+    qlinear.set_isa(previous)
+    assert len(results) > 1 or results.keys() == {"scalar"}
+    first = next(iter(results.values()))
+    for got in results.values():
+        for a, b in zip(got, first):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_chunked_rule_equals_recurrent_rule():
     """The two forms of the delta rule on the same inputs: the same outputs and final state to
     float32 rounding, from a non-zero state, a start off a chunk boundary, grouped heads."""
@@ -125,7 +198,7 @@ def test_chunked_rule_equals_recurrent_rule():
     s0 = rng.standard_normal((h, dk, dv)).astype(np.float32) * 0.1
     s1, s2 = s0.copy(), s0.copy()
     a = delta_net.chunked(s1, q, k, v, beta, g, start=37)
-    b = delta_net.recurrent(s2, q, k, v, beta, g)
+    b = recurrent(s2, q, k, v, beta, g)
     np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * np.abs(b).max())
     np.testing.assert_allclose(s1, s2, rtol=0, atol=2e-5 * np.abs(s2).max())
 

@@ -130,9 +130,82 @@ py::array_t<float> py_attend_prefill(const py::array& qkv_in, const py::array& c
   return out;
 }
 
+// The Gated DeltaNet's geometry as the bindings take it (delta_rows, decode_step's delta layers).
+decoder::DeltaShape delta_shape(const py::dict& g, const std::string& what) {
+  decoder::DeltaShape s;
+  for (const char* key : {"k_heads", "v_heads", "k_dim", "v_dim", "kernel", "tiled", "eps"})
+    if (!g.contains(key)) throw py::value_error(what + ": the delta geometry has no '" + key + "'");
+  s.k_heads = g["k_heads"].cast<int64_t>();
+  s.v_heads = g["v_heads"].cast<int64_t>();
+  s.k_dim = g["k_dim"].cast<int64_t>();
+  s.v_dim = g["v_dim"].cast<int64_t>();
+  s.kernel = g["kernel"].cast<int64_t>();
+  s.tiled = g["tiled"].cast<bool>();
+  s.eps = g["eps"].cast<float>();
+  if (s.k_heads < 1 || s.v_heads < 1 || s.v_heads % s.k_heads || s.k_dim < 1 || s.v_dim < 1 ||
+      s.k_dim > decoder::kMaxDeltaDim || s.v_dim > decoder::kMaxDeltaDim || s.kernel < 2 || s.kernel > 16)
+    throw py::value_error(what + ": bad delta geometry (heads, head sizes <= " +
+                          std::to_string(decoder::kMaxDeltaDim) + ", kernel 2..16)");
+  return s;
+}
+
+// The weights and one sequence's state of a delta layer, checked against its geometry.
+struct DeltaArrays {
+  decoder::DeltaWeights w;
+  float* conv_state;
+  float* state;
+};
+DeltaArrays delta_arrays(const decoder::DeltaShape& s, const py::handle& conv, const py::handle& dt_bias,
+                         const py::handle& a, const py::handle& norm, const py::handle& conv_state,
+                         const py::handle& state, const std::string& what) {
+  DeltaArrays out;
+  out.w.conv = static_cast<const float*>(f32_array(conv, what + " conv", {s.kernel, s.channels()}).data());
+  out.w.dt_bias = static_cast<const float*>(f32_array(dt_bias, what + " dt_bias", {s.v_heads}).data());
+  out.w.a = static_cast<const float*>(f32_array(a, what + " ssm_a", {s.v_heads}).data());
+  out.w.norm = static_cast<const float*>(f32_array(norm, what + " norm", {s.v_dim}).data());
+  out.conv_state = static_cast<float*>(
+      f32_array(conv_state, what + " conv_state", {s.kernel - 1, s.channels()}, true).mutable_data());
+  out.state = static_cast<float*>(f32_array(state, what + " state", {s.v_heads, s.k_dim, s.v_dim}, true).mutable_data());
+  return out;
+}
+
+// Rows y [n, width] of one sequence, in order, through delta_token: the readouts [n, v_heads * v_dim].
+F32Array py_delta_rows(const py::array& y_in, const py::dict& geometry, const py::array& conv,
+                       const py::array& dt_bias, const py::array& a, const py::array& norm,
+                       const py::array& conv_state, const py::array& state) {
+  const decoder::DeltaShape s = delta_shape(geometry, "delta_rows");
+  F32Array y = checked_f32(y_in, "y", 2);
+  if (y.shape(1) != s.width())
+    throw py::value_error("delta_rows: y has " + std::to_string(y.shape(1)) + " columns, expected " +
+                          std::to_string(s.width()));
+  DeltaArrays d = delta_arrays(s, conv, dt_bias, a, norm, conv_state, state, "delta_rows:");
+  const int64_t n = y.shape(0), vd = s.v_heads * s.v_dim;
+  F32Array out({n, vd});
+  const float* yp = y.data();
+  float* op = out.mutable_data();
+  py::gil_scoped_release release;
+  for (int64_t r = 0; r < n; ++r) decoder::delta_token(yp + r * s.width(), s, d.w, d.conv_state, d.state, op + r * vd);
+  return out;
+}
+
+F32Array py_sigmoid_mul(const py::array& x_in, const py::array& gate_in) {
+  F32Array x = checked_f32(x_in, "x", 2), g = checked_f32(gate_in, "gate", 2);
+  if (x.shape(0) != g.shape(0) || x.shape(1) != g.shape(1)) throw py::value_error("sigmoid_mul: x and gate differ in shape");
+  F32Array y({x.shape(0), x.shape(1)});
+  std::copy(x.data(), x.data() + x.size(), y.mutable_data());
+  decoder::sigmoid_mul(g.data(), x.size(), y.mutable_data());
+  return y;
+}
+
 }  // namespace
 
 void register_decoder(py::module_& m) {
+  m.def("delta_rows", &py_delta_rows, py::arg("y"), py::arg("geometry"), py::arg("conv"), py::arg("dt_bias"),
+        py::arg("ssm_a"), py::arg("norm"), py::arg("conv_state"), py::arg("state"),
+        "Gated DeltaNet rows of one sequence in order (decoder.h delta_token): y [n, width] the layer's "
+        "projections; conv_state [kernel - 1, channels] and state [v_heads, k_dim, v_dim] updated in place; "
+        "returns the readouts [n, v_heads * v_dim]. geometry: {k_heads, v_heads, k_dim, v_dim, kernel, tiled, eps}.");
+  m.def("sigmoid_mul", &py_sigmoid_mul, py::arg("x"), py::arg("gate"), "x * sigmoid(gate), a new array.");
   m.def("rms_norm", &py_rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"));
   m.def("silu_mul", [](const py::array& gu) { return py_gated_mul<decoder::silu_mul>(gu, "silu_mul"); },
         py::arg("gate_up"));

@@ -30,6 +30,10 @@ void attend_rows(const float* q, int64_t ldq, int64_t start, const AttentionShap
                  float* out, int64_t ldo, float* scratch);
 void rope_queries(const float* qkv, int64_t ldqkv, const float* cos, const float* sin, int64_t start,
                   const AttentionShape& sh, float scale, int64_t r0, int64_t r1, float* q);
+void delta_conv(const float* y, const DeltaShape& s, const DeltaWeights& w, float* conv_state, float* h);
+void delta_heads(const float* y, const float* h, const DeltaShape& s, const DeltaWeights& w, float* state,
+                 int64_t h0, int64_t h1, float* out);
+void sigmoid_mul(const float* gate, int64_t n, float* x);
 }  // namespace avx2
 #define QLINEAR_DECODER_CALL(fn, ...) \
   (active_kernels().isa != Isa::scalar ? avx2::fn(__VA_ARGS__) : generic::fn(__VA_ARGS__))
@@ -95,6 +99,23 @@ void gelu_tanh_mul_rows(const float* gu, int64_t rows, int64_t n, float* out) {
 }
 
 void softcap(float* x, int64_t n, float cap) { QLINEAR_DECODER_CALL(softcap, x, n, cap); }
+
+void delta_token(const float* y, const DeltaShape& s, const DeltaWeights& w, float* conv_state, float* state,
+                 float* out) {
+  thread_local std::vector<float> h;  // the conv's output: q, k (normed), v
+  h.resize(static_cast<size_t>(s.channels()));
+  float* conv_out = h.data();  // (the pool's threads see this thread's buffer through the pointer)
+  QLINEAR_DECODER_CALL(delta_conv, y, s, w, conv_state, conv_out);
+  // value heads split over the pool once they are worth a job (a head: ~3 k_dim x v_dim multiply-adds)
+  const auto heads = [&](int64_t h0, int64_t h1) {
+    QLINEAR_DECODER_CALL(delta_heads, y, conv_out, s, w, state, h0, h1, out);
+  };
+  constexpr int64_t kMinParallelWork = 1 << 17;
+  if (s.v_heads * s.k_dim * s.v_dim * 3 < 2 * kMinParallelWork || ThreadPool::global().num_threads() < 2) heads(0, s.v_heads);
+  else ThreadPool::global().parallel_for(s.v_heads, 1, heads);
+}
+
+void sigmoid_mul(const float* gate, int64_t n, float* x) { QLINEAR_DECODER_CALL(sigmoid_mul, gate, n, x); }
 
 void dot_rows(const float* x, const float* w, int64_t n, int64_t k, float* y) {
   QLINEAR_DECODER_CALL(dot_rows, x, w, n, k, y);

@@ -38,6 +38,34 @@ void softcap(float* x, int64_t n, float cap);
 // operations at every level: a MoE router's logits).
 void dot_rows(const float* x, const float* w, int64_t n, int64_t k, float* y);
 
+// Gated DeltaNet (Qwen3.5's linear attention): one token of one sequence. y: the layer's input
+// projection [channels + v_heads * v_dim + 2 * v_heads] (the conv channels q, k, v; the output
+// gate z; beta's logits b; the decay's a), conv_state [kernel - 1, channels] (the conv's last
+// inputs) and state [v_heads, k_dim, v_dim] updated in place; out [v_heads * v_dim]: the readout
+// RMS-normed per head (eps), times norm and silu(z). The conv (taps [kernel, channels]) and
+// SiLU, q / k L2-normed (q scaled by k_dim ** -0.5), beta = sigmoid(b), decay = exp(a_rate *
+// softplus(a + dt_bias)), then per value head: S <- decay S, S <- S + k^T (beta (v - k S)),
+// o = q S. Value head j reads key head j / (v_heads / k_heads), or j % k_heads when `tiled`.
+constexpr int64_t kMaxDeltaDim = 512;
+struct DeltaShape {
+  int64_t k_heads = 0, v_heads = 0, k_dim = 0, v_dim = 0, kernel = 0;
+  bool tiled = false;
+  float eps = 0.f;
+  int64_t channels() const { return 2 * k_heads * k_dim + v_heads * v_dim; }
+  int64_t width() const { return channels() + v_heads * v_dim + 2 * v_heads; }  // of y
+};
+struct DeltaWeights {
+  const float* conv = nullptr;     // [kernel, channels]: tap j of every channel
+  const float* dt_bias = nullptr;  // [v_heads]
+  const float* a = nullptr;        // [v_heads]: the decay's rate, -exp(A_log)
+  const float* norm = nullptr;     // [v_dim]
+};
+void delta_token(const float* y, const DeltaShape& s, const DeltaWeights& w, float* conv_state, float* state,
+                 float* out);
+
+// x[i] *= sigmoid(gate[i]) (the gated attention's output, Qwen3.5).
+void sigmoid_mul(const float* gate, int64_t n, float* x);
+
 struct AttentionShape {
   int64_t heads, kv_heads, head_dim, capacity;  // capacity: positions the cache holds
   // Sliding window: a position sees the keys of the last `window` positions, its own included

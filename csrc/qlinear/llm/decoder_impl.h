@@ -21,3 +21,4 @@
 #include "qlinear/llm/decoder_impl_rowwise.h"    // rms_norm, silu_mul, gelu_tanh_mul, softcap
 #include "qlinear/llm/decoder_impl_vector.h"     // dot, dot8, add_rows, max_of, sum_of, floats_to_halves
 #include "qlinear/llm/decoder_impl_attention.h"  // RoPE, decode and prefill attention
+#include "qlinear/llm/decoder_impl_delta.h"      // Gated DeltaNet tokens, the attention's output gate

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import _core
 from ..config import ModelConfig
 from .kv_cache import KVCache
 from .layers import Linear, sigmoid
@@ -60,6 +61,7 @@ class GatedDeltaNet:
         if not np.all(self.neg_a < 0):  # exp(g) <= 1: the state decays (a file may not say otherwise)
             raise ValueError(f"layer {layer}: the delta decay rate A = -exp(A_log) must be negative")
         self.norm = np.asarray(norm, np.float32)
+        self._geometry = self.geometry()
 
     # -- the state a cache holds for this layer ----------------------------------------------------
     @staticmethod
@@ -68,25 +70,35 @@ class GatedDeltaNet:
         return ((cfg.conv_kernel - 1, cfg.delta_conv_dim),
                 (cfg.delta_v_heads, cfg.delta_k_dim, cfg.delta_v_dim))
 
-    def __call__(self, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
+    def geometry(self) -> dict:
+        """The layer's shape as the compiled kernels take it (``_core.delta_rows``, the decode step)."""
         cfg = self.cfg
-        n, C, vd, nv = x.shape[0], cfg.delta_conv_dim, cfg.delta_v_heads * cfg.delta_v_dim, cfg.delta_v_heads
+        return {"k_heads": cfg.delta_k_heads, "v_heads": cfg.delta_v_heads, "k_dim": cfg.delta_k_dim,
+                "v_dim": cfg.delta_v_dim, "kernel": cfg.conv_kernel, "tiled": cfg.delta_tiled_heads,
+                "eps": cfg.rms_norm_eps}
+
+    def __call__(self, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
         y = self.proj(x)
+        if cache.journal is not None:  # a guarded run: its rows kept for a rollback
+            cache.journal.append((self, start, y))
+        return self.out(self.mix(y, *cache.states[self.layer], start))
+
+    def mix(self, y: np.ndarray, conv_state: np.ndarray, state: np.ndarray, start: int) -> np.ndarray:
+        """The readouts [n, v_heads * v_dim] of projected rows ``y`` at positions start.., the
+        states updated: one row by the compiled recurrent step (the decode step's own code), more
+        by the chunked rule."""
+        if y.shape[0] == 1:
+            return _core.delta_rows(np.ascontiguousarray(y), self._geometry, self.conv, self.dt_bias, self.neg_a,
+                                    self.norm, conv_state, state)
+        cfg = self.cfg
+        n, C, vd, nv = y.shape[0], cfg.delta_conv_dim, cfg.delta_v_heads * cfg.delta_v_dim, cfg.delta_v_heads
         mixed, z, b, a = y[:, :C], y[:, C:C + vd], y[:, C + vd:C + vd + nv], y[:, C + vd + nv:]
-        conv_state, state = cache.states[self.layer]
         q, k, v = self._conv(mixed, conv_state)
         beta = sigmoid(b)
         g = (self.neg_a * softplus(a + self.dt_bias)).astype(np.float32)
-        if cache.journal is not None:  # a guarded run: its rows kept for a rollback
-            cache.journal.append((self, start, mixed.copy(), q, k, v, beta, g))
-        if n == 1:
-            o = recurrent(state, q, k, v, beta, g)
-        else:
-            o = chunked(state, q, k, v, beta, g, start)
-        o = o.reshape(n, nv, cfg.delta_v_dim)
+        o = chunked(state, q, k, v, beta, g, start).reshape(n, nv, cfg.delta_v_dim)
         o = o / np.sqrt(np.mean(o * o, axis=-1, keepdims=True) + np.float32(cfg.rms_norm_eps)) * self.norm
-        o = o.reshape(n, vd) * silu(z)
-        return self.out(np.ascontiguousarray(o, np.float32))
+        return np.ascontiguousarray(o.reshape(n, vd) * silu(z), np.float32)
 
     def _conv(self, mixed: np.ndarray, conv_state: np.ndarray) -> tuple:
         """The causal conv and SiLU over ``mixed`` [n, C] after the cached inputs (updated); q, k
@@ -112,32 +124,14 @@ class GatedDeltaNet:
                 np.ascontiguousarray(v.transpose(1, 0, 2)))
 
     def replay(self, conv_state: np.ndarray, state: np.ndarray, rows: tuple, count: int) -> None:
-        """Apply the first ``count`` of a journaled call's rows to a state restored to before it
-        (``KVCache.rollback``): the conv's inputs and the rule in the form the call ran, the same
-        bits. A chunked call (several rows) is replayed whole or not at all."""
-        _, start, mixed, q, k, v, beta, g = rows
-        n = q.shape[1]
-        if 0 < count < n and n > 1:
-            raise ValueError(f"layer {self.layer}: a chunked run of {n} positions is not rolled back part way")
-        window = np.concatenate([conv_state, mixed[:count]])
-        conv_state[:] = window[count:]
+        """Apply the first ``count`` rows of a journaled call to states restored to before it
+        (``KVCache.rollback``), in the form the call ran them: the same bits. A chunked call
+        (several rows) is replayed whole or not at all."""
+        _, start, y = rows
+        if 0 < count < y.shape[0] and y.shape[0] > 1:
+            raise ValueError(f"layer {self.layer}: a chunked run of {y.shape[0]} positions is not rolled back part way")
         if count:
-            (recurrent if n == 1 else lambda *x: chunked(*x, start))(state, q, k, v, beta, g)
-
-
-def recurrent(state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: np.ndarray,
-              g: np.ndarray) -> np.ndarray:
-    """The delta rule position by position, ``state`` [h, dk, dv] updated in place; the readout
-    [n, h * dv]. q, k [h, n, dk], v [h, n, dv], beta, g [n, h]."""
-    h, n, dv = v.shape
-    out = np.empty((n, h, dv), np.float32)
-    for t in range(n):
-        state *= np.exp(g[t])[:, None, None]
-        kt = k[:, t:t + 1]                                   # [h, 1, dk]
-        delta = (v[:, t] - (kt @ state)[:, 0]) * beta[t][:, None]   # [h, dv]
-        state += kt.transpose(0, 2, 1) * delta[:, None, :]
-        out[t] = (q[:, t:t + 1] @ state)[:, 0]
-    return out.reshape(n, h * dv)
+            self.mix(y[:count] if y.shape[0] == 1 else y, conv_state, state, start)
 
 
 def chunked(state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: np.ndarray,

@@ -140,10 +140,10 @@ class KVCache:
             if st is not None:
                 for a, b in zip(st, before):
                     a[:] = b
-        for rows in self.journal:  # (layer, start, ...): each layer's calls in order
-            layer, first = rows[0], rows[1]
+        for rows in self.journal:  # (layer, start, projected rows): each layer's calls in order
+            layer, first, y = rows
             if first < length:
-                layer.replay(*self.states[layer.layer], rows, min(length - first, rows[2].shape[0]))
+                layer.replay(*self.states[layer.layer], rows, min(length - first, y.shape[0]))
 
     def forget_saved(self) -> None:
         """Drop what the last ``guard`` kept (the positions it covered are being rewritten)."""

@@ -200,7 +200,7 @@ class GatedAttention(Attention):
         y = self.qkv(x)
         width = cfg.q_size + 2 * cfg.kv_size
         heads = self.attend(np.ascontiguousarray(y[:, :width]), cache, start)
-        return self.o(heads * sigmoid(y[:, width:]))
+        return self.o(_core.sigmoid_mul(heads, np.ascontiguousarray(y[:, width:])))  # the decode step's own op
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
