@@ -184,6 +184,27 @@ def test_compiled_token_is_the_same_at_every_level():
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("kv_cache", ["float32", "float16"])
+def test_compiled_step_equals_the_python_blocks(checkpoints, kv_cache):
+    """The compiled decode step (Gated DeltaNet layers and gated attention in C++) gives the
+    Python blocks' logits, states and KV rows bit for bit, one token at a time and as a
+    speculative verification's block (step_block)."""
+    models = [llm.load(checkpoints["qwen3_5"], bits=4, max_context=256, kv_cache=kv_cache, progress=False)
+              for _ in range(2)]
+    models[1].compiled_decode = False
+    for m in models:
+        m.prefill(IDS[:40])
+    for j, t in enumerate(IDS[40:52]):
+        a, b = (m._forward([t], 40 + j) for m in models)
+        np.testing.assert_array_equal(a, b)
+    assert models[0]._step is not None and models[1]._step is None
+    a, b = (m.verify(IDS[52:57], 52) for m in models)
+    np.testing.assert_array_equal(a, b)
+    for i in range(4):
+        for x, y in zip(*(m.cache.states[i] or (m.cache.k[i], m.cache.v[i]) for m in models)):
+            np.testing.assert_array_equal(x, y)
+
+
 def test_chunked_rule_equals_recurrent_rule():
     """The two forms of the delta rule on the same inputs: the same outputs and final state to
     float32 rounding, from a non-zero state, a start off a chunk boundary, grouped heads."""

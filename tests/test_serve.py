@@ -171,10 +171,11 @@ def test_scheduler_on_other_architectures(tmp_path, arch, extra, kv_cache):
 @pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
 def test_scheduler_on_hybrids(tmp_path, arch):
     """Qwen3.5 (Gated DeltaNet layers: a recurrent state per sequence in its cache) and its MoE:
-    sequences joining and leaving the batch, greedy and sampled, each one's tokens those of
-    Model.generate_ids alone; a second turn of a conversation resumes at the state the
+    sequences joining and leaving the batch, greedy and sampled, speculative or not, each one's
+    tokens those of Model.generate_ids alone; a second turn of a conversation resumes at the state the
     scheduler's prefix store kept with its rows, with the logits of a fresh prefill."""
-    path = synthetic.make_checkpoint(tmp_path / arch, arch=arch, shape="tiny", seed=3, norm_noise=0.1)
+    path = synthetic.make_checkpoint(tmp_path / arch, arch=arch, shape="tiny", seed=3, norm_noise=0.1,
+                                     full_attention_interval=2)  # layer 0 Gated DeltaNet, layer 1 attention
     reference, model = load(path), load(path)
     reference.tokenizer.stop_ids = model.tokenizer.stop_ids = set()
     tok = reference.tokenizer
@@ -182,9 +183,17 @@ def test_scheduler_on_hybrids(tmp_path, arch):
             for i, (p, n) in enumerate(zip(PROMPTS, [40, 3, 25, 60, 9, 33]))]
     long_prompt = [int(t) for t in np.random.default_rng(4).integers(3, 1000, 150)]
     jobs.append((long_prompt, 20, {}))
+    # greedy jobs again with drafts of a twin in float activations (verifications in the batch,
+    # each sequence's states rolled back to its last accepted token)
+    draft = Speculation("draft", load(path, act="float"), max_draft=4, adaptive=False)
+    jobs += [(ids, n, sampling, draft) for ids, n, sampling in jobs if not sampling]
     results, scheduler = run_scheduler(model, jobs, max_batch=4)
-    for (ids, n, sampling), (tokens, finish) in zip(jobs, results):
+    assert (scheduler._step is None) == (arch == "qwen3_5_moe")  # compiled, states per sequence (the MoE's
+    # shared expert: the Python blocks)
+    for (ids, n, sampling, *_), (tokens, finish) in zip(jobs, results):
         assert tokens == reference_ids(reference, ids, n, **sampling)
+    if scheduler._step is not None:  # (the scheduler speculates with the compiled step only)
+        assert scheduler.speculative.draft_tokens > scheduler.speculative.accepted_tokens > 0
     second = long_prompt + results[-1][0] + long_prompt[:30]  # the long prompt's next turn
     cache = model.new_cache(CONTEXT)
     start = scheduler.prefix.restore(cache, second)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "qlinear/core/layout.h"
+#include "qlinear/llm/decoder.h"
 #include "qlinear/llm/moe.h"
 
 namespace qlinear::bindings {
@@ -60,6 +61,18 @@ py::array f32_array(const py::handle& obj, const std::string& what, std::vector<
 
 // A KV cache: float32 or float16 (IEEE half), C-contiguous, writeable, of `shape` (-1: any);
 // returns whether it is half. A wrong dtype raises TypeError, or ValueError with `dtype_value_error`.
+// A Gated DeltaNet layer's geometry ({k_heads, v_heads, k_dim, v_dim, kernel, tiled, eps}),
+// and its weights and one sequence's states checked against it (decoder.cc).
+decoder::DeltaShape delta_shape(const py::dict& g, const std::string& what);
+struct DeltaArrays {
+  decoder::DeltaWeights w;
+  float* conv_state;
+  float* state;
+};
+DeltaArrays delta_arrays(const decoder::DeltaShape& s, const py::handle& conv, const py::handle& dt_bias,
+                         const py::handle& a, const py::handle& norm, const py::handle& conv_state,
+                         const py::handle& state, const std::string& what);
+
 bool checked_kv(const py::handle& obj, const std::string& what, const std::vector<int64_t>& shape,
                 bool dtype_value_error = false);
 

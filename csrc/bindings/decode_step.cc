@@ -81,7 +81,7 @@ py::array_t<float> step_block(DecodeStep& s, const py::array& h_in, int64_t pos)
 
 py::array_t<float> step_batch(DecodeStep& s, const py::array& h_in, const std::vector<int64_t>& pos,
                               const py::list& k_caches, const py::list& v_caches,
-                              const std::vector<int64_t>& contexts) {
+                              const std::vector<int64_t>& contexts, const py::object& states) {
   const decoder::StepModel& md = s.model();
   const std::vector<decoder::LayerCache>& own = s.caches();
   const int64_t b = static_cast<int64_t>(pos.size()), nl = static_cast<int64_t>(own.size());
@@ -131,7 +131,31 @@ py::array_t<float> step_batch(DecodeStep& s, const py::array& h_in, const std::v
       const int64_t layer_bytes = kv * ctx * d * static_cast<int64_t>(k.itemsize());
       for (int64_t i = 0; i < nl; ++i) caches[r * nl + i] = {kp + i * layer_bytes, vp + i * layer_bytes, ctx};
     } else {
+      py::object st = states;
+      const bool has_delta = std::any_of(md.layers.begin(), md.layers.end(), [](const auto& L) { return L.delta; });
+      if (has_delta && (states.is_none() || static_cast<int64_t>(py::len(states)) != b ||
+                        static_cast<int64_t>(py::len(states[py::int_(r)])) != nl))
+        throw py::value_error(what + "states must hold a list of " + std::to_string(nl) +
+                              " layers' states per row (the model has Gated DeltaNet layers)");
       for (int64_t i = 0; i < nl; ++i) {
+        if (md.layers[i].delta) {  // (conv_state, state, record) of this sequence
+          const std::string layer = what + "layer " + std::to_string(i) + " ";
+          py::object t = states[py::int_(r)][py::int_(i)];
+          if (!py::isinstance<py::tuple>(t) || py::len(t) != 3)
+            throw py::type_error(layer + "state must be a tuple (conv_state, state, record)");
+          const decoder::DeltaShape& ds = md.layers[i].delta_shape;
+          py::tuple tt = t.cast<py::tuple>();
+          py::array cs = f32_array(tt[0], layer + "conv_state", {ds.kernel - 1, ds.channels()}, true);
+          py::array sv = f32_array(tt[1], layer + "state", {ds.v_heads, ds.k_dim, ds.v_dim}, true);
+          py::array rc = f32_array(tt[2], layer + "record", {-1, ds.width()}, true);
+          if (rc.shape(0) < 1) throw py::value_error(layer + "record must hold >= 1 row");
+          keep.append(tt);
+          decoder::LayerCache c;
+          c.conv_state = static_cast<float*>(cs.mutable_data()), c.state = static_cast<float*>(sv.mutable_data());
+          c.record = static_cast<float*>(rc.mutable_data()), c.record_rows = rc.shape(0);
+          caches[r * nl + i] = c;
+          continue;
+        }
         // a layer's cache holds the context, or its window's ring (the step's own is one)
         const int64_t cap = own[i].capacity < md.attn.capacity ? std::min(ctx, own[i].capacity) : ctx;
         const std::string layer = what + "layer " + std::to_string(i) + " ";
@@ -147,7 +171,8 @@ py::array_t<float> step_batch(DecodeStep& s, const py::array& h_in, const std::v
     for (int64_t q = r - 1; q >= 0; --q) {  // the latest earlier row sharing any cache
       int64_t shared = 0;
       for (int64_t i = 0; i < nl; ++i)
-        shared += (rows[q].caches[i].k == own_caches[i].k) + (rows[q].caches[i].v == own_caches[i].v);
+        shared += md.layers[i].delta ? 2 * (rows[q].caches[i].state == own_caches[i].state)
+                                     : (rows[q].caches[i].k == own_caches[i].k) + (rows[q].caches[i].v == own_caches[i].v);
       if (shared == 0) continue;
       const std::string pair = "step_batch: rows " + std::to_string(q) + " and " + std::to_string(r) + " share a cache";
       if (shared != 2 * nl)
@@ -189,35 +214,69 @@ py::object decode_step(const py::list& layers, const py::array& final_norm, cons
     if (!o.contains(key) || o[key].is_none()) return static_cast<const float*>(nullptr);
     return static_cast<const float*>(f32_array(o[key], what + key, {n}).data());
   };
+  // the attention's geometry from the attention layers' caches (a delta layer has none)
+  bool any_attention = false;
   for (size_t i = 0; i < py::len(layers); ++i) {
     const std::string p = "layer " + std::to_string(i) + " ";
     if (!py::isinstance<py::tuple>(layers[i]) || py::len(layers[i]) != 11)
       throw py::type_error(p + "must be a tuple (qkv, o, gate_up, down, input_norm, post_norm, k_cache, "
                                "v_cache, cos, sin, options dict)");
     py::tuple t = layers[i].cast<py::tuple>();
-    const bool half = checked_kv_pair(t[6], t[7], p);
-    if (i > 0 && half != md.attn.kv_half)
-      throw py::type_error(p + "caches: every layer's k and v caches must be of one dtype");
-    py::array kc = py::reinterpret_borrow<py::array>(t[6]), vc = py::reinterpret_borrow<py::array>(t[7]);
-    const int64_t kv = kc.shape(0), cap = kc.shape(1), d = kc.shape(2);
-    if (kv < 1 || heads < 1 || heads % kv || d < 2 || d % 2 || d > decoder::kMaxHeadDim || cap < 1 ||
-        (i > 0 && (kv != md.attn.kv_heads || d != md.attn.head_dim)))
-      throw py::value_error(p + "bad head counts or head_dim");
-    md.attn = decoder::AttentionShape{heads, kv, d, std::max(md.attn.capacity, cap)};
-    md.attn.softcap = static_cast<float>(attn_softcap);
-    md.attn.kv_half = half;
-    py::array cs = f32_array(t[8], p + "cos", {-1, d / 2}), sn = f32_array(t[9], p + "sin", {cs.shape(0), d / 2});
-    md.rope_rows = i == 0 ? cs.shape(0) : std::min(md.rope_rows, cs.shape(0));
     if (!py::isinstance<py::dict>(t[10])) throw py::type_error(p + "options must be a dict");
     py::dict o = t[10].cast<py::dict>();
     for (auto item : o) {
       const std::string key = py::str(item.first);
-      if (key != "q_norm" && key != "k_norm" && key != "attn_out_norm" && key != "mlp_out_norm" && key != "moe")
+      if (key != "q_norm" && key != "k_norm" && key != "attn_out_norm" && key != "mlp_out_norm" && key != "moe" &&
+          key != "delta" && key != "gate")
         throw py::value_error(p + "unknown option '" + key + "'");
     }
     decoder::StepLayer L;
-    L.qkv = step_linear(t[0], p + "qkv", (heads + 2 * kv) * d, hidden, refs);
-    L.o = step_linear(t[1], p + "o", hidden, heads * d, refs);
+    if (o.contains("delta") && !o["delta"].is_none()) {  // a Gated DeltaNet layer: its states, no KV cache
+      if (!py::isinstance<py::dict>(o["delta"])) throw py::type_error(p + "delta must be a dict");
+      py::dict dd = o["delta"].cast<py::dict>();
+      for (const char* key : {"geometry", "conv", "dt_bias", "ssm_a", "norm", "conv_state", "state", "record"})
+        if (!dd.contains(key)) throw py::value_error(p + "delta has no '" + key + "'");
+      if (!py::isinstance<py::dict>(dd["geometry"])) throw py::type_error(p + "delta geometry must be a dict");
+      L.delta = true;
+      L.delta_shape = delta_shape(dd["geometry"].cast<py::dict>(), p + "delta");
+      const DeltaArrays a = delta_arrays(L.delta_shape, dd["conv"], dd["dt_bias"], dd["ssm_a"], dd["norm"],
+                                         dd["conv_state"], dd["state"], p + "delta");
+      L.delta_weights = a.w;
+      const int64_t width = L.delta_shape.width(), vd = L.delta_shape.v_heads * L.delta_shape.v_dim;
+      py::array rec = f32_array(dd["record"], p + "delta record", {-1, width}, true);
+      if (rec.shape(0) < 1) throw py::value_error(p + "delta record must hold >= 1 row");
+      L.qkv = step_linear(t[0], p + "delta_in", width, hidden, refs);
+      L.o = step_linear(t[1], p + "delta_out", hidden, vd, refs);
+      decoder::LayerCache c;
+      c.conv_state = a.conv_state, c.state = a.state;
+      c.record = static_cast<float*>(rec.mutable_data()), c.record_rows = rec.shape(0);
+      caches.push_back(c);
+      refs.append(dd);
+    } else {
+      const bool half = checked_kv_pair(t[6], t[7], p);
+      if (any_attention && half != md.attn.kv_half)
+        throw py::type_error(p + "caches: every layer's k and v caches must be of one dtype");
+      py::array kc = py::reinterpret_borrow<py::array>(t[6]), vc = py::reinterpret_borrow<py::array>(t[7]);
+      const int64_t kv = kc.shape(0), cap = kc.shape(1), d = kc.shape(2);
+      if (kv < 1 || heads < 1 || heads % kv || d < 2 || d % 2 || d > decoder::kMaxHeadDim || cap < 1 ||
+          (any_attention && (kv != md.attn.kv_heads || d != md.attn.head_dim)))
+        throw py::value_error(p + "bad head counts or head_dim");
+      md.attn = decoder::AttentionShape{heads, kv, d, std::max(md.attn.capacity, cap)};
+      md.attn.softcap = static_cast<float>(attn_softcap);
+      md.attn.kv_half = half;
+      py::array cs = f32_array(t[8], p + "cos", {-1, d / 2}), sn = f32_array(t[9], p + "sin", {cs.shape(0), d / 2});
+      md.rope_rows = !any_attention ? cs.shape(0) : std::min(md.rope_rows, cs.shape(0));
+      any_attention = true;
+      L.gated = o.contains("gate") && o["gate"].cast<bool>();
+      L.qkv = step_linear(t[0], p + "qkv", (heads + 2 * kv + (L.gated ? heads : 0)) * d, hidden, refs);
+      L.o = step_linear(t[1], p + "o", hidden, heads * d, refs);
+      L.q_norm = optional(o, "q_norm", p, d);
+      L.k_norm = optional(o, "k_norm", p, d);
+      caches.push_back({kc.mutable_data(), vc.mutable_data(), cap});
+      L.cos = static_cast<const float*>(cs.data());
+      L.sin = static_cast<const float*>(sn.data());
+      for (py::handle a : {py::handle(kc), py::handle(vc), py::handle(cs), py::handle(sn)}) refs.append(a);
+    }
     if (o.contains("moe") && !o["moe"].is_none()) {  // routed experts instead of gate_up / down
       if (!(L.moe = moe_layer_of(o["moe"])) || L.moe->hidden != hidden || !t[2].is_none() || !t[3].is_none())
         throw py::value_error(p + "moe must be a MoeLayer of hidden " + std::to_string(hidden) +
@@ -233,17 +292,12 @@ py::object decode_step(const py::list& layers, const py::array& final_norm, cons
     }
     L.input_norm = static_cast<const float*>(f32_array(t[4], p + "input_norm", {hidden}).data());
     L.post_norm = static_cast<const float*>(f32_array(t[5], p + "post_norm", {hidden}).data());
-    L.q_norm = optional(o, "q_norm", p, d);
-    L.k_norm = optional(o, "k_norm", p, d);
     L.attn_out_norm = optional(o, "attn_out_norm", p, hidden);
     L.mlp_out_norm = optional(o, "mlp_out_norm", p, hidden);
-    caches.push_back({kc.mutable_data(), vc.mutable_data(), cap});
-    L.cos = static_cast<const float*>(cs.data());
-    L.sin = static_cast<const float*>(sn.data());
     refs.append(t);
-    for (py::handle a : {py::handle(kc), py::handle(vc), py::handle(cs), py::handle(sn)}) refs.append(a);
     md.layers.push_back(L);
   }
+  if (!any_attention) throw py::value_error("decode_step: no attention layer");
   if (context < 0) throw py::value_error("decode_step: context must be >= 0");
   if (context > 0) {  // every layer's cache holds the context or is a ring of fewer positions
     for (const decoder::LayerCache& c : caches)
@@ -267,11 +321,12 @@ void register_decode_step(py::module_& m) {
            "h = their embeddings [B, hidden]; returns the logits [B, vocab], row j the bits of the one-token "
            "step at pos + j after the rows before it.")
       .def("step_batch", &step_batch, py::arg("h"), py::arg("pos"), py::arg("k_caches"), py::arg("v_caches"),
-           py::arg("contexts"),
+           py::arg("contexts"), py::arg("states") = py::none(),
            "B tokens of sequences (continuous batching): h = their embeddings [B, hidden], row r at position "
            "pos[r] of a sequence of contexts[r] positions over its own caches: k_caches[r][layer] / "
            "v_caches[r][layer] [kv_heads, capacity, head_dim] (a sliding layer's capacity: min(context, window)); "
-           "rows of one sequence (a verification) share all its caches at consecutive positions; "
+           "rows of one sequence (a verification) share all its caches at consecutive positions; states[r][layer]: "
+           "a Gated DeltaNet layer's (conv_state, state, record) of row r's sequence (None for the others); "
            "returns the logits [B, vocab], each row's the bits of that sequence's step alone.")
       .def("run_matmuls", [](DecodeStep& s) {
              std::vector<float> logits(static_cast<size_t>(s.last_rows() * s.model().lm_head.w->n));

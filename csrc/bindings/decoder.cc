@@ -10,6 +10,40 @@
 #include "qlinear/core/threadpool.h"
 
 namespace qlinear::bindings {
+
+// The Gated DeltaNet's geometry as the bindings take it (delta_rows, decode_step's delta layers).
+decoder::DeltaShape delta_shape(const py::dict& g, const std::string& what) {
+  decoder::DeltaShape s;
+  for (const char* key : {"k_heads", "v_heads", "k_dim", "v_dim", "kernel", "tiled", "eps"})
+    if (!g.contains(key)) throw py::value_error(what + ": the delta geometry has no '" + key + "'");
+  s.k_heads = g["k_heads"].cast<int64_t>();
+  s.v_heads = g["v_heads"].cast<int64_t>();
+  s.k_dim = g["k_dim"].cast<int64_t>();
+  s.v_dim = g["v_dim"].cast<int64_t>();
+  s.kernel = g["kernel"].cast<int64_t>();
+  s.tiled = g["tiled"].cast<bool>();
+  s.eps = g["eps"].cast<float>();
+  if (s.k_heads < 1 || s.v_heads < 1 || s.v_heads % s.k_heads || s.k_dim < 1 || s.v_dim < 1 ||
+      s.k_dim > decoder::kMaxDeltaDim || s.v_dim > decoder::kMaxDeltaDim || s.kernel < 2 || s.kernel > 16)
+    throw py::value_error(what + ": bad delta geometry (heads, head sizes <= " +
+                          std::to_string(decoder::kMaxDeltaDim) + ", kernel 2..16)");
+  return s;
+}
+
+DeltaArrays delta_arrays(const decoder::DeltaShape& s, const py::handle& conv, const py::handle& dt_bias,
+                         const py::handle& a, const py::handle& norm, const py::handle& conv_state,
+                         const py::handle& state, const std::string& what) {
+  DeltaArrays out;
+  out.w.conv = static_cast<const float*>(f32_array(conv, what + " conv", {s.kernel, s.channels()}).data());
+  out.w.dt_bias = static_cast<const float*>(f32_array(dt_bias, what + " dt_bias", {s.v_heads}).data());
+  out.w.a = static_cast<const float*>(f32_array(a, what + " ssm_a", {s.v_heads}).data());
+  out.w.norm = static_cast<const float*>(f32_array(norm, what + " norm", {s.v_dim}).data());
+  out.conv_state = static_cast<float*>(
+      f32_array(conv_state, what + " conv_state", {s.kernel - 1, s.channels()}, true).mutable_data());
+  out.state = static_cast<float*>(f32_array(state, what + " state", {s.v_heads, s.k_dim, s.v_dim}, true).mutable_data());
+  return out;
+}
+
 namespace {
 
 using F32Array = py::array_t<float, py::array::c_style>;
@@ -127,45 +161,6 @@ py::array_t<float> py_attend_prefill(const py::array& qkv_in, const py::array& c
   float* op = out.mutable_data();
   py::gil_scoped_release release;
   decoder::attend_prefill(qp, rows, cp, sp, start, sh, static_cast<float>(scale), kp, vp, op);
-  return out;
-}
-
-// The Gated DeltaNet's geometry as the bindings take it (delta_rows, decode_step's delta layers).
-decoder::DeltaShape delta_shape(const py::dict& g, const std::string& what) {
-  decoder::DeltaShape s;
-  for (const char* key : {"k_heads", "v_heads", "k_dim", "v_dim", "kernel", "tiled", "eps"})
-    if (!g.contains(key)) throw py::value_error(what + ": the delta geometry has no '" + key + "'");
-  s.k_heads = g["k_heads"].cast<int64_t>();
-  s.v_heads = g["v_heads"].cast<int64_t>();
-  s.k_dim = g["k_dim"].cast<int64_t>();
-  s.v_dim = g["v_dim"].cast<int64_t>();
-  s.kernel = g["kernel"].cast<int64_t>();
-  s.tiled = g["tiled"].cast<bool>();
-  s.eps = g["eps"].cast<float>();
-  if (s.k_heads < 1 || s.v_heads < 1 || s.v_heads % s.k_heads || s.k_dim < 1 || s.v_dim < 1 ||
-      s.k_dim > decoder::kMaxDeltaDim || s.v_dim > decoder::kMaxDeltaDim || s.kernel < 2 || s.kernel > 16)
-    throw py::value_error(what + ": bad delta geometry (heads, head sizes <= " +
-                          std::to_string(decoder::kMaxDeltaDim) + ", kernel 2..16)");
-  return s;
-}
-
-// The weights and one sequence's state of a delta layer, checked against its geometry.
-struct DeltaArrays {
-  decoder::DeltaWeights w;
-  float* conv_state;
-  float* state;
-};
-DeltaArrays delta_arrays(const decoder::DeltaShape& s, const py::handle& conv, const py::handle& dt_bias,
-                         const py::handle& a, const py::handle& norm, const py::handle& conv_state,
-                         const py::handle& state, const std::string& what) {
-  DeltaArrays out;
-  out.w.conv = static_cast<const float*>(f32_array(conv, what + " conv", {s.kernel, s.channels()}).data());
-  out.w.dt_bias = static_cast<const float*>(f32_array(dt_bias, what + " dt_bias", {s.v_heads}).data());
-  out.w.a = static_cast<const float*>(f32_array(a, what + " ssm_a", {s.v_heads}).data());
-  out.w.norm = static_cast<const float*>(f32_array(norm, what + " norm", {s.v_dim}).data());
-  out.conv_state = static_cast<float*>(
-      f32_array(conv_state, what + " conv_state", {s.kernel - 1, s.channels()}, true).mutable_data());
-  out.state = static_cast<float*>(f32_array(state, what + " state", {s.v_heads, s.k_dim, s.v_dim}, true).mutable_data());
   return out;
 }
 

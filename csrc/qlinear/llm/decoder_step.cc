@@ -10,6 +10,11 @@
 namespace qlinear::decoder {
 
 DecodeStep::DecodeStep(StepModel m, std::vector<LayerCache> caches) : m_(std::move(m)), own_(std::move(caches)) {
+  for (const StepLayer& L : m_.layers) {
+    qkv_width_ = std::max(qkv_width_, L.qkv.w->n);
+    att_width_ = std::max(att_width_, L.delta ? L.delta_shape.v_heads * L.delta_shape.v_dim
+                                              : m_.attn.heads * m_.attn.head_dim);
+  }
   reserve(1);
 }
 
@@ -19,8 +24,8 @@ void DecodeStep::reserve(int64_t b) {
   const int64_t d = m_.attn.head_dim;
   h_.resize(b * m_.hidden);
   x_.resize(b * m_.hidden);
-  qkv_.resize(b * (m_.attn.heads + 2 * m_.attn.kv_heads) * d);
-  att_.resize(b * m_.attn.heads * d);
+  qkv_.resize(b * std::max(qkv_width_, (m_.attn.heads + 2 * m_.attn.kv_heads) * d));
+  att_.resize(b * std::max(att_width_, m_.attn.heads * d));
   proj_.resize(b * m_.hidden);
   gu_.resize(b * 2 * m_.intermediate);
   act_.resize(b * m_.intermediate);
@@ -74,7 +79,7 @@ void DecodeStep::run(const float* h, const StepRow* rows, int64_t b, float* logi
 }
 
 void DecodeStep::forward(const float* h_in, const StepRow* rows, int64_t b, float* logits) {
-  const int64_t n = m_.hidden, d = m_.attn.head_dim, half = d / 2, inter = m_.intermediate;
+  const int64_t n = m_.hidden, d = m_.attn.head_dim, half = d / 2;
   const int64_t heads = m_.attn.heads, kv_heads = m_.attn.kv_heads, nqkv = (heads + 2 * kv_heads) * d;
   const int64_t natt = heads * d, vocab = m_.lm_head.w->n;
   float* h = h_.data();
@@ -94,8 +99,25 @@ void DecodeStep::forward(const float* h_in, const StepRow* rows, int64_t b, floa
     const StepLayer& L = m_.layers[li];
     rms_norm(h, L.input_norm, m_.eps, b, n, x_.data());
     linear(L.qkv, x_.data(), b, qkv_.data());
+    const int64_t wq = L.qkv.w->n;  // a row's projection: [q, k, v] (and a gate), or a delta layer's
+    if (L.delta) {
+      // row after row: rows of one sequence in order of their positions, each over its state
+      const int64_t vd = L.delta_shape.v_heads * L.delta_shape.v_dim;
+      for (int64_t r = 0; r < b; ++r) {
+        const float* y = qkv_.data() + r * wq;
+        const LayerCache& c = rows[r].caches[li];
+        if (c.record) std::copy(y, y + wq, c.record + rows[r].pos % c.record_rows * wq);
+        delta_token(y, L.delta_shape, L.delta_weights, c.conv_state, c.state, att_.data() + r * vd);
+      }
+      linear(L.o, att_.data(), b, proj_.data());
+      residual(L.attn_out_norm, proj_.data());
+      rms_norm(h, L.post_norm, m_.eps, b, n, x_.data());
+      mlp(L, b);
+      residual(L.mlp_out_norm, proj_.data());
+      continue;
+    }
     for (int64_t r = 0; r < b; ++r) {
-      float* qkv = qkv_.data() + r * nqkv;
+      float* qkv = qkv_.data() + r * wq;
       const int64_t pos = rows[r].pos;
       const LayerCache& c = rows[r].caches[li];
       if (L.q_norm) rms_norm(qkv, L.q_norm, m_.eps, heads, d, qkv);
@@ -112,23 +134,31 @@ void DecodeStep::forward(const float* h_in, const StepRow* rows, int64_t b, floa
         attend_batch(round_.data(), nr, m_.attn, m_.scale);
       }
     }
+    if (L.gated)  // the heads' outputs times sigmoid(gate), the gate after q, k and v
+      for (int64_t r = 0; r < b; ++r) sigmoid_mul(qkv_.data() + r * wq + nqkv, natt, att_.data() + r * natt);
     linear(L.o, att_.data(), b, proj_.data());
     residual(L.attn_out_norm, proj_.data());
     rms_norm(h, L.post_norm, m_.eps, b, n, x_.data());
-    if (L.moe) {
-      moe(*L.moe, x_.data(), b, proj_.data());
-    } else {
-      linear(L.gate_up, x_.data(), b, gu_.data());
-      if (m_.gelu) gelu_tanh_mul_rows(gu_.data(), b, inter, act_.data());
-      else silu_mul_rows(gu_.data(), b, inter, act_.data());
-      linear(L.down, act_.data(), b, proj_.data());
-    }
+    mlp(L, b);
     residual(L.mlp_out_norm, proj_.data());
   }
   rms_norm(h, m_.final_norm, m_.eps, b, n, x_.data());
   linear(m_.lm_head, x_.data(), b, logits);
   if (m_.final_softcap > 0.f)
     for (int64_t r = 0; r < b; ++r) softcap(logits + r * vocab, vocab, m_.final_softcap);
+}
+
+// The MLP of b rows: x_ -> proj_ (routed experts, or gate_up, the activation and down).
+void DecodeStep::mlp(const StepLayer& L, int64_t b) {
+  if (L.moe) {
+    moe(*L.moe, x_.data(), b, proj_.data());
+    return;
+  }
+  const int64_t inter = m_.intermediate;
+  linear(L.gate_up, x_.data(), b, gu_.data());
+  if (m_.gelu) gelu_tanh_mul_rows(gu_.data(), b, inter, act_.data());
+  else silu_mul_rows(gu_.data(), b, inter, act_.data());
+  linear(L.down, act_.data(), b, proj_.data());
 }
 
 void DecodeStep::run_matmuls(float* logits) {

@@ -6,7 +6,9 @@
 // Per layer, as the architectures need them: RMSNorm of each query and key head before RoPE
 // (Qwen3, Gemma 3), RMSNorms of the attention's and the MLP's outputs before their residuals
 // (Gemma 2 / 3), the layer's own RoPE tables and cache (a sliding window's cache: `window` rows
-// used as a ring). Per model: GELU-tanh instead of SiLU, soft-capped attention scores and logits.
+// used as a ring), the attention's output gated (Qwen3.5), or a Gated DeltaNet layer instead of
+// attention (decoder.h delta_token over the sequence's states, its input rows recorded for a
+// rollback). Per model: GELU-tanh instead of SiLU, soft-capped attention scores and logits.
 //
 // A DecodeStep holds pointers only (to packed weights, norms, biases, RoPE tables and the KV
 // cache): whoever builds it keeps those alive, and it does exactly the operations of the
@@ -38,7 +40,13 @@
 namespace qlinear::decoder {
 
 struct StepLayer {
-  StepLinear qkv, o, gate_up, down;  // gate_up and down unset in a layer of routed experts
+  // qkv, o: the attention's projections, or a Gated DeltaNet's (`delta`: its input projection
+  // [width] and its output projection); gate_up and down unset in a layer of routed experts
+  StepLinear qkv, o, gate_up, down;
+  bool delta = false;                // a Gated DeltaNet layer (decoder.h delta_token): no KV cache
+  DeltaShape delta_shape{};
+  DeltaWeights delta_weights{};
+  bool gated = false;                // attention whose output is gated: qkv = [q, k, v, gate]
   const MoeLayer* moe = nullptr;     // routed experts (moe.h) instead of gate_up / down
   const float* input_norm = nullptr;     // [hidden]
   const float* post_norm = nullptr;      // [hidden]
@@ -56,6 +64,12 @@ struct LayerCache {
   void* k = nullptr;  // float, or IEEE half (StepModel::attn.kv_half)
   void* v = nullptr;
   int64_t capacity = 0;
+  // A Gated DeltaNet layer's instead: its states (delta_token's conv_state and state) and the
+  // record of its input rows, row pos % record_rows for position pos (a rollback replays them)
+  float* conv_state = nullptr;
+  float* state = nullptr;
+  float* record = nullptr;
+  int64_t record_rows = 0;
 };
 
 // One token of a batch: its position and its sequence's caches (one per layer).
@@ -111,6 +125,7 @@ class DecodeStep {
   void forward(const float* h, const StepRow* rows, int64_t b, float* logits);
   void linear(const StepLinear& l, const float* x, int64_t b, float* y);
   void moe(const MoeLayer& L, const float* x, int64_t b, float* y);
+  void mlp(const StepLayer& L, int64_t b);
 
   StepModel m_;
   std::vector<LayerCache> own_;
@@ -120,6 +135,7 @@ class DecodeStep {
   MoeScratch moe_;
   std::vector<int64_t> round_of_;  // each row's round: rows of its sequence before it
   int64_t rows_ = 0, last_rows_ = 1;
+  int64_t qkv_width_ = 0, att_width_ = 0;  // the widest layer's projection and mixer output
   double last_total_ = 0, last_matmul_ = 0, matmul_ = 0;
 };
 

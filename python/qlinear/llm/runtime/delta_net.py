@@ -14,9 +14,10 @@ Two forms of the same rule (docs/semantics.md, "Recurrent state"): a prefill run
 of ``CHUNK`` positions (the WY / UT form: within a chunk, the updates solved as one triangular
 system and applied with matmuls), the chunks cut at multiples of CHUNK of the absolute position
 so that a prompt's state does not depend on where the prompt was cut; one-token steps (decode,
-a speculative verification's rows) run the recurrent form. A guarded run (speculative) records
-its rows so that the cache can roll the state back to any position in it (``KVCache.rollback``:
-the state before the run restored, the kept rows' recurrence replayed, the same bits)."""
+a speculative verification's rows) run the recurrent form, compiled (``_core.delta_rows``, the
+decode step's own code). One-token steps record their projected rows in the cache, so that it
+can roll the state back to any position of a guarded run (``KVCache.rollback``: the states before
+the run restored, the kept rows replayed through the same code, the same bits)."""
 
 from __future__ import annotations
 
@@ -77,10 +78,17 @@ class GatedDeltaNet:
                 "v_dim": cfg.delta_v_dim, "kernel": cfg.conv_kernel, "tiled": cfg.delta_tiled_heads,
                 "eps": cfg.rms_norm_eps}
 
+    @staticmethod
+    def width(cfg: ModelConfig) -> int:
+        """Columns of the input projection: conv channels, z, b, a."""
+        return cfg.delta_conv_dim + cfg.delta_v_heads * cfg.delta_v_dim + 2 * cfg.delta_v_heads
+
     def __call__(self, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
         y = self.proj(x)
-        if cache.journal is not None:  # a guarded run: its rows kept for a rollback
-            cache.journal.append((self, start, y))
+        if y.shape[0] == 1:  # recorded as the compiled step records it: a rollback replays it
+            cache.records[self.layer][start % cache.RECORD_ROWS] = y[0]
+        else:
+            cache.replayable = False  # (a guarded run of chunked rows is not rolled back part way)
         return self.out(self.mix(y, *cache.states[self.layer], start))
 
     def mix(self, y: np.ndarray, conv_state: np.ndarray, state: np.ndarray, start: int) -> np.ndarray:
@@ -122,16 +130,6 @@ class GatedDeltaNet:
             q, k = spread(q), spread(k)
         return (np.ascontiguousarray(q.transpose(1, 0, 2)), np.ascontiguousarray(k.transpose(1, 0, 2)),
                 np.ascontiguousarray(v.transpose(1, 0, 2)))
-
-    def replay(self, conv_state: np.ndarray, state: np.ndarray, rows: tuple, count: int) -> None:
-        """Apply the first ``count`` rows of a journaled call to states restored to before it
-        (``KVCache.rollback``), in the form the call ran them: the same bits. A chunked call
-        (several rows) is replayed whole or not at all."""
-        _, start, y = rows
-        if 0 < count < y.shape[0] and y.shape[0] > 1:
-            raise ValueError(f"layer {self.layer}: a chunked run of {y.shape[0]} positions is not rolled back part way")
-        if count:
-            self.mix(y[:count] if y.shape[0] == 1 else y, conv_state, state, start)
 
 
 def chunked(state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: np.ndarray,

@@ -25,6 +25,8 @@ def _lazy_zeros(shape, dtype=np.float32) -> np.ndarray:
 
 
 class KVCache:
+    RECORD_ROWS = 64  # a recurrent layer's input rows kept: the longest guarded run
+
     """Keys and values of every layer, preallocated for ``capacity`` positions, float32 (or
     float16: ``dtype``) [kv_heads, positions, head_dim] per layer; memory becomes resident as
     positions are filled.
@@ -37,14 +39,20 @@ class KVCache:
         caps = [0 if cfg.mixer(i) != "attention" else min(capacity, cfg.window(i) or capacity)
                 for i in range(cfg.num_layers)]
         self.states = [None] * cfg.num_layers  # per recurrent layer: [conv inputs, state]
+        # per recurrent layer: its input rows by position (row p % RECORD_ROWS), which a rollback
+        # replays; the layers themselves (Model.new_cache sets them: the replay's code)
+        self.records, self.mixers = [None] * cfg.num_layers, {}
         if cfg.has_state:
             from .delta_net import GatedDeltaNet  # noqa: PLC0415
 
             shapes = GatedDeltaNet.state_shapes(cfg)
-            self.states = [[np.zeros(s, np.float32) for s in shapes] if cfg.mixer(i) == "delta" else None
-                           for i in range(cfg.num_layers)]
-        self.journal = None  # a guarded run's recurrent rows (delta_net), for a rollback
-        self._state_saved = None
+            width = GatedDeltaNet.width(cfg)
+            for i in range(cfg.num_layers):
+                if cfg.mixer(i) == "delta":
+                    self.states[i] = [np.zeros(s, np.float32) for s in shapes]
+                    self.records[i] = np.zeros((self.RECORD_ROWS, width), np.float32)
+        self._state_saved = None  # (start, the states there) of a guarded run
+        self.replayable = True    # the guarded run's rows were one-token steps (recorded)
         self.snapshot = None  # (position, states) a prefill kept: where a next prompt may resume
         self.windows = [c if c < capacity else 0 for c in caps]
         if len(set(caps)) == 1:
@@ -93,18 +101,19 @@ class KVCache:
     def max_run(self) -> int:
         """The most positions one guarded run may hold: the smallest ring's size (a longer run
         writes a slot twice, and a rollback between the two writes could not restore the first)."""
-        return min([w for w in self.windows if w] or [self.capacity])
+        return min([w for w in self.windows if w] or [self.capacity] + ([self.RECORD_ROWS] if self.has_state else []))
 
     def guard(self, start: int, count: int) -> None:
         """Before running ``count`` positions from ``start`` that may be rolled back (speculative
         drafts and verifications): keep what they overwrite in the sliding-window rings (the
         positions ``window`` before them, still in the window of the positions kept)."""
         if count > self.max_run:
-            raise ValueError(f"a guarded run of {count} positions exceeds the smallest sliding window ({self.max_run})")
+            raise ValueError(f"a guarded run of {count} positions exceeds the smallest sliding window or the "
+                             f"recurrent layers' record ({self.max_run})")
         self._saved = []
-        if self.has_state:  # the states before the run, and its rows from here on
+        if self.has_state:  # the states before the run (its rows are recorded as they run)
             self._state_saved = (start, [None if st is None else [a.copy() for a in st] for st in self.states])
-            self.journal = []
+            self.replayable = True
         for i, w in enumerate(self.windows):
             for pos in range(max(start, w), start + count) if w else ():
                 slot = pos % w
@@ -132,20 +141,20 @@ class KVCache:
         if length == 0:
             self.reset_states()
             return
-        if self._state_saved is None or not self._state_saved[0] <= length:
+        if self._state_saved is None or not self._state_saved[0] <= length or not self.replayable:
             raise ValueError(f"cannot roll a recurrent state back to position {length}: the cache holds "
-                             f"{self.length} and no guarded run covers it")
+                             f"{self.length} and no guarded run of one-token steps covers it")
         start, saved = self._state_saved
         for st, before in zip(self.states, saved):
             if st is not None:
                 for a, b in zip(st, before):
                     a[:] = b
-        for rows in self.journal:  # (layer, start, projected rows): each layer's calls in order
-            layer, first, y = rows
-            if first < length:
-                layer.replay(*self.states[layer.layer], rows, min(length - first, y.shape[0]))
+        for i, layer in self.mixers.items():  # the kept positions' recorded rows, through the same code
+            rows = self.records[i]
+            for p in range(start, length):
+                layer.mix(rows[p % self.RECORD_ROWS][None], *self.states[i], p)
 
     def forget_saved(self) -> None:
         """Drop what the last ``guard`` kept (the positions it covered are being rewritten)."""
         self._saved = []
-        self._state_saved, self.journal = None, None
+        self._state_saved = None

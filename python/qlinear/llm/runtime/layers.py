@@ -279,10 +279,16 @@ def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache)
     cfg = blocks[0].cfg
     if cfg.qk_norm_whole or cfg.clip_qkv is not None:  # the compiled step: per-head norms, no clamp
         return None
-    if any(type(b.attention) is not Attention for b in blocks):  # gated attention, recurrent layers
+    from .delta_net import GatedDeltaNet  # noqa: PLC0415
+
+    if any(type(b.attention) not in (Attention, GatedAttention, GatedDeltaNet) for b in blocks):
         return None
+    if all(isinstance(b.attention, GatedDeltaNet) for b in blocks):  # the step needs an attention layer
+        return None
+    mixers = [(b.attention.proj, b.attention.out) if isinstance(b.attention, GatedDeltaNet)
+              else (b.attention.qkv, b.attention.o) for b in blocks]
     mlps = [m for b in blocks if b.gate_up is not None for m in (b.gate_up, b.down)]
-    linears = [lm_head] + [m for b in blocks for m in (b.attention.qkv, b.attention.o)] + mlps
+    linears = [lm_head] + [m for pair in mixers for m in pair] + mlps
     if any(not isinstance(m.weight, PackedWeight) for m in linears):
         return None
     if cfg.hidden_act not in ("silu", "gelu_tanh"):  # the compiled step's MLPs: SwiGLU, GeGLU
@@ -291,13 +297,24 @@ def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache)
     def spec(m: Linear):
         return (core_handle(m.weight), m.bias, m.act == "int8", int(m._block))
 
-    first = blocks[0].attention
+    first = next(b.attention for b in blocks if isinstance(b.attention, Attention))
     dense = [(None, None) if moe is not None else (spec(b.gate_up), spec(b.down)) for b, moe in zip(blocks, moes)]
-    layers = [(spec(b.attention.qkv), spec(b.attention.o), *dense[i],
-               b.input_norm, b.post_norm, cache.k[i], cache.v[i], b.attention.rope.cos, b.attention.rope.sin,
-               {"q_norm": b.attention.q_norm, "k_norm": b.attention.k_norm,
-                "attn_out_norm": b.attn_out_norm, "mlp_out_norm": b.mlp_out_norm, "moe": moe})
-              for i, (b, moe) in enumerate(zip(blocks, moes))]
+
+    def mixer(i: int, b) -> tuple:  # (its caches, cos, sin; its options)
+        a = b.attention
+        if isinstance(a, GatedDeltaNet):
+            conv_state, state = cache.states[i]
+            return (None, None, None, None), {"delta": {
+                "geometry": a.geometry(), "conv": a.conv, "dt_bias": a.dt_bias, "ssm_a": a.neg_a, "norm": a.norm,
+                "conv_state": conv_state, "state": state, "record": cache.records[i]}}
+        return (cache.k[i], cache.v[i], a.rope.cos, a.rope.sin), {
+            "q_norm": a.q_norm, "k_norm": a.k_norm, "gate": isinstance(a, GatedAttention)}
+
+    layers = []
+    for i, (b, moe) in enumerate(zip(blocks, moes)):
+        tables, options = mixer(i, b)
+        layers.append((spec(mixers[i][0]), spec(mixers[i][1]), *dense[i], b.input_norm, b.post_norm, *tables,
+                       {**options, "attn_out_norm": b.attn_out_norm, "mlp_out_norm": b.mlp_out_norm, "moe": moe}))
     return _core.decode_step(layers, norm, spec(lm_head), cfg.num_heads, cfg.rms_norm_eps, float(first.scale),
                              gelu=cfg.hidden_act == "gelu_tanh", attn_softcap=first.softcap,
                              final_softcap=getattr(lm_head, "softcap", 0.0), context=cache.capacity)

@@ -47,8 +47,11 @@ class Model:
         self._step, self._step_cache = None, None
 
     def new_cache(self, capacity: int) -> KVCache:
-        """An empty KV cache of ``capacity`` positions, of the model's element type."""
-        return KVCache(self.config, capacity, KV_DTYPES[self.kv_cache])
+        """An empty KV cache of ``capacity`` positions, of the model's element type (with a
+        hybrid's recurrent states, and its recurrent layers to replay a rollback with)."""
+        cache = KVCache(self.config, capacity, KV_DTYPES[self.kv_cache])
+        cache.mixers = {i: b.attention for i, b in enumerate(self.blocks) if cache.states[i] is not None}
+        return cache
 
     def fork(self, max_context: Optional[int] = None) -> "Model":
         """This model's weights with a KV cache, compiled step, history and stats of its own (and

@@ -207,8 +207,13 @@ class Scheduler:
             if self._step is not None:
                 h = np.ascontiguousarray(self.model.embedding([t for _, t, _ in rows]), np.float32)
                 t0 = time.perf_counter()
+                states = None
+                if self.model.cache.has_state:  # a hybrid's recurrent layers: each sequence's states
+                    states = [[None if st is None else (st[0], st[1], s.cache.records[i])
+                               for i, st in enumerate(s.cache.states)] for s, _, _ in rows]
                 logits = self._step.step_batch(h, [p for _, _, p in rows], [s.cache.k for s, _, _ in rows],
-                                               [s.cache.v for s, _, _ in rows], [s.cache.capacity for s, _, _ in rows])
+                                               [s.cache.v for s, _, _ in rows], [s.cache.capacity for s, _, _ in rows],
+                                               states)
             else:  # weights kept in float: one sequence at a time through the blocks
                 t0 = time.perf_counter()
                 logits = np.concatenate([self.model._forward([t], p, cache=s.cache) for s, t, p in rows])
