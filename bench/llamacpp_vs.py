@@ -127,6 +127,13 @@ def checkpoint(arch: str) -> Path:
         return _spm_checkpoint(ROOT / "llama-small-spm")
     if arch == "phi3":
         return _phi3_checkpoint(ROOT / "phi3-small-longrope")
+    if arch in HYBRIDS:
+        hf = ROOT / f"{arch}-v{VOCAB}"
+        if not (hf / "model.safetensors").is_file():
+            from qlinear.llm import synthetic
+            synthetic.make_checkpoint(hf, HYBRIDS[arch][0], vocab_size=VOCAB, tokenizer_vocab=min(VOCAB, 4096),
+                                      norm_noise=0.1, force=True, **HYBRIDS[arch][1])
+        return hf
     hf = ROOT / f"llama-0.5b-v{VOCAB}"
     if not (hf / "model.safetensors").is_file():
         from qlinear.llm import synthetic
@@ -174,12 +181,28 @@ def _phi3_checkpoint(hf: Path) -> Path:
 
 CONVERTER_TYPES = ("Q8_0", "BF16", "F32")  # written by the converter; others by llama-quantize
 
+# Qwen3.5-shaped hybrids (random weights): the 2B's geometry (24 layers, every 4th attention,
+# head size 256, Gated DeltaNet heads of 128), and the 35B-A3B's with 8 of its 40 layers and 64
+# of its 256 experts (8 routed + the shared one per token, as the 35B runs) so that it fits here
+HYBRIDS = {
+    "qwen3.5-2b": ("qwen3_5", dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
+                                   num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+                                   linear_num_key_heads=16, linear_num_value_heads=16,
+                                   linear_key_head_dim=128, linear_value_head_dim=128)),
+    "qwen3.5-35b-a3b-l8-e64": ("qwen3_5_moe", dict(hidden_size=2048, intermediate_size=1024, num_hidden_layers=8,
+                                                   num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                                                   linear_num_key_heads=16, linear_num_value_heads=32,
+                                                   linear_key_head_dim=128, linear_value_head_dim=128,
+                                                   num_experts=64, num_experts_per_tok=8, moe_intermediate_size=512,
+                                                   shared_expert_intermediate_size=512)),
+}
+
 
 def gguf_file(quant: str, arch: str = "qwen2") -> Path:
     """The synthetic checkpoint as a GGUF file of the given type (made once)."""
     from test_llm import VOCAB
     name = {"qwen2": f"qwen2.5-0.5b-v{VOCAB}", "llama": f"llama-0.5b-v{VOCAB}", "llama-spm": "llama-small-spm",
-            "phi3": "phi3-small-longrope"}[arch]
+            "phi3": "phi3-small-longrope", **{h: f"{h}-v{VOCAB}" for h in HYBRIDS}}[arch]
     out = CACHE / f"{name}-{quant}.gguf"
     if out.exists():
         return out
@@ -187,8 +210,9 @@ def gguf_file(quant: str, arch: str = "qwen2") -> Path:
     wrapper = CACHE / "convert_wrapper.py"
     wrapper.write_text(_CONVERT_WRAPPER)
     if quant in CONVERTER_TYPES:
+        mtp = ["--no-mtp"] if arch in HYBRIDS else []  # (no multi-token-prediction head in these)
         subprocess.run([sys.executable, str(wrapper), str(SRC), str(checkpoint(arch)), "--outtype", quant.lower(),
-                        "--outfile", str(out)], check=True, env=env)
+                        *mtp, "--outfile", str(out)], check=True, env=env)
     else:
         subprocess.run([str(tool("llama-quantize")), str(gguf_file("BF16", arch)), str(out), quant], check=True)
     return out
@@ -372,9 +396,9 @@ def main() -> None:
     ap.add_argument("--quants", nargs="+", default=["Q4_0", "Q8_0"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--arch", nargs="+", default=["qwen2"], choices=["qwen2", "llama", "llama-spm", "phi3"],
+    ap.add_argument("--arch", nargs="+", default=["qwen2"], choices=["qwen2", "llama", "llama-spm", "phi3", *HYBRIDS],
                     help="llama-spm: a small Llama with a SentencePiece tokenizer (for --tokenizer); "
-                         "phi3: a small Phi-3 with LongRoPE")
+                         "phi3: a small Phi-3 with LongRoPE; qwen3.5-*: Qwen3.5-shaped hybrids (random weights)")
     ap.add_argument("--logits", action="store_true", help="compare logits instead of speed")
     ap.add_argument("--tokenizer", action="store_true", help="compare tokenizers instead of speed")
     ap.add_argument("--wall", action="store_true", help="qlinear's decode in weight GB/s beside a streaming read")

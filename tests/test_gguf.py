@@ -80,6 +80,10 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
     arch = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "mixtral": "llama", "qwen3_5_text": "qwen35"}.get(
         cfg["model_type"], cfg["model_type"])
     w = gguf.GGUFWriter(str(path), arch)
+    if arch == "lfm2":  # as llama.cpp's converter writes it: KV heads per layer (0: a conv layer)
+        w.add_shortconv_l_cache(cfg["conv_L_cache"])
+        cfg["num_key_value_heads"] = [cfg["num_key_value_heads"] if t != "conv" else 0 for t in cfg["layer_types"]]
+        cfg["rms_norm_eps"] = cfg["norm_eps"]
     if arch == "qwen35":
         st = _qwen35_tensors(w, cfg, st)
     experts = cfg.get("num_experts") or cfg.get("num_local_experts", 0)
@@ -156,6 +160,12 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
              "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}  # Phi-3's fused ones
     if arch == "qwen35":  # the post-attention norm is the MLP's input norm
         names.update({"post_attention_layernorm": "post_attention_norm", **_QWEN35_NAMES})
+    if arch == "lfm2":
+        names.update({"operator_norm": "attn_norm", "ffn_norm": "ffn_norm", "feed_forward.w1": "ffn_gate",
+                      "feed_forward.w3": "ffn_up", "feed_forward.w2": "ffn_down", "self_attn.out_proj": "attn_output",
+                      "self_attn.q_layernorm": "attn_q_norm", "self_attn.k_layernorm": "attn_k_norm",
+                      "conv.in_proj": "shortconv.in_proj", "conv.out_proj": "shortconv.out_proj",
+                      "conv.conv": "shortconv.conv"})
     if arch in ("gemma2", "gemma3"):  # four norms a block
         names.update({"pre_feedforward_layernorm": "ffn_norm", "post_attention_layernorm": "post_attention_norm",
                       "post_feedforward_layernorm": "post_ffw_norm"})
@@ -169,6 +179,8 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
             g, t = "token_embd.weight", embd
         elif name == "model.norm.weight":
             g, t = "output_norm.weight", T.F32
+        elif name == "model.embedding_norm.weight":  # LFM2's final norm
+            g, t = "token_embd_norm.weight", T.F32
         elif name == "lm_head.weight":
             g, t = "output.weight", qtype
         else:
@@ -176,7 +188,9 @@ def write_gguf(ckpt, path, qtype, embd=T.F16, types=None, pre="gpt-2", spm=None)
             mod, kind = rest.rsplit(".", 1)
             g = f"blk.{i}.{names[mod]}.{kind}"
             g = g.removesuffix(".weight") if g.endswith("ssm_a.weight") else g  # llama.cpp's name for it
-            t = T.F32 if a.ndim == 1 or mod in ("mlp.gate", "linear_attn.conv1d") else qtype  # routers stay F32
+            if mod == "conv.conv":  # [hidden, 1, kernel] -> [hidden, kernel], as the converter squeezes it
+                a = a.reshape(a.shape[0], -1)
+            t = T.F32 if a.ndim == 1 or mod in ("mlp.gate", "linear_attn.conv1d", "conv.conv") else qtype  # routers F32
             if arch == "llama" and mod in ("self_attn.q_proj", "self_attn.k_proj"):
                 a = permute(a, heads if mod == "self_attn.q_proj" else kv)
         if arch in ("gemma2", "gemma3", "qwen35") and name.endswith("norm.weight") and "linear_attn" not in name:
@@ -373,6 +387,28 @@ def test_codes_are_moved_exactly(files, qtype):
         np.testing.assert_array_equal(codes.reshape(256, -1, 32).astype(np.int16) - 128,
                                       blk[..., 2:].view(np.int8))
     np.testing.assert_array_equal(pw.dequantize(), want)
+
+
+@pytest.mark.parametrize("qtype", [T.F32, T.Q8_0])
+def test_lfm2_file_matches_its_checkpoint(tmp_path, qtype):
+    """An LFM2 file as llama.cpp's converter writes it (conv layers by their 0 KV heads, the conv
+    taps [hidden, kernel], the final norm token_embd_norm): the checkpoint's logits in float; Q8_0's
+    codes moved, computing the file's weights."""
+    ckpt = synthetic.make_checkpoint(tmp_path / "ckpt", "lfm2", seed=2, norm_noise=0.1, hidden_size=128,
+                                     intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+                                     num_hidden_layers=5, vocab_size=512, tie_word_embeddings=False)
+    path = write_gguf(ckpt, tmp_path / f"lfm2-{qtype.name}.gguf", qtype, embd=T.F32)
+    ids = [int(t) for t in np.random.default_rng(3).integers(0, 500, 100)]
+    if qtype == T.F32:
+        ours = llm.load(path, bits=None, act="float", max_context=128, progress=False)
+        assert ours.config.mixers == ("conv", "attention", "conv", "attention", "conv")
+        ref = llm.load(ckpt, bits=None, act="float", max_context=128, progress=False).logits(ids)
+        np.testing.assert_allclose(ours.logits(ids), ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+        return
+    model = llm.load(path, act="float", max_context=128, progress=False)
+    assert model.info["gguf_requantized"] == []
+    ref = llm.load(path, bits=None, act="float", max_context=128, progress=False).logits(ids)
+    np.testing.assert_allclose(model.logits(ids), ref, rtol=0, atol=1e-4 * np.abs(ref).max())
 
 
 @pytest.mark.parametrize("qtype", [T.F32, T.Q8_0, T.Q4_0])

@@ -1,5 +1,5 @@
 """qlinear.llm's architectures beyond Qwen2 / Llama (Qwen3, Mistral, Gemma 2, Gemma 3 text,
-Phi-3, Qwen3-MoE, OLMoE) against transformers, on small random checkpoints built here. Sliding windows are 16
+Phi-3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, LFM2) against transformers, on small random checkpoints built here. Sliding windows are 16
 positions and the sequences 80, so the ring caches wrap several times."""
 
 import dataclasses
@@ -42,6 +42,8 @@ ARCHS = {
     "mixtral": dict(num_local_experts=8, num_experts_per_tok=2),  # experts of 352, renormalized
     # experts of 176 and a shared expert of 352 with its sigmoid gate; q/k/v biases
     "qwen2_moe": dict(num_experts=8, num_experts_per_tok=2),
+    # short convolutions (kernel 3, a state of 2 positions) at layers 0, 2, 4; attention at 1, 3
+    "lfm2": dict(num_hidden_layers=5),
 }
 ROUTED = {"olmoe", "olmoe_clip", "qwen2_moe"}  # decode through the Python blocks (whole q / k norms; shared expert)
 

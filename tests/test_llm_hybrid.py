@@ -1,5 +1,6 @@
-"""Hybrid models (Qwen3.5 dense and MoE: Gated DeltaNet layers beside gated attention) on small
-random checkpoints written here (``synthetic``; transformers 4.x has no class for them): their
+"""Hybrid models (Qwen3.5 dense and MoE: Gated DeltaNet layers beside gated attention; LFM2: short
+convolutions beside attention) on small random checkpoints written here (``synthetic``;
+transformers 4.x has no class for Qwen3.5, its LFM2 is checked in test_llm_archs.py): their
 logits against transformers 5.x (the tests that need it skip without it, and fail so with
 QLINEAR_REQUIRE_TRANSFORMERS5=1, as CI's transformers-5 environment sets), the recurrent state's
 rules (docs/semantics.md, "Recurrent state"), and what a hostile file gets."""
@@ -23,15 +24,19 @@ SHAPE = dict(hidden_size=128, intermediate_size=352, num_attention_heads=4, num_
              num_hidden_layers=4, vocab_size=1024)  # layers 0-2 Gated DeltaNet, layer 3 attention
 FORMS = {"qwen3_5": ("qwen3_5", {}), "qwen3_5_moe": ("qwen3_5_moe", {}),
          "qwen3_5_multimodal": ("qwen3_5", {"multimodal": True}),
-         "qwen3_5_moe_multimodal": ("qwen3_5_moe", {"multimodal": True})}
+         "qwen3_5_moe_multimodal": ("qwen3_5_moe", {"multimodal": True}),
+         "lfm2": ("lfm2", {})}  # layers 1 and 3 attend (synthetic's LFM2)
+STATEFUL = ["qwen3_5", "qwen3_5_moe", "lfm2"]
 IDS = [int(t) for t in np.random.default_rng(7).integers(0, 1000, 150)]  # three chunks of 64
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("hybrid")
-    return {name: synthetic.make_checkpoint(root / name, arch, seed=0, norm_noise=0.1, **SHAPE, **extra)
-            for name, (arch, extra) in FORMS.items()}
+    out = {name: synthetic.make_checkpoint(root / name, arch, seed=0, norm_noise=0.1, **SHAPE, **extra)
+           for name, (arch, extra) in FORMS.items()}
+    out["lfm2_other"] = synthetic.make_checkpoint(root / "lfm2_other", "lfm2", seed=1, norm_noise=0.1, **SHAPE)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -96,13 +101,14 @@ def test_text_only_and_multimodal_forms_are_one_model(checkpoints):
         np.testing.assert_array_equal(a.logits(IDS[:40]), b.logits(IDS[:40]))
 
 
-@pytest.mark.parametrize("form", ["qwen3_5", "qwen3_5_moe"])
+@pytest.mark.parametrize("form", STATEFUL)
 def test_decode_with_state_equals_full_forward(checkpoints, form):
     """Greedy tokens decoded one at a time (the recurrent form) are the argmax of the
-    teacher-forced logits (the chunked form); the cache holds no rows for the delta layers."""
+    teacher-forced logits (the chunked form); the cache holds no rows for the stateful layers."""
     model = llm.load(checkpoints[form], bits=4, max_context=256, progress=False)
     model.tokenizer.stop_ids = set()
-    assert [model.cache.k[i].shape[1] for i in range(4)] == [0, 0, 0, 256]
+    rows = {"lfm2": [0, 256, 0, 256]}.get(form, [0, 0, 0, 256])
+    assert [model.cache.k[i].shape[1] for i in range(4)] == rows
     gen = model.generate_ids(IDS[:20], 30)
     assert len(gen) == 30
     full = model.logits(IDS[:20] + gen)
@@ -184,12 +190,13 @@ def test_compiled_token_is_the_same_at_every_level():
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("form", ["qwen3_5", "lfm2"])
 @pytest.mark.parametrize("kv_cache", ["float32", "float16"])
-def test_compiled_step_equals_the_python_blocks(checkpoints, kv_cache):
+def test_compiled_step_equals_the_python_blocks(checkpoints, kv_cache, form):
     """The compiled decode step (Gated DeltaNet layers and gated attention in C++) gives the
     Python blocks' logits, states and KV rows bit for bit, one token at a time and as a
     speculative verification's block (step_block)."""
-    models = [llm.load(checkpoints["qwen3_5"], bits=4, max_context=256, kv_cache=kv_cache, progress=False)
+    models = [llm.load(checkpoints[form], bits=4, max_context=256, kv_cache=kv_cache, progress=False)
               for _ in range(2)]
     models[1].compiled_decode = False
     for m in models:
@@ -234,10 +241,11 @@ def test_prefill_cut_at_chunk_multiples_is_exact(checkpoints, monkeypatch):
         np.testing.assert_array_equal(model.logits(IDS), one)
 
 
-def test_rollback_replays_the_state(checkpoints):
+@pytest.mark.parametrize("form", ["qwen3_5", "lfm2"])
+def test_rollback_replays_the_state(checkpoints, form):
     """A guarded run of 6 one-token steps rolled back to 2 of them: the states (conv inputs,
     recurrent matrices) and the next logits are those of running the 2 alone, bit for bit."""
-    model = llm.load(checkpoints["qwen3_5"], bits=4, max_context=256, progress=False)
+    model = llm.load(checkpoints[form], bits=4, max_context=256, progress=False)
     model.prefill(IDS[:30])
     cache = model.cache
     cache.guard(30, 6)
@@ -246,7 +254,7 @@ def test_rollback_replays_the_state(checkpoints):
     cache.rollback(32)
     after = model._forward([IDS[32]], 32)
     states = [[a.copy() for a in st] for st in cache.states if st is not None]
-    twin = llm.load(checkpoints["qwen3_5"], bits=4, max_context=256, progress=False)
+    twin = llm.load(checkpoints[form], bits=4, max_context=256, progress=False)
     twin.prefill(IDS[:30])
     for j, t in enumerate(IDS[30:32]):
         twin._forward([t], 30 + j)
@@ -258,29 +266,34 @@ def test_rollback_replays_the_state(checkpoints):
         cache.rollback(10)  # before the guarded run: no snapshot there
 
 
-@pytest.mark.parametrize("form", ["qwen3_5", "qwen3_5_moe"])
+@pytest.mark.parametrize("form", STATEFUL)
 def test_speculative_greedy_equals_plain(checkpoints, form):
     """Drafts of 4 from the same weights with float activations (a hybrid draft model: its own
     states guarded and rolled back too), mostly accepted, some rejected part way (the states
     rolled back to the last accepted token): the tokens of plain greedy decoding. (n-gram
     drafts never match a random model's text.)"""
     model = llm.load(checkpoints[form], bits=4, max_context=512, progress=False)
-    draft = llm.load(checkpoints[form], bits=4, act="float", max_context=512, progress=False)
+    drafts = [llm.load(checkpoints[form], bits=4, act="float", max_context=512, progress=False)]
+    if form == "lfm2":  # its twin agrees on every token: a draft of other weights is rejected too
+        drafts.append(llm.load(checkpoints["lfm2_other"], bits=4, max_context=512, progress=False))
     model.tokenizer.stop_ids = set()
     plain = model.generate_ids(IDS[:40], 60)
-    spec = model.generate_ids(IDS[:40], 60, speculative=Speculation("draft", draft, max_draft=4, adaptive=False))
-    st = model.stats
-    assert spec == plain
-    assert st.draft_tokens > st.accepted_tokens > 0
+    drafted = accepted = 0
+    for draft in drafts:
+        spec = model.generate_ids(IDS[:40], 60, speculative=Speculation("draft", draft, max_draft=4, adaptive=False))
+        assert spec == plain
+        drafted, accepted = drafted + model.stats.draft_tokens, accepted + model.stats.accepted_tokens
+    assert drafted > accepted > 0
 
 
-def test_a_second_turn_resumes_at_the_state_snapshot(checkpoints):
+@pytest.mark.parametrize("form", ["qwen3_5", "lfm2"])
+def test_a_second_turn_resumes_at_the_state_snapshot(checkpoints, form):
     """A prefill keeps the states at the last multiple of 64 before its end; a next prompt that
     shares that much (a conversation's next turn: the reply's rows came from decode steps)
     resumes there: the logits and tokens of prefilling it all, bit for bit. One that departs
     before it starts from 0; one that extends a cache prefilled to its end resumes at the end."""
-    model = llm.load(checkpoints["qwen3_5"], bits=4, max_context=512, progress=False)
-    fresh = llm.load(checkpoints["qwen3_5"], bits=4, max_context=512, progress=False)
+    model = llm.load(checkpoints[form], bits=4, max_context=512, progress=False)
+    fresh = llm.load(checkpoints[form], bits=4, max_context=512, progress=False)
     model.tokenizer.stop_ids = fresh.tokenizer.stop_ids = set()
     turn = IDS[:150]
     reply = model.generate_ids(turn, 20)
@@ -296,11 +309,12 @@ def test_a_second_turn_resumes_at_the_state_snapshot(checkpoints):
     assert model.stats.reused_tokens == 64
 
 
-def test_prefix_cache_keeps_states_with_the_rows(checkpoints):
+@pytest.mark.parametrize("form", ["qwen3_5_moe", "lfm2"])
+def test_prefix_cache_keeps_states_with_the_rows(checkpoints, form):
     """The prefix store (the server's) keeps a state snapshot with the block where a prefill's
     snapshot fell, beside the attention layers' rows: another cache resumes there exactly."""
-    model = llm.load(checkpoints["qwen3_5_moe"], bits=4, max_context=512, progress=False)
-    fresh = llm.load(checkpoints["qwen3_5_moe"], bits=4, max_context=512, progress=False)
+    model = llm.load(checkpoints[form], bits=4, max_context=512, progress=False)
+    fresh = llm.load(checkpoints[form], bits=4, max_context=512, progress=False)
     store = prefix_cache.PrefixCache(64)
     first = model.new_cache(512)
     model.prefill_into(first, IDS[:140], 0, store)
@@ -315,7 +329,7 @@ def test_prefix_cache_keeps_states_with_the_rows(checkpoints):
 def test_converted_model_equals_the_checkpoint(checkpoints, tmp_path):
     from qlinear.llm.converted.convert import convert
 
-    for form in ("qwen3_5", "qwen3_5_moe_multimodal"):
+    for form in ("qwen3_5", "qwen3_5_moe_multimodal", "lfm2"):
         out = convert(checkpoints[form], tmp_path / form, bits=4, progress=False)
         a = llm.load(out, max_context=256, progress=False).logits(IDS)
         b = llm.load(checkpoints[form], bits=4, max_context=256, progress=False).logits(IDS)

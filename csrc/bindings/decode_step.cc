@@ -132,26 +132,32 @@ py::array_t<float> step_batch(DecodeStep& s, const py::array& h_in, const std::v
       for (int64_t i = 0; i < nl; ++i) caches[r * nl + i] = {kp + i * layer_bytes, vp + i * layer_bytes, ctx};
     } else {
       py::object st = states;
-      const bool has_delta = std::any_of(md.layers.begin(), md.layers.end(), [](const auto& L) { return L.delta; });
+      const bool has_delta = std::any_of(md.layers.begin(), md.layers.end(),
+                                         [](const auto& L) { return L.delta || L.conv_kernel; });
       if (has_delta && (states.is_none() || static_cast<int64_t>(py::len(states)) != b ||
                         static_cast<int64_t>(py::len(states[py::int_(r)])) != nl))
         throw py::value_error(what + "states must hold a list of " + std::to_string(nl) +
                               " layers' states per row (the model has Gated DeltaNet layers)");
       for (int64_t i = 0; i < nl; ++i) {
-        if (md.layers[i].delta) {  // (conv_state, state, record) of this sequence
+        const decoder::StepLayer& SL = md.layers[i];
+        if (SL.delta || SL.conv_kernel) {  // (conv_state, state or None, record) of this sequence
           const std::string layer = what + "layer " + std::to_string(i) + " ";
           py::object t = states[py::int_(r)][py::int_(i)];
           if (!py::isinstance<py::tuple>(t) || py::len(t) != 3)
-            throw py::type_error(layer + "state must be a tuple (conv_state, state, record)");
-          const decoder::DeltaShape& ds = md.layers[i].delta_shape;
+            throw py::type_error(layer + "state must be a tuple (conv_state, state or None, record)");
+          const decoder::DeltaShape& ds = SL.delta_shape;
+          const int64_t rows_of_conv = SL.delta ? ds.kernel - 1 : SL.conv_kernel - 1;
+          const int64_t conv_width = SL.delta ? ds.channels() : md.hidden;
           py::tuple tt = t.cast<py::tuple>();
-          py::array cs = f32_array(tt[0], layer + "conv_state", {ds.kernel - 1, ds.channels()}, true);
-          py::array sv = f32_array(tt[1], layer + "state", {ds.v_heads, ds.k_dim, ds.v_dim}, true);
-          py::array rc = f32_array(tt[2], layer + "record", {-1, ds.width()}, true);
+          py::array cs = f32_array(tt[0], layer + "conv_state", {rows_of_conv, conv_width}, true);
+          py::array rc = f32_array(tt[2], layer + "record", {-1, SL.qkv.w->n}, true);
           if (rc.shape(0) < 1) throw py::value_error(layer + "record must hold >= 1 row");
-          keep.append(tt);
           decoder::LayerCache c;
-          c.conv_state = static_cast<float*>(cs.mutable_data()), c.state = static_cast<float*>(sv.mutable_data());
+          if (SL.delta)
+            c.state = static_cast<float*>(
+                f32_array(tt[1], layer + "state", {ds.v_heads, ds.k_dim, ds.v_dim}, true).mutable_data());
+          keep.append(tt);
+          c.conv_state = static_cast<float*>(cs.mutable_data());
           c.record = static_cast<float*>(rc.mutable_data()), c.record_rows = rc.shape(0);
           caches[r * nl + i] = c;
           continue;
@@ -171,7 +177,8 @@ py::array_t<float> step_batch(DecodeStep& s, const py::array& h_in, const std::v
     for (int64_t q = r - 1; q >= 0; --q) {  // the latest earlier row sharing any cache
       int64_t shared = 0;
       for (int64_t i = 0; i < nl; ++i)
-        shared += md.layers[i].delta ? 2 * (rows[q].caches[i].state == own_caches[i].state)
+        shared += md.layers[i].delta || md.layers[i].conv_kernel
+                      ? 2 * (rows[q].caches[i].conv_state == own_caches[i].conv_state)
                                      : (rows[q].caches[i].k == own_caches[i].k) + (rows[q].caches[i].v == own_caches[i].v);
       if (shared == 0) continue;
       const std::string pair = "step_batch: rows " + std::to_string(q) + " and " + std::to_string(r) + " share a cache";
@@ -227,7 +234,7 @@ py::object decode_step(const py::list& layers, const py::array& final_norm, cons
     for (auto item : o) {
       const std::string key = py::str(item.first);
       if (key != "q_norm" && key != "k_norm" && key != "attn_out_norm" && key != "mlp_out_norm" && key != "moe" &&
-          key != "delta" && key != "gate")
+          key != "delta" && key != "gate" && key != "short_conv")
         throw py::value_error(p + "unknown option '" + key + "'");
     }
     decoder::StepLayer L;
@@ -252,6 +259,25 @@ py::object decode_step(const py::list& layers, const py::array& final_norm, cons
       c.record = static_cast<float*>(rec.mutable_data()), c.record_rows = rec.shape(0);
       caches.push_back(c);
       refs.append(dd);
+    } else if (o.contains("short_conv") && !o["short_conv"].is_none()) {  // LFM2's: its conv state, no KV cache
+      if (!py::isinstance<py::dict>(o["short_conv"])) throw py::type_error(p + "short_conv must be a dict");
+      py::dict sc = o["short_conv"].cast<py::dict>();
+      for (const char* key : {"conv", "conv_state", "record"})
+        if (!sc.contains(key)) throw py::value_error(p + "short_conv has no '" + key + "'");
+      py::array taps = f32_array(sc["conv"], p + "short_conv taps", {-1, hidden});
+      L.conv_kernel = taps.shape(0);
+      if (L.conv_kernel < 2 || L.conv_kernel > 16) throw py::value_error(p + "short_conv kernel must be 2..16");
+      L.conv = static_cast<const float*>(taps.data());
+      py::array cs = f32_array(sc["conv_state"], p + "short_conv conv_state", {L.conv_kernel - 1, hidden}, true);
+      py::array rec = f32_array(sc["record"], p + "short_conv record", {-1, 3 * hidden}, true);
+      if (rec.shape(0) < 1) throw py::value_error(p + "short_conv record must hold >= 1 row");
+      L.qkv = step_linear(t[0], p + "conv_in", 3 * hidden, hidden, refs);
+      L.o = step_linear(t[1], p + "conv_out", hidden, hidden, refs);
+      decoder::LayerCache c;
+      c.conv_state = static_cast<float*>(cs.mutable_data());
+      c.record = static_cast<float*>(rec.mutable_data()), c.record_rows = rec.shape(0);
+      caches.push_back(c);
+      refs.append(sc);
     } else {
       const bool half = checked_kv_pair(t[6], t[7], p);
       if (any_attention && half != md.attn.kv_half)

@@ -183,6 +183,22 @@ F32Array py_delta_rows(const py::array& y_in, const py::dict& geometry, const py
   return out;
 }
 
+// Rows y [n, 3 hidden] of one sequence, in order, through short_conv_token: [n, hidden].
+F32Array py_short_conv_rows(const py::array& y_in, const py::array& conv_in, const py::array& state_in) {
+  F32Array y = checked_f32(y_in, "y", 2), conv = checked_f32(conv_in, "conv", 2);
+  const int64_t kernel = conv.shape(0), h = conv.shape(1);
+  if (kernel < 2 || kernel > 16 || y.shape(1) != 3 * h)
+    throw py::value_error("short_conv_rows: y must be [n, 3 x hidden] and conv [kernel 2..16, hidden]");
+  float* st = static_cast<float*>(f32_array(state_in, "conv_state", {kernel - 1, h}, true).mutable_data());
+  const int64_t n = y.shape(0);
+  F32Array out({n, h});
+  const float *yp = y.data(), *cp = conv.data();
+  float* op = out.mutable_data();
+  py::gil_scoped_release release;
+  for (int64_t r = 0; r < n; ++r) decoder::short_conv_token(yp + r * 3 * h, h, kernel, cp, st, op + r * h);
+  return out;
+}
+
 F32Array py_sigmoid_mul(const py::array& x_in, const py::array& gate_in) {
   F32Array x = checked_f32(x_in, "x", 2), g = checked_f32(gate_in, "gate", 2);
   if (x.shape(0) != g.shape(0) || x.shape(1) != g.shape(1)) throw py::value_error("sigmoid_mul: x and gate differ in shape");
@@ -200,6 +216,9 @@ void register_decoder(py::module_& m) {
         "Gated DeltaNet rows of one sequence in order (decoder.h delta_token): y [n, width] the layer's "
         "projections; conv_state [kernel - 1, channels] and state [v_heads, k_dim, v_dim] updated in place; "
         "returns the readouts [n, v_heads * v_dim]. geometry: {k_heads, v_heads, k_dim, v_dim, kernel, tiled, eps}.");
+  m.def("short_conv_rows", &py_short_conv_rows, py::arg("y"), py::arg("conv"), py::arg("conv_state"),
+        "LFM2's short convolution over rows y [n, 3 hidden] (B, C, x) of one sequence in order (decoder.h "
+        "short_conv_token): conv [kernel, hidden], conv_state [kernel - 1, hidden] updated; returns [n, hidden].");
   m.def("sigmoid_mul", &py_sigmoid_mul, py::arg("x"), py::arg("gate"), "x * sigmoid(gate), a new array.");
   m.def("rms_norm", &py_rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"));
   m.def("silu_mul", [](const py::array& gu) { return py_gated_mul<decoder::silu_mul>(gu, "silu_mul"); },

@@ -34,6 +34,7 @@ void delta_conv(const float* y, const DeltaShape& s, const DeltaWeights& w, floa
 void delta_heads(const float* y, const float* h, const DeltaShape& s, const DeltaWeights& w, float* state,
                  int64_t h0, int64_t h1, float* out);
 void sigmoid_mul(const float* gate, int64_t n, float* x);
+void short_conv_token(const float* y, int64_t n, int64_t kernel, const float* conv, float* conv_state, float* out);
 }  // namespace avx2
 #define QLINEAR_DECODER_CALL(fn, ...) \
   (active_kernels().isa != Isa::scalar ? avx2::fn(__VA_ARGS__) : generic::fn(__VA_ARGS__))
@@ -116,6 +117,10 @@ void delta_token(const float* y, const DeltaShape& s, const DeltaWeights& w, flo
 }
 
 void sigmoid_mul(const float* gate, int64_t n, float* x) { QLINEAR_DECODER_CALL(sigmoid_mul, gate, n, x); }
+
+void short_conv_token(const float* y, int64_t n, int64_t kernel, const float* conv, float* conv_state, float* out) {
+  QLINEAR_DECODER_CALL(short_conv_token, y, n, kernel, conv, conv_state, out);
+}
 
 void dot_rows(const float* x, const float* w, int64_t n, int64_t k, float* y) {
   QLINEAR_DECODER_CALL(dot_rows, x, w, n, k, y);

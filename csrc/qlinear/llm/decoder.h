@@ -63,6 +63,10 @@ struct DeltaWeights {
 void delta_token(const float* y, const DeltaShape& s, const DeltaWeights& w, float* conv_state, float* state,
                  float* out);
 
+// LFM2's short convolution, one token: y = [B, C, x] (n each), conv taps [kernel, n], conv_state
+// [kernel - 1, n] (the last values of B * x) updated; out [n] = C * sum_j tap_j * (B * x)_{t-K+1+j}.
+void short_conv_token(const float* y, int64_t n, int64_t kernel, const float* conv, float* conv_state, float* out);
+
 // x[i] *= sigmoid(gate[i]) (the gated attention's output, Qwen3.5).
 void sigmoid_mul(const float* gate, int64_t n, float* x);
 

@@ -1,5 +1,6 @@
 // Part of decoder_impl.h (included from it only, after decoder_impl_rowwise.h, once per copy):
-// one token of a Gated DeltaNet layer (Qwen3.5's linear attention, decoder.h delta_token), in
+// one token of a Gated DeltaNet layer (Qwen3.5's linear attention, decoder.h delta_token) or of
+// a short convolution (LFM2's, short_conv_token), in
 // one fixed order of float operations at every level. The loops over a state row's value
 // columns are independent sums (each column accumulates over the key rows in order), which the
 // compiler vectorizes without reordering anything.
@@ -87,6 +88,19 @@ void delta_heads(const float* y, const float* h, const DeltaShape& s, const Delt
     const float* zh = z + hv * dv;
     for (int64_t j = 0; j < dv; ++j) o[j] = o[j] * inv * w.norm[j] * (zh[j] / (1.f + exp_poly(-zh[j])));
   }
+}
+
+void short_conv_token(const float* y, int64_t n, int64_t kernel, const float* conv, float* conv_state, float* out) {
+  const float *b = y, *c = y + n, *x = y + 2 * n;
+  for (int64_t ch = 0; ch < n; ++ch) {
+    const float bx = b[ch] * x[ch];
+    float acc = conv_state[ch] * conv[ch];
+    for (int64_t j = 1; j < kernel - 1; ++j) acc += conv_state[j * n + ch] * conv[j * n + ch];
+    acc += bx * conv[(kernel - 1) * n + ch];
+    out[ch] = c[ch] * acc;
+  }
+  for (int64_t j = 0; j + 1 < kernel - 1; ++j) std::memcpy(conv_state + j * n, conv_state + (j + 1) * n, n * sizeof(float));
+  for (int64_t ch = 0; ch < n; ++ch) conv_state[(kernel - 2) * n + ch] = b[ch] * x[ch];
 }
 
 void sigmoid_mul(const float* gate, int64_t n, float* x) {

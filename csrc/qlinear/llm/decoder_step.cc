@@ -13,7 +13,7 @@ DecodeStep::DecodeStep(StepModel m, std::vector<LayerCache> caches) : m_(std::mo
   for (const StepLayer& L : m_.layers) {
     qkv_width_ = std::max(qkv_width_, L.qkv.w->n);
     att_width_ = std::max(att_width_, L.delta ? L.delta_shape.v_heads * L.delta_shape.v_dim
-                                              : m_.attn.heads * m_.attn.head_dim);
+                                      : L.conv_kernel ? m_.hidden : m_.attn.heads * m_.attn.head_dim);
   }
   reserve(1);
 }
@@ -100,14 +100,16 @@ void DecodeStep::forward(const float* h_in, const StepRow* rows, int64_t b, floa
     rms_norm(h, L.input_norm, m_.eps, b, n, x_.data());
     linear(L.qkv, x_.data(), b, qkv_.data());
     const int64_t wq = L.qkv.w->n;  // a row's projection: [q, k, v] (and a gate), or a delta layer's
-    if (L.delta) {
+    if (L.delta || L.conv_kernel) {
       // row after row: rows of one sequence in order of their positions, each over its state
-      const int64_t vd = L.delta_shape.v_heads * L.delta_shape.v_dim;
+      const int64_t out_width = L.delta ? L.delta_shape.v_heads * L.delta_shape.v_dim : n;
       for (int64_t r = 0; r < b; ++r) {
         const float* y = qkv_.data() + r * wq;
         const LayerCache& c = rows[r].caches[li];
         if (c.record) std::copy(y, y + wq, c.record + rows[r].pos % c.record_rows * wq);
-        delta_token(y, L.delta_shape, L.delta_weights, c.conv_state, c.state, att_.data() + r * vd);
+        float* out = att_.data() + r * out_width;
+        if (L.delta) delta_token(y, L.delta_shape, L.delta_weights, c.conv_state, c.state, out);
+        else short_conv_token(y, n, L.conv_kernel, L.conv, c.conv_state, out);
       }
       linear(L.o, att_.data(), b, proj_.data());
       residual(L.attn_out_norm, proj_.data());

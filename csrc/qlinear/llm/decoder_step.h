@@ -47,6 +47,8 @@ struct StepLayer {
   DeltaShape delta_shape{};
   DeltaWeights delta_weights{};
   bool gated = false;                // attention whose output is gated: qkv = [q, k, v, gate]
+  int64_t conv_kernel = 0;           // a short convolution layer (LFM2, decoder.h short_conv_token)
+  const float* conv = nullptr;       // its taps [conv_kernel, hidden]
   const MoeLayer* moe = nullptr;     // routed experts (moe.h) instead of gate_up / down
   const float* input_norm = nullptr;     // [hidden]
   const float* post_norm = nullptr;      // [hidden]
@@ -64,8 +66,9 @@ struct LayerCache {
   void* k = nullptr;  // float, or IEEE half (StepModel::attn.kv_half)
   void* v = nullptr;
   int64_t capacity = 0;
-  // A Gated DeltaNet layer's instead: its states (delta_token's conv_state and state) and the
-  // record of its input rows, row pos % record_rows for position pos (a rollback replays them)
+  // A Gated DeltaNet or short conv layer's instead: its states (delta_token's conv_state and
+  // state; short_conv_token's conv_state) and the record of its input rows, row pos % record_rows
+  // for position pos (a rollback replays them)
   float* conv_state = nullptr;
   float* state = nullptr;
   float* record = nullptr;

@@ -24,7 +24,8 @@ def ropes(cfg: ModelConfig, max_context: int, inv_freq=None) -> tuple:
 
 
 def token_mixer(cfg: ModelConfig, i: int, linear: Callable, vector: Callable, rope: Rope):
-    """Layer ``i``'s attention (gated: Qwen3.5) or, in a hybrid, its Gated DeltaNet."""
+    """Layer ``i``'s attention (gated: Qwen3.5) or, in a hybrid, its Gated DeltaNet (Qwen3.5) or
+    short convolution (LFM2)."""
     H, d, p = cfg.hidden_size, cfg.head_dim, f"layers.{i}."
     if cfg.mixer(i) == "delta":
         from .runtime.delta_net import GatedDeltaNet  # noqa: PLC0415
@@ -33,6 +34,11 @@ def token_mixer(cfg: ModelConfig, i: int, linear: Callable, vector: Callable, ro
         return GatedDeltaNet(cfg, i, linear(p + "delta_in", (C + vd + 2 * nv, H)), linear(p + "delta_out", (H, vd)),
                              vector(p + "conv", (C, 1, cfg.conv_kernel)), vector(p + "dt_bias", nv),
                              vector(p + "ssm_a", nv), vector(p + "delta_norm", cfg.delta_v_dim))
+    if cfg.mixer(i) == "conv":
+        from .runtime.short_conv import ShortConv  # noqa: PLC0415
+
+        return ShortConv(cfg, i, linear(p + "conv_in", (3 * H, H)), linear(p + "conv_out", (H, H)),
+                         vector(p + "conv", (H, 1, cfg.conv_kernel)))
     if cfg.qk_norm_whole:  # OLMoE: one norm over all heads of q, one over all of k
         qk = (vector(p + "q_norm", cfg.q_size), vector(p + "k_norm", cfg.kv_size))
     else:

@@ -52,9 +52,10 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     shared_expert_size: int = 0            # a shared expert every token runs, gated (Qwen2-MoE)
-    # hybrids (Qwen3.5): the token mixer per layer, "attention" or "delta" (Gated DeltaNet: a
-    # causal depthwise conv over q / k / v, then the gated delta rule over a state of
-    # delta_k_dim x delta_v_dim per value head); None: attention everywhere
+    # hybrids: the token mixer per layer, "attention", "delta" (Qwen3.5's Gated DeltaNet: a causal
+    # depthwise conv over q / k / v, then the gated delta rule over a state of delta_k_dim x
+    # delta_v_dim per value head) or "conv" (LFM2's short convolution, gated); None: attention
+    # everywhere
     mixers: Optional[tuple] = None
     attn_output_gate: bool = False         # attention's output times sigmoid(gate), the gate a q-sized projection
     rotary_dim: int = 0                    # partial rotary: the leading rotary_dim of each head rotate (0: all)
@@ -62,7 +63,7 @@ class ModelConfig:
     delta_v_heads: int = 0
     delta_k_dim: int = 0
     delta_v_dim: int = 0
-    conv_kernel: int = 0                   # the delta layers' causal conv width
+    conv_kernel: int = 0                   # the delta / conv layers' causal conv width
     # value head j reads key head j % key heads (llama.cpp's files: value heads "tiled"); else
     # j // (value heads / key heads), Hugging Face's grouping
     delta_tiled_heads: bool = False
@@ -76,7 +77,7 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     def mixer(self, layer: int) -> str:
-        """Layer ``layer``'s token mixer: "attention" or "delta"."""
+        """Layer ``layer``'s token mixer: "attention", "delta" or "conv"."""
         return "attention" if self.mixers is None else self.mixers[layer]
 
     @property
@@ -127,7 +128,7 @@ class ModelConfig:
                 scaling = _longrope(scaling, hf, max_positions, head_dim, where)
         features = arch.features(hf, where)
         bias = arch.attention_bias if arch.attention_bias is not None else bool(hf.get("attention_bias", False))
-        return cls(
+        return cls(**{**dict(
             arch=arch.model_type, hidden_size=hidden,
             # a routed model without dense layers may leave the dense width out (Qwen3.5-MoE)
             intermediate_size=(features["moe_intermediate_size"] if "intermediate_size" not in hf
@@ -139,8 +140,8 @@ class ModelConfig:
             max_position_embeddings=max_positions,
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", arch.tie_word_embeddings)),
             attention_bias=bias, rope_scaling=scaling,
-            bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"), **features,
-        )
+            bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id")),
+            **features})  # (a family's features may also say how it names shared fields: LFM2's norm_eps)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

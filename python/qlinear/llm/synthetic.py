@@ -90,6 +90,8 @@ ARCHS = {
     "olmoe": ("OlmoeConfig", {"num_experts": 8, "num_experts_per_tok": 2}, OLMOE),  # experts: intermediate_size
     "mixtral": ("MixtralConfig", {"num_local_experts": 8, "num_experts_per_tok": 2}, MISTRAL),
     "qwen2_moe": ("Qwen2MoeConfig", {"num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": False}, CHATML),
+    # conv layers around attention ones (layers 1 and 3 attend), the MLP's width as given
+    "lfm2": ("Lfm2Config", {"block_auto_adjust_ff_dim": False, "full_attn_idxs": [1, 3], "tie_word_embeddings": True}, CHATML),
 }
 # hybrids, written here in numpy (transformers 4.x has no class for them; 5.x reads what is written)
 # arch -> (model_type, transformers class, fields beyond the shape). A "linear_*" field of

@@ -23,12 +23,12 @@ LINEARS = ("qkv", "o", "gate_up", "down")
 ROUTED_LAYER = {k: v for k, v in LLAMA_LAYER.items() if k not in ("gate_up", "down")}  # the MLP: experts
 
 
-MIXER_LINEARS = {"attention": ("qkv", "o"), "delta": ("delta_in", "delta_out")}
+MIXER_LINEARS = {"attention": ("qkv", "o"), "delta": ("delta_in", "delta_out"), "conv": ("conv_in", "conv_out")}
 
 
 def layer_linears(cfg, layer: int = 0) -> list:
     """Our names of layer ``layer``'s quantized linears: its token mixer's (attention: qkv, o;
-    Gated DeltaNet: delta_in, delta_out), then the MLP's: gate_up, down, or with routed experts
+    Gated DeltaNet: delta_in, delta_out; short conv: conv_in, conv_out), then the MLP's: gate_up, down, or with routed experts
     every expert's (``experts.E.gate_up`` / ``experts.E.down``; the router stays float)."""
     mixer = list(MIXER_LINEARS[cfg.mixer(layer)])
     if not cfg.num_experts:
@@ -84,3 +84,4 @@ class Arch:
     # hybrids: each token mixer's tensors (``ModelConfig.mixer``), beside ``layer``'s in every layer
     mixer_layers: dict = field(default_factory=dict)
     raw_norms: tuple = ()                   # norms stored as they are, whatever norm_offset says
+    final_norm: str = "model.norm.weight"   # the final norm's tensor (LFM2: model.embedding_norm)

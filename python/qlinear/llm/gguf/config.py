@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..config import ModelConfig
 from .file import GGUFFile
 
-ARCHS = ("qwen2", "llama", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "olmoe", "qwen35", "qwen35moe")
+ARCHS = ("qwen2", "llama", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "olmoe", "qwen35", "qwen35moe", "lfm2")
 # llama.cpp's architecture names where they differ from transformers' model_type
 _MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text"}
 
@@ -25,7 +25,7 @@ def read_config(f: GGUFFile) -> ModelConfig:
           # (a file of routed experts only may leave the dense width out: Qwen3.5-MoE)
           "intermediate_size": f.count(a + "feed_forward_length", f.meta(a + "expert_feed_forward_length", int)),
           "num_hidden_layers": f.count(a + "block_count"),
-          "num_key_value_heads": f.count(a + "attention.head_count_kv", heads),
+          "num_key_value_heads": _kv_heads(f, a, heads),
           "head_dim": f.count(a + "attention.key_length", hidden // heads),
           "vocab_size": int(embd.shape[1]),
           "rms_norm_eps": f.meta(a + "attention.layer_norm_rms_epsilon", float, 1e-6),
@@ -41,6 +41,8 @@ def read_config(f: GGUFFile) -> ModelConfig:
         hf.update(_phi3_config(f, hf))
     if arch in ("qwen35", "qwen35moe"):
         hf.update(_qwen35_config(f, hf, arch))
+    if arch == "lfm2":
+        hf.update(_lfm2_config(f, hf))
     if arch in ("qwen3moe", "olmoe", "qwen35moe") or (arch == "llama" and f.meta(a + "expert_count", int)):
         hf.update(_experts_config(f, hf, arch))
     kind = f.meta(a + "rope.scaling.type", str, "none")
@@ -113,6 +115,30 @@ def _experts_config(f: GGUFFile, hf: dict, arch: str) -> dict:
             raise f.error(f"tensor 'blk.0.{name}.weight' has {int(t.shape[-1])} experts; the metadata says "
                           f"{count} ({a}expert_count)")
     return out
+
+
+def _kv_heads(f: GGUFFile, a: str, heads: int) -> int:
+    """KV heads: a count, or per layer (LFM2: 0 for its conv layers) the attention layers' one."""
+    v = f.meta(a + "attention.head_count_kv", (int, list), heads)
+    if isinstance(v, list):
+        counts = {int(x) for x in v if int(x) > 0}
+        if len(counts) != 1:
+            raise f.error(f"metadata {a}attention.head_count_kv lists {sorted(counts)}: one KV head count expected")
+        return counts.pop()
+    return f.count(a + "attention.head_count_kv", heads)
+
+
+def _lfm2_config(f: GGUFFile, hf: dict) -> dict:
+    """LFM2 as llama.cpp's converter writes it: the conv layers are those of 0 KV heads
+    (``attention.head_count_kv`` per layer), their kernel ``shortconv.l_cache``, the MLP's width
+    already adjusted (``feed_forward_length``), the final norm ``token_embd_norm``."""
+    n = hf["num_hidden_layers"]
+    kv = f.meta("lfm2.attention.head_count_kv", (int, list))
+    if not isinstance(kv, list) or len(kv) != n:
+        raise f.error(f"metadata lfm2.attention.head_count_kv must list {n} layers' KV heads")
+    return {"layer_types": ["full_attention" if int(x) > 0 else "conv" for x in kv],
+            "conv_L_cache": f.count("lfm2.shortconv.l_cache"), "norm_eps": hf["rms_norm_eps"],
+            "block_auto_adjust_ff_dim": False}
 
 
 def _qwen35_config(f: GGUFFile, hf: dict, arch: str) -> dict:

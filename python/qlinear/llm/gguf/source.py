@@ -67,6 +67,11 @@ def read(p: Path, opts: Options, progress_bar: bool = True, routed_experts: bool
         b, o = f"blk.{i}.", f"layers.{i}."
         if cfg.mixer(i) == "delta":
             tensors.update(_delta_tensors(w, cfg, b, o))
+        elif cfg.mixer(i) == "conv":  # LFM2's short convolution
+            tensors[o + "conv_in"] = w.fused(o + "conv_in", [(b + "shortconv.in_proj.weight", (3 * H, H), None)])
+            tensors[o + "conv_out"] = w.fused(o + "conv_out", [(b + "shortconv.out_proj.weight", (H, H), None)])
+            tensors[o + "conv"] = np.array(f.dequantize(f.tensor(b + "shortconv.conv.weight", (H, cfg.conv_kernel)))
+                                           ).reshape(H, 1, cfg.conv_kernel)
         elif cfg.attn_output_gate:
             tensors.update(_gated_attention_tensors(w, cfg, b, o))
         else:
@@ -88,8 +93,9 @@ def read(p: Path, opts: Options, progress_bar: bool = True, routed_experts: bool
             tensors[o + "down"] = w.fused(o + "down", [(b + "ffn_down.weight", (H, I), None)])
         tensors[o + "input_norm"] = w.vector(b + "attn_norm.weight", H)
         # (Qwen3.5's MLP input norm is its post_attention_norm)
-        tensors[o + "post_norm"] = w.vector(b + ("post_attention_norm.weight" if cfg.mixers else "ffn_norm.weight"), H)
-        if cfg.qk_norm and not cfg.attn_output_gate:  # Qwen3, Gemma 3 (per head); OLMoE (over all heads)
+        post = "post_attention_norm.weight" if cfg.mixers and cfg.arch != "lfm2" else "ffn_norm.weight"
+        tensors[o + "post_norm"] = w.vector(b + post, H)
+        if cfg.qk_norm and not cfg.attn_output_gate and cfg.mixer(i) == "attention":  # Qwen3, Gemma 3, LFM2 (per head); OLMoE (all heads)
             q, k = (cfg.q_size, cfg.kv_size) if cfg.qk_norm_whole else (hd, hd)
             tensors[o + "q_norm"] = w.vector(b + "attn_q_norm.weight", q)
             tensors[o + "k_norm"] = w.vector(b + "attn_k_norm.weight", k)
@@ -99,7 +105,8 @@ def read(p: Path, opts: Options, progress_bar: bool = True, routed_experts: bool
         f.drop_pages()
         trim_heap()
         bar.update(1)
-    tensors["norm"] = w.vector("output_norm.weight", H)
+    # (LFM2's final norm is its embedding_norm, which llama.cpp's converter names token_embd_norm)
+    tensors["norm"] = w.vector("token_embd_norm.weight" if cfg.arch == "lfm2" else "output_norm.weight", H)
     head = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
     tensors["lm_head"] = w.fused("lm_head", [(head, (cfg.vocab_size, H), None)])
     rows = slim_rows(opts.slim_vocab, cfg, tokenizer)

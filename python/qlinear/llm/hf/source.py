@@ -184,7 +184,8 @@ def _fused(ckpt: Checkpoint, names: list) -> np.ndarray:
 def head_tensors(ckpt: Checkpoint, cfg: ModelConfig, rows: Optional[np.ndarray]) -> dict:
     """The final norm and the lm head (float32; with vocabulary slimming only the kept rows, and
     ``lm_rows``)."""
-    out = {"norm": _norm(ckpt, archs.get(cfg.arch), "model.norm.weight")}
+    arch = archs.get(cfg.arch)
+    out = {"norm": _norm(ckpt, arch, arch.final_norm)}
     head = EMBEDDING if cfg.tie_word_embeddings or "lm_head.weight" not in ckpt else "lm_head.weight"
     if rows is None:
         out["lm_head"] = ckpt.float32(head)

@@ -44,13 +44,14 @@ class KVCache:
         self.records, self.mixers = [None] * cfg.num_layers, {}
         if cfg.has_state:
             from .delta_net import GatedDeltaNet  # noqa: PLC0415
+            from .short_conv import ShortConv  # noqa: PLC0415
 
-            shapes = GatedDeltaNet.state_shapes(cfg)
-            width = GatedDeltaNet.width(cfg)
+            kinds = {"delta": GatedDeltaNet, "conv": ShortConv}
             for i in range(cfg.num_layers):
-                if cfg.mixer(i) == "delta":
-                    self.states[i] = [np.zeros(s, np.float32) for s in shapes]
-                    self.records[i] = np.zeros((self.RECORD_ROWS, width), np.float32)
+                kind = kinds.get(cfg.mixer(i))
+                if kind is not None:
+                    self.states[i] = [np.zeros(s, np.float32) for s in kind.state_shapes(cfg)]
+                    self.records[i] = np.zeros((self.RECORD_ROWS, kind.width(cfg)), np.float32)
         self._state_saved = None  # (start, the states there) of a guarded run
         self.replayable = True    # the guarded run's rows were one-token steps (recorded)
         self.snapshot = None  # (position, states) a prefill kept: where a next prompt may resume

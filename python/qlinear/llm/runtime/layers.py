@@ -280,12 +280,14 @@ def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache)
     if cfg.qk_norm_whole or cfg.clip_qkv is not None:  # the compiled step: per-head norms, no clamp
         return None
     from .delta_net import GatedDeltaNet  # noqa: PLC0415
+    from .short_conv import ShortConv  # noqa: PLC0415
 
-    if any(type(b.attention) not in (Attention, GatedAttention, GatedDeltaNet) for b in blocks):
+    stateful = (GatedDeltaNet, ShortConv)
+    if any(type(b.attention) not in (Attention, GatedAttention, *stateful) for b in blocks):
         return None
-    if all(isinstance(b.attention, GatedDeltaNet) for b in blocks):  # the step needs an attention layer
+    if all(isinstance(b.attention, stateful) for b in blocks):  # the step needs an attention layer
         return None
-    mixers = [(b.attention.proj, b.attention.out) if isinstance(b.attention, GatedDeltaNet)
+    mixers = [(b.attention.proj, b.attention.out) if isinstance(b.attention, stateful)
               else (b.attention.qkv, b.attention.o) for b in blocks]
     mlps = [m for b in blocks if b.gate_up is not None for m in (b.gate_up, b.down)]
     linears = [lm_head] + [m for pair in mixers for m in pair] + mlps
@@ -302,6 +304,9 @@ def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache)
 
     def mixer(i: int, b) -> tuple:  # (its caches, cos, sin; its options)
         a = b.attention
+        if isinstance(a, ShortConv):
+            return (None, None, None, None), {"short_conv": {
+                "conv": a.conv, "conv_state": cache.states[i][0], "record": cache.records[i]}}
         if isinstance(a, GatedDeltaNet):
             conv_state, state = cache.states[i]
             return (None, None, None, None), {"delta": {

@@ -209,7 +209,7 @@ class Scheduler:
                 t0 = time.perf_counter()
                 states = None
                 if self.model.cache.has_state:  # a hybrid's recurrent layers: each sequence's states
-                    states = [[None if st is None else (st[0], st[1], s.cache.records[i])
+                    states = [[None if st is None else (st[0], st[1] if len(st) > 1 else None, s.cache.records[i])
                                for i, st in enumerate(s.cache.states)] for s, _, _ in rows]
                 logits = self._step.step_batch(h, [p for _, _, p in rows], [s.cache.k for s, _, _ in rows],
                                                [s.cache.v for s, _, _ in rows], [s.cache.capacity for s, _, _ in rows],
