@@ -16,6 +16,7 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("safetensors")
 
 from qlinear import llm  # noqa: E402
+from qlinear import _core  # noqa: E402
 from qlinear.llm import synthetic  # noqa: E402
 from qlinear.llm.runtime import delta_net, prefix_cache  # noqa: E402
 from qlinear.llm.runtime.speculative import Speculation  # noqa: E402
@@ -117,6 +118,79 @@ def test_decode_with_state_equals_full_forward(checkpoints, form):
     assert model.generate_ids(IDS[:20], 30) == gen  # reset zeroed the states
 
 
+
+# -- numpy references of the delta rule's forms ----------------------------------------------------
+CHUNK = 64
+
+
+def conv_inputs(layer, y, conv_state):
+    """The conv, SiLU and norms of rows y (numpy): q, k [v_heads, n, dk], v [v_heads, n, dv], beta,
+    g [n, v_heads], z [n, vd]; conv_state updated."""
+    cfg = layer.cfg
+    n, C, K = y.shape[0], cfg.delta_conv_dim, cfg.conv_kernel
+    nk, nv, dk, dv = cfg.delta_k_heads, cfg.delta_v_heads, cfg.delta_k_dim, cfg.delta_v_dim
+    vd = nv * dv
+    window = np.concatenate([conv_state, y[:, :C]])
+    acc = window[0:n] * layer.conv[0]
+    for j in range(1, K):
+        acc += window[j:j + n] * layer.conv[j]
+    conv_state[:] = window[n:]
+    h = acc / (1 + np.exp(-acc))
+    l2 = lambda x: x / np.sqrt(np.sum(x * x, -1, keepdims=True) + np.float32(1e-6))  # noqa: E731
+    q = l2(h[:, :nk * dk].reshape(n, nk, dk)) * np.float32(dk ** -0.5)
+    k = l2(h[:, nk * dk:2 * nk * dk].reshape(n, nk, dk))
+    v = h[:, 2 * nk * dk:].reshape(n, nv, dv)
+    spread = (lambda x: np.tile(x, (1, nv // nk, 1))) if cfg.delta_tiled_heads else \
+        (lambda x: np.repeat(x, nv // nk, axis=1))
+    q, k = spread(q), spread(k)
+    b, a = y[:, C + vd:C + vd + nv], y[:, C + vd + nv:]
+    beta = 1 / (1 + np.exp(-b))
+    g = layer.neg_a * np.logaddexp(0, a + layer.dt_bias)
+    return (q.transpose(1, 0, 2).astype(np.float32), k.transpose(1, 0, 2).astype(np.float32),
+            v.transpose(1, 0, 2).astype(np.float32), beta.astype(np.float32), g.astype(np.float32), y[:, C:C + vd])
+
+
+def gated_readout(layer, o, z):
+    cfg = layer.cfg
+    n = o.shape[0]
+    o = o.reshape(n, cfg.delta_v_heads, cfg.delta_v_dim)
+    o = o / np.sqrt(np.mean(o * o, -1, keepdims=True) + np.float32(cfg.rms_norm_eps)) * layer.norm
+    return o.reshape(n, -1) * (z / (1 + np.exp(-z)))
+
+
+def chunked(state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: np.ndarray,
+            g: np.ndarray, start: int) -> np.ndarray:
+    """The delta rule over positions start.. in chunks cut at multiples of CHUNK (absolute), each
+    chunk in the WY / UT form; ``state`` updated in place; the readout [n, h * dv]."""
+    h, n, dv = v.shape
+    out = np.empty((h, n, dv), np.float32)
+    cuts = [0] + [c - start for c in range((start // CHUNK + 1) * CHUNK, start + n, CHUNK)] + [n]
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        out[:, a:b] = _chunk(state, q[:, a:b], k[:, a:b], v[:, a:b], beta[a:b].T, g[a:b].T)
+    return out.transpose(1, 0, 2).reshape(n, h * dv)
+
+
+def _chunk(state, q, k, v, beta, g):
+    """One chunk of L positions: q, k [h, L, dk], v [h, L, dv], beta, g [h, L]."""
+    L = q.shape[1]
+    G = np.cumsum(g, axis=1)                                        # log decay from the chunk's start
+    lower = np.tril(np.ones((L, L), bool))
+    decay = np.exp(np.where(lower, G[:, :, None] - G[:, None, :], -np.inf)).astype(np.float32)  # i >= j
+    kb = k * beta[:, :, None]
+    # (I + strictly lower (beta_i k_i . k_j decay_ij)) [u, w] = [beta v, beta k exp(G)]: the updates
+    # of the chunk's positions as if each saw the ones before it
+    system = np.tril((kb @ k.transpose(0, 2, 1)) * decay, -1) + np.eye(L, dtype=np.float32)
+    eG = np.exp(G)[:, :, None]
+    uw = np.linalg.solve(system, np.concatenate([v * beta[:, :, None], kb * eG], axis=2)).astype(np.float32)
+    u, w = uw[:, :, :v.shape[2]], uw[:, :, v.shape[2]:]
+    new_v = u - w @ state                                           # what the state did not predict
+    out = (q * eG) @ state + ((q @ k.transpose(0, 2, 1)) * decay) @ new_v
+    last = G[:, -1:]
+    state *= np.exp(last)[:, :, None]
+    state += (k * np.exp(last - G)[:, :, None]).transpose(0, 2, 1) @ new_v
+    return out
+
+
 def recurrent(state, q, k, v, beta, g):
     """The delta rule position by position (numpy; the reference of both compiled forms):
     ``state`` [h, dk, dv] updated in place; the readout [n, h * dv]. q, k [h, n, dk], v [h, n, dv],
@@ -169,19 +243,41 @@ def test_compiled_token_equals_the_chunked_rule(tiled):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max())
 
 
+@pytest.mark.parametrize("tiled", [False, True])
+def test_compiled_chunked_rule_equals_numpy(tiled):
+    """The compiled prefill form (``_core.delta_chunked``) against the numpy reference (conv,
+    norms, the chunked rule at absolute 64-chunks, the gated readout): the same readouts and states
+    to float32 rounding, from non-zero states, starting off a chunk boundary."""
+    rng = np.random.default_rng(4)
+    layer = _layer(rng, tiled)
+    y = rng.standard_normal((150, layer.proj.shape[0])).astype(np.float32)
+    shapes = delta_net.GatedDeltaNet.state_shapes(layer.cfg)
+    ours = [rng.standard_normal(s).astype(np.float32) * 0.1 for s in shapes]
+    ref = [a.copy() for a in ours]
+    got = _core.delta_chunked(y, 37, layer.geometry(), layer.conv, layer.dt_bias, layer.neg_a, layer.norm, *ours)
+    q, k, v, beta, g, z = conv_inputs(layer, y, ref[0])
+    want = gated_readout(layer, chunked(ref[1], q, k, v, beta, g, 37), z)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+    for a, b in zip(ours, ref):
+        np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * np.abs(b).max())
+
+
 def test_compiled_token_is_the_same_at_every_level():
-    """delta_rows gives the same bits at every ISA level (its loops in one fixed order)."""
+    """delta_rows and delta_chunked give the same bits at every ISA level (their loops in one
+    fixed order)."""
     import qlinear
 
     rng = np.random.default_rng(2)
     layer = _layer(rng, False, k_heads=2, v_heads=4, dk=32, dv=40)
-    y = rng.standard_normal((5, layer.proj.shape[0])).astype(np.float32)
+    y = rng.standard_normal((70, layer.proj.shape[0])).astype(np.float32)  # (the chunked rows cross 64)
     shapes = delta_net.GatedDeltaNet.state_shapes(layer.cfg)
     results, previous = {}, qlinear.cpu_info()["active_isa"]
     for level in qlinear.cpu_info()["available_isas"]:
         qlinear.set_isa(level)
         st = [np.full(s, 0.01, np.float32) for s in shapes]
-        results[level] = (layer.mix(y[:1], *st, 0), layer.mix(y[1:2], *st, 1), *st)
+        chunked_rows = _core.delta_chunked(y[2:], 62, layer.geometry(), layer.conv, layer.dt_bias, layer.neg_a,
+                                           layer.norm, *st)
+        results[level] = (layer.mix(y[:1], *st, 0), layer.mix(y[1:2], *st, 1), chunked_rows, *st)
     qlinear.set_isa(previous)
     assert len(results) > 1 or results.keys() == {"scalar"}
     first = next(iter(results.values()))
@@ -225,18 +321,21 @@ def test_chunked_rule_equals_recurrent_rule():
     g = -rng.uniform(0, 2, (n, h)).astype(np.float32)
     s0 = rng.standard_normal((h, dk, dv)).astype(np.float32) * 0.1
     s1, s2 = s0.copy(), s0.copy()
-    a = delta_net.chunked(s1, q, k, v, beta, g, start=37)
+    a = chunked(s1, q, k, v, beta, g, start=37)
     b = recurrent(s2, q, k, v, beta, g)
     np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * np.abs(b).max())
     np.testing.assert_allclose(s1, s2, rtol=0, atol=2e-5 * np.abs(s2).max())
 
 
-def test_prefill_cut_at_chunk_multiples_is_exact(checkpoints, monkeypatch):
-    """Prefill cut into forwards at multiples of the delta rule's chunk (64, 128) gives the
-    logits of one pass bit for bit: chunks sit at absolute positions."""
+@pytest.mark.parametrize("form", ["recurrent", "chunked"])
+def test_prefill_cut_into_forwards_is_exact(checkpoints, monkeypatch, form):
+    """Prefill cut into forwards gives the logits of one pass bit for bit: anywhere with the
+    recurrent prefill (its rows are one-token steps), at multiples of the chunk (64, 128) with
+    the chunked one (chunks sit at absolute positions)."""
+    monkeypatch.setattr(delta_net.GatedDeltaNet, "prefill_form", form)
     model = llm.load(checkpoints["qwen3_5"], bits=4, max_context=256, progress=False)
     one = model.logits(IDS)
-    for cut in (64, 128):
+    for cut in (64, 128) if form == "chunked" else (7, 64, 100):
         monkeypatch.setattr(prefix_cache, "PREFILL_CHUNK", cut)
         np.testing.assert_array_equal(model.logits(IDS), one)
 

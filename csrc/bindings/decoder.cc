@@ -184,6 +184,25 @@ F32Array py_delta_rows(const py::array& y_in, const py::dict& geometry, const py
 }
 
 // Rows y [n, 3 hidden] of one sequence, in order, through short_conv_token: [n, hidden].
+// A prefill's rows of one sequence at positions start.. through delta_chunked.
+F32Array py_delta_chunked(const py::array& y_in, int64_t start, const py::dict& geometry, const py::array& conv,
+                          const py::array& dt_bias, const py::array& a, const py::array& norm,
+                          const py::array& conv_state, const py::array& state) {
+  const decoder::DeltaShape s = delta_shape(geometry, "delta_chunked");
+  F32Array y = checked_f32(y_in, "y", 2);
+  if (y.shape(1) != s.width() || start < 0)
+    throw py::value_error("delta_chunked: y has " + std::to_string(y.shape(1)) + " columns, expected " +
+                          std::to_string(s.width()) + " (and start >= 0)");
+  DeltaArrays d = delta_arrays(s, conv, dt_bias, a, norm, conv_state, state, "delta_chunked:");
+  const int64_t n = y.shape(0);
+  F32Array out({n, s.v_heads * s.v_dim});
+  const float* yp = y.data();
+  float* op = out.mutable_data();
+  py::gil_scoped_release release;
+  if (n) decoder::delta_chunked(yp, n, start, s, d.w, d.conv_state, d.state, op);
+  return out;
+}
+
 F32Array py_short_conv_rows(const py::array& y_in, const py::array& conv_in, const py::array& state_in) {
   F32Array y = checked_f32(y_in, "y", 2), conv = checked_f32(conv_in, "conv", 2);
   const int64_t kernel = conv.shape(0), h = conv.shape(1);
@@ -216,6 +235,11 @@ void register_decoder(py::module_& m) {
         "Gated DeltaNet rows of one sequence in order (decoder.h delta_token): y [n, width] the layer's "
         "projections; conv_state [kernel - 1, channels] and state [v_heads, k_dim, v_dim] updated in place; "
         "returns the readouts [n, v_heads * v_dim]. geometry: {k_heads, v_heads, k_dim, v_dim, kernel, tiled, eps}.");
+  m.def("delta_chunked", &py_delta_chunked, py::arg("y"), py::arg("start"), py::arg("geometry"), py::arg("conv"),
+        py::arg("dt_bias"), py::arg("ssm_a"), py::arg("norm"), py::arg("conv_state"), py::arg("state"),
+        "Gated DeltaNet over a prefill's rows y [n, width] at positions start.. in the chunked form (decoder.h "
+        "delta_chunked): the states updated; returns the readouts [n, v_heads * v_dim].");
+  m.attr("DELTA_CHUNK") = decoder::kDeltaChunk;
   m.def("short_conv_rows", &py_short_conv_rows, py::arg("y"), py::arg("conv"), py::arg("conv_state"),
         "LFM2's short convolution over rows y [n, 3 hidden] (B, C, x) of one sequence in order (decoder.h "
         "short_conv_token): conv [kernel, hidden], conv_state [kernel - 1, hidden] updated; returns [n, hidden].");

@@ -35,6 +35,11 @@ void delta_heads(const float* y, const float* h, const DeltaShape& s, const Delt
                  int64_t h0, int64_t h1, float* out);
 void sigmoid_mul(const float* gate, int64_t n, float* x);
 void short_conv_token(const float* y, int64_t n, int64_t kernel, const float* conv, float* conv_state, float* out);
+void delta_prefill_inputs(const float* y, int64_t n, const DeltaShape& s, const DeltaWeights& w, float* conv_state,
+                          float* h, float* beta, float* g);
+void delta_prefill_heads(const float* y, const float* h, const float* beta, const float* g, int64_t n,
+                         int64_t start, const DeltaShape& s, const DeltaWeights& w, float* state, int64_t h0,
+                         int64_t h1, float* out, float* scratch);
 }  // namespace avx2
 #define QLINEAR_DECODER_CALL(fn, ...) \
   (active_kernels().isa != Isa::scalar ? avx2::fn(__VA_ARGS__) : generic::fn(__VA_ARGS__))
@@ -117,6 +122,20 @@ void delta_token(const float* y, const DeltaShape& s, const DeltaWeights& w, flo
 }
 
 void sigmoid_mul(const float* gate, int64_t n, float* x) { QLINEAR_DECODER_CALL(sigmoid_mul, gate, n, x); }
+
+void delta_chunked(const float* y, int64_t n, int64_t start, const DeltaShape& s, const DeltaWeights& w,
+                   float* conv_state, float* state, float* out) {
+  std::vector<float> h(static_cast<size_t>(n * s.channels())), beta(static_cast<size_t>(n * s.v_heads)),
+      g(static_cast<size_t>(n * s.v_heads));
+  QLINEAR_DECODER_CALL(delta_prefill_inputs, y, n, s, w, conv_state, h.data(), beta.data(), g.data());
+  const float *hp = h.data(), *bp = beta.data(), *gp = g.data();
+  const int64_t scratch = 2 * kDeltaChunk + 2 * kDeltaChunk * kDeltaChunk + kDeltaChunk * (s.v_dim + 2 * s.k_dim) + s.v_dim;
+  ThreadPool::global().parallel_for(s.v_heads, 1, [&](int64_t h0, int64_t h1) {
+    thread_local std::vector<float> buf;
+    buf.resize(static_cast<size_t>(scratch));
+    QLINEAR_DECODER_CALL(delta_prefill_heads, y, hp, bp, gp, n, start, s, w, state, h0, h1, out, buf.data());
+  });
+}
 
 void short_conv_token(const float* y, int64_t n, int64_t kernel, const float* conv, float* conv_state, float* out) {
   QLINEAR_DECODER_CALL(short_conv_token, y, n, kernel, conv, conv_state, out);

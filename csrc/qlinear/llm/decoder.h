@@ -67,6 +67,16 @@ void delta_token(const float* y, const DeltaShape& s, const DeltaWeights& w, flo
 // [kernel - 1, n] (the last values of B * x) updated; out [n] = C * sum_j tap_j * (B * x)_{t-K+1+j}.
 void short_conv_token(const float* y, int64_t n, int64_t kernel, const float* conv, float* conv_state, float* out);
 
+// A prefill's n rows of one sequence at positions start.. (y [n, width]): the same rule in its
+// chunked (WY / UT) form, chunks of kDeltaChunk cut at multiples of it of the absolute position
+// (docs/semantics.md 7): within a chunk, (I + strictly lower (beta_i k_i . k_j e^(G_i - G_j)))
+// [u, w] = [beta v, beta e^G k] by forward substitution, v' = u - w S, o = e^G q S + (q k^T
+// decay) v', S <- e^(G_last) S + (e^(G_last - G) k)^T v'. Value heads split over the pool;
+// out [n, v_heads * v_dim] as delta_token's.
+constexpr int64_t kDeltaChunk = 64;
+void delta_chunked(const float* y, int64_t n, int64_t start, const DeltaShape& s, const DeltaWeights& w,
+                   float* conv_state, float* state, float* out);
+
 // x[i] *= sigmoid(gate[i]) (the gated attention's output, Qwen3.5).
 void sigmoid_mul(const float* gate, int64_t n, float* x);
 
