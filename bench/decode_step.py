@@ -37,7 +37,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
 
     from qlinear import _core, cpu_info, llm
-    from qlinear.llm.runtime.layers import decode_step
+    from qlinear.llm.runtime.step import decode_step
 
     model = llm.load(args.model, bits=args.bits, act=args.act, threads=args.threads,
                      max_context=args.positions + args.steps + 8, progress=False)

@@ -143,7 +143,7 @@ def step_alone(model_dir, threads: int, batches, position: int = 64, repeats: in
     import numpy as np
 
     from qlinear import llm
-    from qlinear.llm.runtime.layers import decode_step
+    from qlinear.llm.runtime.step import decode_step
 
     model = llm.load(model_dir, threads=threads, max_context=position + repeats + 1, progress=False)
     step = decode_step(model.blocks, model.norm, model.lm_head, model.cache)

@@ -141,7 +141,7 @@ def _walk_xgrammar(xgr, compiler, info, schema, ids, rows):
 def step_ms(model_dir: Path, batch: int = 8, position: int = 64, repeats: int = 30) -> float:
     """The batched decode step's median ms at ``batch`` sequences (as serve_load.py step)."""
     from qlinear import llm
-    from qlinear.llm.runtime.layers import decode_step
+    from qlinear.llm.runtime.step import decode_step
 
     model = llm.load(model_dir, max_context=position + repeats + 1, progress=False)
     step = decode_step(model.blocks, model.norm, model.lm_head, model.cache)

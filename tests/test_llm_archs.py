@@ -18,7 +18,8 @@ from qlinear import llm  # noqa: E402
 from qlinear.llm.runtime import prefix_cache  # noqa: E402
 from qlinear.llm import synthetic  # noqa: E402
 from qlinear.llm.config import ModelConfig  # noqa: E402
-from qlinear.llm.runtime.layers import Rope, decode_step  # noqa: E402
+from qlinear.llm.runtime.layers import Rope  # noqa: E402
+from qlinear.llm.runtime.step import decode_step  # noqa: E402
 
 SHAPE = dict(hidden_size=128, intermediate_size=352, num_attention_heads=4, num_key_value_heads=2,
              num_hidden_layers=2, vocab_size=1024)

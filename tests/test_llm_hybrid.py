@@ -479,3 +479,16 @@ def test_multimodal_config_without_text_config_is_refused(checkpoints, tmp_path)
     path = _edit(checkpoints["qwen3_5_multimodal"], tmp_path / "m", config=lambda c: c.pop("text_config"))
     with pytest.raises(ValueError, match="text_config"):
         llm.load(path, bits=4, max_context=64, progress=False)
+
+
+def test_flash_is_refused_by_name(checkpoints, tmp_path):
+    """memory='flash' (weights read from disk per forward) does not run hybrids yet: a clear error
+    from convert(flash=True) and from load, not a failure inside."""
+    from qlinear.llm.converted.convert import convert
+
+    with pytest.raises(ValueError, match="hybrid"):
+        convert(checkpoints["qwen3_5_moe"], tmp_path / "f", bits=4, progress=False, flash=True)
+    plain = convert(checkpoints["qwen3_5_moe"], tmp_path / "p", bits=4, progress=False)
+    with pytest.raises(ValueError, match="memory='flash' is not supported for hybrid"):
+        llm.load(plain, memory="flash", max_context=64, progress=False)
+

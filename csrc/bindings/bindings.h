@@ -61,6 +61,17 @@ py::array f32_array(const py::handle& obj, const std::string& what, std::vector<
 
 // A KV cache: float32 or float16 (IEEE half), C-contiguous, writeable, of `shape` (-1: any);
 // returns whether it is half. A wrong dtype raises TypeError, or ValueError with `dtype_value_error`.
+}  // namespace qlinear::bindings
+namespace qlinear::decoder {
+class DecodeStep;
+}
+namespace qlinear::bindings {
+
+// DecodeStep.step_batch (decode_step_batch.cc): B tokens of sequences over their own caches.
+py::array_t<float> step_batch(decoder::DecodeStep& s, const py::array& h_in, const std::vector<int64_t>& pos,
+                              const py::list& k_caches, const py::list& v_caches,
+                              const std::vector<int64_t>& contexts, const py::object& states);
+
 // A Gated DeltaNet layer's geometry ({k_heads, v_heads, k_dim, v_dim, kernel, tiled, eps}),
 // and its weights and one sequence's states checked against it (decoder.cc).
 decoder::DeltaShape delta_shape(const py::dict& g, const std::string& what);

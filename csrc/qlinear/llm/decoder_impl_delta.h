@@ -8,17 +8,6 @@
 namespace qlinear::decoder::QLINEAR_DECODER_IMPL {
 
 namespace delta_detail {
-// sum of squares in double, 8 lanes, in rms_norm's order
-inline double sum_squares(const float* x, int64_t n) {
-  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) lane[j] += double(x[i + j]) * x[i + j];
-  double ss = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-  for (; i < n; ++i) ss += double(x[i]) * x[i];
-  return ss;
-}
-
 inline float sigmoid(float x) { return 1.f / (1.f + exp_poly(-x)); }
 
 // A decay e^x (x <= 0): 0 below e^-80 (exp_poly would give ~1e-38, whose products are subnormal
@@ -44,7 +33,7 @@ void delta_conv(const float* y, const DeltaShape& s, const DeltaWeights& w, floa
   const float qscale = static_cast<float>(1.0 / std::sqrt(double(dk)));
   for (int64_t hd = 0; hd < 2 * s.k_heads; ++hd) {
     float* x = h + hd * dk;
-    const float inv = static_cast<float>(1.0 / std::sqrt(delta_detail::sum_squares(x, dk) + 1e-6));
+    const float inv = static_cast<float>(1.0 / std::sqrt(sum_squares(x, dk) + 1e-6));
     const float f = hd < s.k_heads ? inv * qscale : inv;
     for (int64_t i = 0; i < dk; ++i) x[i] = x[i] * f;
   }
@@ -88,7 +77,7 @@ void delta_heads(const float* y, const float* h, const DeltaShape& s, const Delt
       }
     }
     // RMS-normed per head, times the norm's weight and silu(z)
-    const float inv = static_cast<float>(1.0 / std::sqrt(delta_detail::sum_squares(o, dv) / double(dv) + s.eps));
+    const float inv = static_cast<float>(1.0 / std::sqrt(sum_squares(o, dv) / double(dv) + s.eps));
     const float* zh = z + hv * dv;
     for (int64_t j = 0; j < dv; ++j) o[j] = o[j] * inv * w.norm[j] * (zh[j] / (1.f + exp_poly(-zh[j])));
   }
@@ -233,7 +222,7 @@ void delta_prefill_heads(const float* y, const float* h, const float* beta, cons
     for (int64_t t = 0; t < n; ++t) {
       float* o = out + t * nv * dv + hv * dv;
       const float* zh = y + t * W + C + hv * dv;
-      const float inv = static_cast<float>(1.0 / std::sqrt(delta_detail::sum_squares(o, dv) / double(dv) + s.eps));
+      const float inv = static_cast<float>(1.0 / std::sqrt(sum_squares(o, dv) / double(dv) + s.eps));
       for (int64_t x = 0; x < dv; ++x) o[x] = o[x] * inv * w.norm[x] * (zh[x] / (1.f + exp_poly(-zh[x])));
     }
   }

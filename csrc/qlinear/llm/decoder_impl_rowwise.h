@@ -4,17 +4,21 @@
 
 namespace qlinear::decoder::QLINEAR_DECODER_IMPL {
 
+// Sum of squares in double, 8 lanes (a fixed order the compiler may vectorize: one running sum is
+// a chain of n dependent additions).
+inline double sum_squares(const float* x, int64_t n) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) lane[j] += double(x[i + j]) * x[i + j];
+  double ss = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  for (; i < n; ++i) ss += double(x[i]) * x[i];
+  return ss;
+}
+
 void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int64_t n, float* y) {
   for (int64_t r = 0; r < rows; ++r, x += n, y += n) {
-    // sum of squares in double, 8 lanes (a fixed order the compiler may vectorize: one running
-    // sum is a chain of n dependent additions)
-    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-      for (int j = 0; j < 8; ++j) lane[j] += double(x[i + j]) * x[i + j];
-    double ss = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-    for (; i < n; ++i) ss += double(x[i]) * x[i];
-    const float inv = static_cast<float>(1.0 / std::sqrt(ss / double(n) + eps));
+    const float inv = static_cast<float>(1.0 / std::sqrt(sum_squares(x, n) / double(n) + eps));
     for (int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * weight[i];
   }
 }

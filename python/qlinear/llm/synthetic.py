@@ -16,7 +16,9 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from . import synthetic_hybrid
 from .converted.convert import check_out_dir
+from .synthetic_hybrid import HYBRIDS  # noqa: F401  (the architectures make_checkpoint writes itself)
 
 # Shapes worth having by name. "qwen2.5-0.5b" is Qwen2.5-0.5B's geometry (vocab included).
 DTYPES = ("float32", "bfloat16")
@@ -93,19 +95,6 @@ ARCHS = {
     # conv layers around attention ones (layers 1 and 3 attend), the MLP's width as given
     "lfm2": ("Lfm2Config", {"block_auto_adjust_ff_dim": False, "full_attn_idxs": [1, 3], "tie_word_embeddings": True}, CHATML),
 }
-# hybrids, written here in numpy (transformers 4.x has no class for them; 5.x reads what is written)
-# arch -> (model_type, transformers class, fields beyond the shape). A "linear_*" field of
-# the shape sets the Gated DeltaNet's heads; by default a shape's heads and head size halved.
-HYBRIDS = {
-    "qwen3_5": ("qwen3_5_text", "Qwen3_5ForCausalLM", {}),
-    "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", {"num_experts": 8, "num_experts_per_tok": 2}),
-}
-# the multimodal form of the published checkpoints: the text model under text_config and
-# model.language_model. (``multimodal=True``)
-MULTIMODAL = {"qwen3_5": ("qwen3_5", "Qwen3_5ForConditionalGeneration"),
-              "qwen3_5_moe": ("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration")}
-
-
 def local_text(limit_bytes: int = 1_000_000) -> Iterable[str]:
     """Text that every machine with Python has: the standard library's sources."""
     root = Path(sysconfig.get_paths()["stdlib"])
@@ -160,9 +149,15 @@ def make_checkpoint(out_dir, arch: str = "qwen2", shape: str = "tiny", seed: int
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join([*ARCHS, *HYBRIDS])}")
     out = Path(out_dir)
     check_out_dir(out, force)
-    if arch in HYBRIDS:
-        return _hybrid_checkpoint(out, arch, {**SHAPES[shape], **overrides}, seed, tokenizer_vocab, dtype,
-                                  norm_noise)
+    if arch in HYBRIDS:  # written here in numpy (transformers 4.x has no class for them)
+        if dtype != "float32":
+            raise ValueError(f"hybrid checkpoints are written in float32 (got dtype {dtype!r})")
+        fields = {**SHAPES[shape], **overrides}
+        out.mkdir(parents=True, exist_ok=True)
+        tok = train_tokenizer(out, vocab_size=tokenizer_vocab or min(fields["vocab_size"], 4096), chat=CHATML)
+        ids = {"bos_token_id": tok.token_to_id(CHATML.pad), "eos_token_id": tok.token_to_id(CHATML.eos),
+               "pad_token_id": tok.token_to_id(CHATML.pad)}
+        return synthetic_hybrid.write(out, arch, fields, ids, seed, norm_noise)
 
     import torch
     import transformers
@@ -281,101 +276,4 @@ def widen_checkpoint(src, out_dir, shape: str = "qwen2.5-0.5b", seed: int = 0, f
     for f in src.iterdir():
         if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "generation_config.json"):
             (out / f.name).write_bytes(f.read_bytes())
-    return out
-
-
-def _hybrid_checkpoint(out: Path, arch: str, fields: dict, seed: int, tokenizer_vocab: Optional[int], dtype: str,
-                       norm_noise: float) -> Path:
-    """A random Qwen3.5 (dense or MoE) checkpoint, written as transformers 5 saves one (with
-    ``multimodal=True`` in the published multimodal form: fields under text_config, tensors under
-    model.language_model., an MTP head's tensor beside them). Weights N(0, 0.02), RMSNorm
-    weights stored as w - 1 (zero, plus N(0, norm_noise)), the delta rule's A_log and dt_bias as
-    transformers initializes them, the conv taps N(0, 0.3)."""
-    import numpy as np
-    from safetensors.numpy import save_file
-
-    multimodal = bool(fields.pop("multimodal", False))
-    if dtype != "float32":
-        raise ValueError(f"hybrid checkpoints are written in float32 (got dtype {dtype!r})")
-    model_type, hf_class, extra = HYBRIDS[arch]
-    fields = {**extra, **fields}
-    hidden, heads, n = fields["hidden_size"], fields["num_attention_heads"], fields["num_hidden_layers"]
-    d = fields.setdefault("head_dim", hidden // heads)
-    kv = fields.get("num_key_value_heads", heads)
-    fields.setdefault("linear_num_key_heads", max(1, kv))
-    fields.setdefault("linear_num_value_heads", heads)
-    fields.setdefault("linear_key_head_dim", d // 2)
-    fields.setdefault("linear_value_head_dim", d // 2)
-    fields.setdefault("linear_conv_kernel_dim", 4)
-    every = fields.pop("full_attention_interval", 4)
-    fields.setdefault("layer_types", ["full_attention" if (i + 1) % every == 0 else "linear_attention"
-                                      for i in range(n)])
-    routed = "num_experts" in fields
-    if routed:
-        fields.setdefault("moe_intermediate_size", fields["intermediate_size"] // 2)
-        fields.setdefault("shared_expert_intermediate_size", fields["intermediate_size"])
-        fields.pop("intermediate_size")
-    out.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer(out, vocab_size=tokenizer_vocab or min(fields["vocab_size"], 4096), chat=CHATML)
-    factor = fields.pop("partial_rotary_factor", 0.25)
-    text = {"model_type": model_type, "architectures": [hf_class], "hidden_act": "silu", "rms_norm_eps": 1e-6,
-            "max_position_embeddings": 4096, "tie_word_embeddings": False, "attention_bias": False,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": factor},
-            "bos_token_id": tok.token_to_id(CHATML.pad), "eos_token_id": tok.token_to_id(CHATML.eos),
-            "pad_token_id": tok.token_to_id(CHATML.pad), "dtype": dtype, **fields}
-
-    rng = np.random.default_rng(seed)
-    np_dtype = np.float32
-
-    def rand(*shape, std=0.02):
-        return (rng.standard_normal(shape) * std).astype(np_dtype)
-
-    def norm(m):
-        return (rng.standard_normal(m) * norm_noise).astype(np_dtype)
-
-    nk, nv = fields["linear_num_key_heads"], fields["linear_num_value_heads"]
-    dk, dv, K = fields["linear_key_head_dim"], fields["linear_value_head_dim"], fields["linear_conv_kernel_dim"]
-    w = {"model.embed_tokens.weight": rand(fields["vocab_size"], hidden), "model.norm.weight": norm(hidden),
-         "lm_head.weight": rand(fields["vocab_size"], hidden)}
-    for i, kind in enumerate(text["layer_types"]):
-        p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"] = norm(hidden), norm(hidden)
-        if kind == "full_attention":
-            a = p + "self_attn."
-            w[a + "q_proj.weight"] = rand(2 * heads * d, hidden)
-            w[a + "k_proj.weight"], w[a + "v_proj.weight"] = rand(kv * d, hidden), rand(kv * d, hidden)
-            w[a + "o_proj.weight"] = rand(hidden, heads * d)
-            w[a + "q_norm.weight"], w[a + "k_norm.weight"] = norm(d), norm(d)
-        else:
-            a, conv = p + "linear_attn.", 2 * nk * dk + nv * dv
-            w[a + "in_proj_qkv.weight"], w[a + "in_proj_z.weight"] = rand(conv, hidden), rand(nv * dv, hidden)
-            w[a + "in_proj_b.weight"], w[a + "in_proj_a.weight"] = rand(nv, hidden), rand(nv, hidden)
-            w[a + "conv1d.weight"] = rand(conv, 1, K, std=0.3)
-            w[a + "dt_bias"] = np.ones(nv, np_dtype)
-            w[a + "A_log"] = np.log(rng.uniform(0.01, 16, nv)).astype(np_dtype)
-            w[a + "norm.weight"] = (1 + norm(dv)).astype(np_dtype)  # stored as it is
-            w[a + "out_proj.weight"] = rand(hidden, nv * dv)
-        m = p + "mlp."
-        if routed:
-            E, M, S = fields["num_experts"], fields["moe_intermediate_size"], fields["shared_expert_intermediate_size"]
-            w[m + "gate.weight"] = rand(E, hidden)
-            w[m + "experts.gate_up_proj"], w[m + "experts.down_proj"] = rand(E, 2 * M, hidden), rand(E, hidden, M)
-            for name, shape in (("gate_proj", (S, hidden)), ("up_proj", (S, hidden)), ("down_proj", (hidden, S))):
-                w[f"{m}shared_expert.{name}.weight"] = rand(*shape)
-            w[m + "shared_expert_gate.weight"] = rand(1, hidden)
-        else:
-            I = fields["intermediate_size"]  # noqa: E741
-            w[m + "gate_proj.weight"], w[m + "up_proj.weight"] = rand(I, hidden), rand(I, hidden)
-            w[m + "down_proj.weight"] = rand(hidden, I)
-    config = text
-    if multimodal:
-        outer_type, outer_class = MULTIMODAL[arch]
-        w = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v for k, v in w.items()}
-        w["mtp.fc.weight"] = rand(hidden, 2 * hidden)  # the multi-token-prediction head's: not read
-        config = {"model_type": outer_type, "architectures": [outer_class], "tie_word_embeddings": False,
-                  "text_config": {k: v for k, v in text.items() if k != "architectures"},
-                  "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-                                    "out_hidden_size": hidden, "patch_size": 4, "temporal_patch_size": 2}}
-    save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2))
     return out

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 
 def add_parser(sub) -> None:
-    from ..synthetic import ARCHS, DTYPES, SHAPES  # (no torch import: that happens in make_checkpoint)
+    from ..synthetic import ARCHS, DTYPES, HYBRIDS, SHAPES  # (no torch import: that happens in make_checkpoint)
 
     m = sub.add_parser("make-test-model", help="write a random-initialized checkpoint (needs torch, transformers)")
     m.add_argument("out_dir", help="directory to write (config.json, model.safetensors, tokenizer files)")
-    m.add_argument("--arch", default="qwen2", choices=list(ARCHS))
+    m.add_argument("--arch", default="qwen2", choices=[*ARCHS, *HYBRIDS])
     m.add_argument("--shape", default="tiny", choices=list(SHAPES),
                    help="; ".join(f"{k}: hidden {v['hidden_size']}, {v['num_hidden_layers']} layers, "
                                   f"vocab {v['vocab_size']}" for k, v in SHAPES.items()))

@@ -105,6 +105,9 @@ def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 6
             "config": source.config.to_dict(),
             "quantization": source.quantization}
     if flash:
+        if source.config.has_state:
+            raise ValueError(f"{src}: flash=True (FFNs read from disk) is not supported for hybrid models with "
+                             f"recurrent layers ({source.config.arch}); convert without it")
         tensors, meta[flash_layout.FLASH_META] = flash_layout.bundle_file_tensors(tensors, source.config.num_layers)
     else:
         tensors = flash_layout.ffn_last(tensors, source.config.num_layers)

@@ -174,6 +174,12 @@ class FlashBlock(Block):
         return self.ffn(x)
 
 
+def _refuse_state(cfg: ModelConfig, where) -> None:
+    if cfg.has_state:
+        raise ValueError(f"{where}: memory='flash' is not supported for hybrid models with recurrent layers "
+                         f"({cfg.arch}); load it with memory='normal'")
+
+
 def load_flash(d: Path, opts: Options, max_context: int, memory_budget_mb: Optional[float] = None,
                reader_threads: Optional[int] = None, predictor=None, window: int = 5,
                expert_slots: Optional[int] = None) -> Model:
@@ -182,6 +188,9 @@ def load_flash(d: Path, opts: Options, max_context: int, memory_budget_mb: Optio
     llama.cpp's GGUF file ``d`` of a MoE model, its routed experts read from it."""
     from ..gguf import source as gguf_source
     if gguf_source.is_gguf(d):
+        from ..gguf.config import read_config as gguf_config  # noqa: PLC0415
+        from ..gguf.file import GGUFFile  # noqa: PLC0415
+        _refuse_state(gguf_config(GGUFFile(d)), d)
         if predictor is not None:
             raise ValueError(f"{d}: a predictor applies to a converted model's dense FFNs, not to a GGUF file")
         from .moe_loader import load_flash_moe_gguf
@@ -192,6 +201,7 @@ def load_flash(d: Path, opts: Options, max_context: int, memory_budget_mb: Optio
     path = d / converted_source.MODEL_FILE
     entries, meta = tensor_entries(path)
     cfg = ModelConfig.from_dict(meta.get("config") or {}, str(path))
+    _refuse_state(cfg, path)
     if cfg.num_experts:   # routed experts: read into an expert cache (flash.experts)
         if predictor is not None:
             raise ValueError(f"{path}: a predictor applies to dense FFNs, not to routed experts ({cfg.arch})")

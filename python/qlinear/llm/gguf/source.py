@@ -20,27 +20,24 @@ float32 table with ``disk_embedding=False``).
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
-from ... import _core
 from ..._packed import PackedWeight, pack_blocks, pack_quantized, pack_weight, stack_weights
-from ..runtime.embedding import EmbeddingFile, MemoryEmbedding, _check_ids
 from ..config import ModelConfig
+from . import hybrid
 from .config import read_config
-from .file import MAGIC, Blocks, GGUFFile, Moved, codes, dequantize
+from .embedding import FLOAT_EMBEDDINGS, embedding_of as _embedding, write_tokenizer  # noqa: F401  (convert's)
+from .file import MAGIC, Blocks, GGUFFile, Moved, codes
 from .tokenizer import read_tokenizer
 from ..source import trim_heap
 from ..options import Options
 from ..source import progress
 from ..source import Source, select_rows, slim_rows
-from ..runtime.tokenizer import Tokenizer
 
 KIND = "gguf"
-_FLOAT_EMBEDDINGS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
 def is_gguf(p: Path) -> bool:
@@ -66,14 +63,11 @@ def read(p: Path, opts: Options, progress_bar: bool = True, routed_experts: bool
     for i in range(cfg.num_layers):
         b, o = f"blk.{i}.", f"layers.{i}."
         if cfg.mixer(i) == "delta":
-            tensors.update(_delta_tensors(w, cfg, b, o))
-        elif cfg.mixer(i) == "conv":  # LFM2's short convolution
-            tensors[o + "conv_in"] = w.fused(o + "conv_in", [(b + "shortconv.in_proj.weight", (3 * H, H), None)])
-            tensors[o + "conv_out"] = w.fused(o + "conv_out", [(b + "shortconv.out_proj.weight", (H, H), None)])
-            tensors[o + "conv"] = np.array(f.dequantize(f.tensor(b + "shortconv.conv.weight", (H, cfg.conv_kernel)))
-                                           ).reshape(H, 1, cfg.conv_kernel)
+            tensors.update(hybrid.delta_tensors(w, cfg, b, o))
+        elif cfg.mixer(i) == "conv":
+            tensors.update(hybrid.short_conv_tensors(w, cfg, b, o))
         elif cfg.attn_output_gate:
-            tensors.update(_gated_attention_tensors(w, cfg, b, o))
+            tensors.update(hybrid.gated_attention_tensors(w, cfg, b, o))
         else:
             qkv = [(b + "attn_q", cfg.q_size, cfg.num_heads), (b + "attn_k", cfg.kv_size, cfg.num_kv_heads),
                    (b + "attn_v", cfg.kv_size, None)]
@@ -129,45 +123,6 @@ def read(p: Path, opts: Options, progress_bar: bool = True, routed_experts: bool
     return Source(KIND, p, cfg, tokenizer, embedding, tensors, quantization, info=info, rope_inv_freq=inv_freq)
 
 
-def _delta_tensors(w: "_Weights", cfg: ModelConfig, b: str, o: str) -> dict:
-    """A Gated DeltaNet layer of a qwen35 file: its projections fused in our order (the conv
-    channels ``attn_qkv``, the output gate ``attn_gate``, ``ssm_beta``, ``ssm_alpha``), its value
-    heads left in the file's tiled order (``delta_tiled_heads``), the decay's rate ``ssm_a`` =
-    -exp(A_log) as stored."""
-    H, C, nv = cfg.hidden_size, cfg.delta_conv_dim, cfg.delta_v_heads
-    vd = nv * cfg.delta_v_dim
-    return {o + "delta_in": w.fused(o + "delta_in", [(b + "attn_qkv.weight", (C, H), None),
-                                                     (b + "attn_gate.weight", (vd, H), None),
-                                                     (b + "ssm_beta.weight", (nv, H), None),
-                                                     (b + "ssm_alpha.weight", (nv, H), None)]),
-            o + "delta_out": w.fused(o + "delta_out", [(b + "ssm_out.weight", (H, vd), None)]),
-            o + "conv": np.array(w.f.dequantize(w.f.tensor(b + "ssm_conv1d.weight", (C, cfg.conv_kernel)))
-                                 ).reshape(C, 1, cfg.conv_kernel),
-            o + "dt_bias": w.vector(b + "ssm_dt.bias", nv), o + "ssm_a": w.vector(b + "ssm_a", nv),
-            o + "delta_norm": w.vector(b + "ssm_norm.weight", cfg.delta_v_dim)}
-
-
-def _gated_attention_tensors(w: "_Weights", cfg: ModelConfig, b: str, o: str) -> dict:
-    """Qwen3.5's attention of a qwen35 file: ``attn_q`` interleaves each head's query and output
-    gate (as the checkpoint's q_proj); ours is [q, k, v, gate], q / k and their norms in the
-    partial rotary's order (``layers.rotary_order``)."""
-    from ..runtime.layers import rotary_order  # noqa: PLC0415
-
-    H, heads, kv, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    order = rotary_order(d, cfg.rotary_dim)
-    q_rows = (np.arange(heads)[:, None] * 2 * d + order).reshape(-1)
-    gate_rows = (np.arange(heads)[:, None] * 2 * d + d + np.arange(d)).reshape(-1)
-    k_rows = (np.arange(kv)[:, None] * d + order).reshape(-1)
-    q = (b + "attn_q.weight", (2 * cfg.q_size, H), None)
-    parts = [w._part(*q, rows=q_rows), w._part(b + "attn_k.weight", (cfg.kv_size, H), None, rows=k_rows),
-             w._part(b + "attn_v.weight", (cfg.kv_size, H), None), w._part(*q, rows=gate_rows)]
-    return {o + "qkv": w._fuse(o + "qkv", parts, [b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight",
-                                                  b + "attn_q.weight (gate)"]),
-            o + "o": w.fused(o + "o", [(b + "attn_output.weight", (H, cfg.q_size), None)]),
-            o + "q_norm": w.vector(b + "attn_q_norm.weight", d)[order],
-            o + "k_norm": w.vector(b + "attn_k_norm.weight", d)[order]}
-
-
 def _unpermute(x: np.ndarray, heads: Optional[int]) -> np.ndarray:
     """Undo llama.cpp's Q/K row order for Llama (its converter interleaves each head's two
     rotary halves): back to Hugging Face's rotate-half order."""
@@ -186,7 +141,7 @@ class _Weights:
         # a float tensor among quantized ones was left float by llama-quantize (a width its
         # types do not fit): at int8 at least, not below the file (an all-float file: ``bits``)
         self.floats_kept = {t.name for t in f.tensors.values() if t.name.startswith("blk.") and len(t.shape) >= 2
-                            and t.tensor_type.name in _FLOAT_EMBEDDINGS}
+                            and t.tensor_type.name in FLOAT_EMBEDDINGS}
         if len(self.floats_kept) == sum(1 for t in f.tensors.values() if t.name.startswith("blk.") and len(t.shape) >= 2):
             self.floats_kept = set()
 
@@ -310,52 +265,3 @@ class _Weights:
 
     def info(self) -> dict:
         return {"gguf_moved": self.moved, "gguf_requantized": self.requantized}
-
-
-class _QuantizedEmbedding:
-    """A quantized ``token_embd`` [vocab, hidden]: rows dequantized from the mapped file as read."""
-
-    dtype = "float32"   # of ``raw()``
-
-    def __init__(self, f: GGUFFile, t, vocab: int, hidden: int):
-        # the tensor (a view of the mapped file) and not the reader: its metadata (tens of
-        # thousands of small objects for a vocabulary) is freed once the model is loaded
-        self.path, self.t, self.vocab_size, self.hidden_size = f.path, t, vocab, hidden
-        self.table = np.asarray(t.data).reshape(vocab, -1)
-        # Q4_0 / Q8_0 rows by one native call (the numpy reference costs ~10x more per decode step)
-        self._native = t.tensor_type.name if t.tensor_type.name in ("Q4_0", "Q8_0") else None
-
-    def raw(self) -> np.ndarray:
-        """The whole table dequantized (for ``llm.convert``)."""
-        return dequantize(self.t, self.path)
-
-    def open(self, on_disk: bool):
-        if not on_disk:
-            return MemoryEmbedding(dequantize(self.t, self.path))
-        return self
-
-    def __call__(self, ids) -> np.ndarray:
-        ids = _check_ids(ids, self.vocab_size)
-        if self._native:
-            return _core.gguf_rows(self.table, self._native, ids.astype(np.int64, copy=False))
-        from gguf import quants  # noqa: PLC0415
-
-        rows = self.table[ids]
-        return np.asarray(quants.dequantize(rows, self.t.tensor_type), np.float32).reshape(len(ids), -1)
-
-
-def write_tokenizer(tok: Tokenizer, out: Path) -> None:
-    """The rebuilt tokenizer as ``tokenizer.json`` + ``tokenizer_config.json`` (for ``llm.convert``)."""
-    tok.hf.save(str(out / "tokenizer.json"))
-    stop = sorted(tok.stop_ids)
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": tok.chat_template, "bos_token": tok.bos_token,
-        "eos_token": tok.hf.id_to_token(stop[0]) if stop else None}, indent=2))
-
-
-def _embedding(f: GGUFFile, cfg: ModelConfig):
-    t = f.tensor("token_embd.weight", (cfg.vocab_size, cfg.hidden_size))
-    dtype = _FLOAT_EMBEDDINGS.get(t.tensor_type.name)
-    if dtype is not None:
-        return EmbeddingFile(str(f.path), int(t.data_offset), cfg.vocab_size, cfg.hidden_size, dtype)
-    return _QuantizedEmbedding(f, t, cfg.vocab_size, cfg.hidden_size)

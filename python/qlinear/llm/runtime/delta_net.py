@@ -26,11 +26,9 @@ import numpy as np
 
 from ... import _core
 from ..config import ModelConfig
-from .kv_cache import KVCache
-from .layers import Linear
 
 class GatedDeltaNet:
-    def __init__(self, cfg: ModelConfig, layer: int, proj: Linear, out: Linear, conv: np.ndarray,
+    def __init__(self, cfg: ModelConfig, layer: int, proj, out, conv: np.ndarray,
                  dt_bias: np.ndarray, ssm_a: np.ndarray, norm: np.ndarray):
         """``ssm_a``: the decay's rate -exp(A_log) per value head (as llama.cpp's files store it)."""
         self.cfg, self.layer, self.proj, self.out = cfg, layer, proj, out
@@ -68,7 +66,7 @@ class GatedDeltaNet:
         """Columns of the input projection: conv channels, z, b, a."""
         return cfg.delta_conv_dim + cfg.delta_v_heads * cfg.delta_v_dim + 2 * cfg.delta_v_heads
 
-    def __call__(self, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
+    def __call__(self, x: np.ndarray, cache, start: int) -> np.ndarray:
         y = self.proj(x)
         if y.shape[0] == 1:  # recorded as the compiled step records it: a rollback replays it
             cache.records[self.layer][start % cache.RECORD_ROWS] = y[0]

@@ -16,7 +16,8 @@ from .stats import Stats
 from .kv_cache import KVCache
 from .prefix_cache import STATE_ALIGN, PrefixCache, prefill_chunks
 from .speculative import Speculation, decode as speculative_decode
-from .layers import Block, Linear, decode_step, rms_norm
+from .layers import Block, Linear, rms_norm
+from .step import decode_step
 from ..options import KV_DTYPES
 from .tokenizer import Messages, StreamDecoder, Tokenizer
 

@@ -12,12 +12,10 @@ import numpy as np
 
 from ... import _core
 from ..config import ModelConfig
-from .kv_cache import KVCache
-from .layers import Linear
 
 
 class ShortConv:
-    def __init__(self, cfg: ModelConfig, layer: int, proj: Linear, out: Linear, conv: np.ndarray):
+    def __init__(self, cfg: ModelConfig, layer: int, proj, out, conv: np.ndarray):
         self.cfg, self.layer, self.proj, self.out = cfg, layer, proj, out
         H, K = cfg.hidden_size, cfg.conv_kernel
         conv = np.asarray(conv, np.float32)
@@ -33,7 +31,7 @@ class ShortConv:
     def width(cfg: ModelConfig) -> int:
         return 3 * cfg.hidden_size
 
-    def __call__(self, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
+    def __call__(self, x: np.ndarray, cache, start: int) -> np.ndarray:
         y = self.proj(x)
         if y.shape[0] == 1:  # recorded as the compiled step records it: a rollback replays it
             cache.records[self.layer][start % cache.RECORD_ROWS] = y[0]

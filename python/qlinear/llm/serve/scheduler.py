@@ -27,7 +27,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..runtime.layers import decode_step
+from ..runtime.step import decode_step
 from ..runtime.model import Model
 from ..runtime.prefix_cache import PREFILL_CHUNK, PrefixCache
 from ..runtime.stats import Stats
