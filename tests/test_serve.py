@@ -141,10 +141,13 @@ def test_scheduler_equals_single_request_path(checkpoint):
 
 @pytest.mark.parametrize("arch, extra, kv_cache", [("gemma2", dict(sliding_window=16), "float32"),
                                                    ("gemma2", dict(sliding_window=16), "float16"),
-                                                   ("qwen3", {}, "float32"), ("qwen3", {}, "float16")])
+                                                   ("qwen3", {}, "float32"), ("qwen3", {}, "float16"),
+                                                   ("gpt_oss", dict(sliding_window=16), "float32"),
+                                                   ("gpt_oss", dict(sliding_window=16), "float16")])
 def test_scheduler_on_other_architectures(tmp_path, arch, extra, kv_cache):
     """Gemma 2 (layer 0 a sliding window of 16 that most sequences run past: a ring cache per
-    sequence; GELU-tanh, soft-caps, sandwich norms) and Qwen3 (q / k norms), with float32 and
+    sequence; GELU-tanh, soft-caps, sandwich norms), Qwen3 (q / k norms) and GPT-OSS (sinks, a
+    window of 16 on layer 0, MXFP4 experts with biases, the clamped SwiGLU), with float32 and
     float16 KV caches: the scheduler's tokens equal Model.generate_ids' alone, in the compiled
     batched step; the greedy jobs again with n-gram speculation beside them (their verifications
     in the batch, rejected rows rolled back, ring slots included)."""

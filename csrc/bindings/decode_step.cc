@@ -113,7 +113,7 @@ py::object decode_step(const py::list& layers, const py::array& final_norm, cons
     for (auto item : o) {
       const std::string key = py::str(item.first);
       if (key != "q_norm" && key != "k_norm" && key != "attn_out_norm" && key != "mlp_out_norm" && key != "moe" &&
-          key != "delta" && key != "gate" && key != "short_conv")
+          key != "delta" && key != "gate" && key != "short_conv" && key != "sinks")
         throw py::value_error(p + "unknown option '" + key + "'");
     }
     decoder::StepLayer L;
@@ -177,6 +177,7 @@ py::object decode_step(const py::list& layers, const py::array& final_norm, cons
       L.o = step_linear(t[1], p + "o", hidden, heads * d, refs);
       L.q_norm = optional(o, "q_norm", p, d);
       L.k_norm = optional(o, "k_norm", p, d);
+      L.sinks = optional(o, "sinks", p, heads);
       caches.push_back({kc.mutable_data(), vc.mutable_data(), cap});
       L.cos = static_cast<const float*>(cs.data());
       L.sin = static_cast<const float*>(sn.data());
@@ -248,7 +249,7 @@ void register_decode_step(py::module_& m) {
         "A DecodeStep over packed weights: layers = [(qkv, o, gate_up, down, input_norm, post_norm, k_cache, "
         "v_cache, cos, sin, options)], each linear (PackedWeightHandle, bias or None, act_int8, act_block), "
         "caches [kv_heads, capacity, head_dim] (a layer's cache shorter than the context, by default the "
-        "longest cache, is a sliding window's ring), RoPE tables [rows, head_dim / 2], options {q_norm, k_norm, attn_out_norm, "
+        "longest cache, is a sliding window's ring), RoPE tables [rows, head_dim / 2], options {q_norm, k_norm, sinks, attn_out_norm, "
         "mlp_out_norm} (arrays or None) and moe (a MoeLayer, gate_up and down then None).");
 }
 

@@ -2,6 +2,7 @@
 // rms_norm, silu_mul / gelu_tanh_mul, softcap, attend_one (a decode step's attention) and
 // attend_prefill (a prompt's).
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -106,9 +107,19 @@ F32Array py_softcap(const py::array& x_in, float cap) {
   return y;
 }
 
+// None, or a float32 array of one finite sink logit per query head.
+py::object checked_sinks(const py::object& sinks, int64_t heads, const std::string& what) {
+  if (sinks.is_none()) return sinks;
+  py::array a = f32_array(sinks, what + "sinks", {heads});
+  const float* p = static_cast<const float*>(a.data());
+  for (int64_t i = 0; i < heads; ++i)
+    if (!std::isfinite(p[i])) throw py::value_error(what + "sinks must be finite");
+  return a;
+}
+
 F32Array py_attend_one(const py::array& qkv_in, const py::array& cos_in, const py::array& sin_in,
                        int64_t pos, const py::array& k_in, const py::array& v_in, int64_t heads, float scale,
-                       int64_t window, float softcap) {
+                       int64_t window, float softcap, const py::object& sinks_in) {
   F32Array qkv = checked_f32(qkv_in, "qkv", 2), cs = checked_f32(cos_in, "cos", 2), sn = checked_f32(sin_in, "sin", 2);
   const bool half = checked_kv_pair(k_in, v_in, "attend_one: ", true);
   const int64_t kv = k_in.shape(0), cap = k_in.shape(1), d = k_in.shape(2);
@@ -126,6 +137,8 @@ F32Array py_attend_one(const py::array& qkv_in, const py::array& cos_in, const p
   decoder::AttentionShape shape{heads, kv, d, cap};
   shape.softcap = softcap;
   shape.kv_half = half;
+  py::object sinks = checked_sinks(sinks_in, heads, "attend_one: ");
+  if (!sinks.is_none()) shape.sinks = static_cast<const float*>(py::array(sinks).data());
   void *kp = py::array(k_in).mutable_data(), *vp = py::array(v_in).mutable_data();
   {
     py::gil_scoped_release release;
@@ -137,7 +150,7 @@ F32Array py_attend_one(const py::array& qkv_in, const py::array& cos_in, const p
 
 py::array_t<float> py_attend_prefill(const py::array& qkv_in, const py::array& cos_in, const py::array& sin_in,
                                      int64_t start, const py::array& k_in, const py::array& v_in, int64_t heads,
-                                     double scale, int64_t window, double softcap) {
+                                     double scale, int64_t window, double softcap, const py::object& sinks_in) {
   const bool half = checked_kv_pair(k_in, v_in, "attend_prefill: ");
   const int64_t kv = k_in.shape(0), cap = k_in.shape(1), d = k_in.shape(2);
   py::array k = k_in, v = v_in;
@@ -155,6 +168,8 @@ py::array_t<float> py_attend_prefill(const py::array& qkv_in, const py::array& c
   sh.window = window;
   sh.softcap = static_cast<float>(softcap);
   sh.kv_half = half;
+  py::object sinks = checked_sinks(sinks_in, heads, "attend_prefill: ");
+  if (!sinks.is_none()) sh.sinks = static_cast<const float*>(py::array(sinks).data());
   const float *qp = static_cast<const float*>(qkv.data()), *cp = static_cast<const float*>(cs.data()),
               *sp = static_cast<const float*>(sn.data());
   void *kp = k.mutable_data(), *vp = v.mutable_data();
@@ -252,10 +267,10 @@ void register_decoder(py::module_& m) {
   m.def("softcap", &py_softcap, py::arg("x"), py::arg("cap"));
   m.def("attend_one", &py_attend_one, py::arg("qkv"), py::arg("cos"), py::arg("sin"), py::arg("pos"),
         py::arg("k_cache"), py::arg("v_cache"), py::arg("heads"), py::arg("scale"), py::arg("window") = 0,
-        py::arg("softcap") = 0.f);
+        py::arg("softcap") = 0.f, py::arg("sinks") = py::none());
   m.def("attend_prefill", &py_attend_prefill, py::arg("qkv"), py::arg("cos"), py::arg("sin"), py::arg("start"),
         py::arg("k_cache"), py::arg("v_cache"), py::arg("heads"), py::arg("scale"), py::arg("window") = 0,
-        py::arg("softcap") = 0.0);
+        py::arg("softcap") = 0.0, py::arg("sinks") = py::none());
   // keys per block of attend_prefill's online softmax, blocks aligned to absolute positions
   m.attr("PREFILL_KEY_BLOCK") = decoder::kKeyBlock;
 }

@@ -2,6 +2,7 @@
 // layer's router and experts over packed weights, called on rows (the Python path's routed MLP)
 // or handed to decode_step; MoeExperts, the same MLP over weight slots the caller refills (flash);
 // and moe_route, the router's choice alone (all: qlinear/moe.h).
+#include <cmath>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -46,8 +47,16 @@ py::array rows_of(const py::array& x_in, int64_t hidden) {
   return f32_array(x_in, "x", {-1, hidden});
 }
 
+decoder::ExpertActivation activation(bool gelu, double swiglu_limit, double swiglu_alpha) {
+  if (!(swiglu_limit >= 0) || !std::isfinite(swiglu_limit) || !std::isfinite(swiglu_alpha))
+    throw py::value_error("routed experts: swiglu_limit must be >= 0 and swiglu_alpha finite");
+  decoder::ExpertActivation a;
+  a.gelu = gelu, a.swiglu_limit = static_cast<float>(swiglu_limit), a.swiglu_alpha = static_cast<float>(swiglu_alpha);
+  return a;
+}
+
 py::object moe_layer(const py::array& router, const py::object& router_bias, const py::list& experts,
-                     int64_t top_k, bool norm_topk_prob, bool gelu) {
+                     int64_t top_k, bool norm_topk_prob, bool gelu, double swiglu_limit, double swiglu_alpha) {
   auto m = std::make_unique<PyMoeLayer>();
   decoder::MoeLayer& L = m->layer;
   py::list refs;
@@ -56,7 +65,7 @@ py::object moe_layer(const py::array& router, const py::object& router_bias, con
   if (static_cast<int64_t>(py::len(experts)) != L.experts)
     throw py::value_error("routed experts: " + std::to_string(py::len(experts)) + " experts given, the router has " +
                           std::to_string(L.experts));
-  L.top_k = top_k, L.norm_topk = norm_topk_prob, L.gelu = gelu;
+  L.top_k = top_k, L.norm_topk = norm_topk_prob, L.act = activation(gelu, swiglu_limit, swiglu_alpha);
   for (int64_t e = 0; e < L.experts; ++e) {
     const std::string p = "expert " + std::to_string(e) + " ";
     py::handle pair = experts[py::int_(e)];
@@ -118,7 +127,8 @@ py::tuple moe_route(const py::array& x_in, const py::array& router, const py::ob
 // ascending expert order: moe_mlp's stages, so the bits equal the in-memory MoeLayer's.
 struct PyMoeExperts {
   int64_t hidden = 0, inter = 0, experts = 0, top_k = 0, rows = 0;
-  bool gelu = false, begun = false;
+  bool begun = false;
+  decoder::ExpertActivation act;
   std::vector<decoder::StepLinear> gate_up, down;  // per slot
   std::vector<float> x;
   std::vector<char> ran;  // per expert: run since begin
@@ -126,11 +136,12 @@ struct PyMoeExperts {
   std::mutex mutex;
 };
 
-py::object moe_experts(const py::list& slots, int64_t experts, int64_t top_k, bool gelu) {
+py::object moe_experts(const py::list& slots, int64_t experts, int64_t top_k, bool gelu, double swiglu_limit,
+                       double swiglu_alpha) {
   auto m = std::make_unique<PyMoeExperts>();
   check_routing(experts, top_k);
   if (py::len(slots) < 1) throw py::value_error("expert slots: none given");
-  m->experts = experts, m->top_k = top_k, m->gelu = gelu;
+  m->experts = experts, m->top_k = top_k, m->act = activation(gelu, swiglu_limit, swiglu_alpha);
   py::list refs;
   for (size_t i = 0; i < py::len(slots); ++i) {
     const std::string p = "slot " + std::to_string(i) + " ";
@@ -200,7 +211,7 @@ void experts_run(PyMoeExperts& m, const std::vector<int64_t>& experts, const std
   for (const auto& t : s.tasks) m.ran[t.expert] = 1;  // all checked first: a refused call runs none
   py::gil_scoped_release release;
   decoder::run_experts(s.tasks.data(), static_cast<int64_t>(s.tasks.size()), m.x.data(), m.hidden, m.inter, m.top_k,
-                       m.gelu, s, false);
+                       m.act, s, false);
 }
 
 py::array_t<float> experts_finish(PyMoeExperts& m) {
@@ -234,8 +245,8 @@ void register_moe(py::module_& m) {
       .def_property_readonly("bytes_read", [](const PyMoeLayer& s) { return s.layer.bytes_read.load(); },
                              "Packed bytes of the experts run, over all calls (this object's and a decode step's).");
   m.def("moe_layer", &moe_layer, py::arg("router"), py::arg("router_bias"), py::arg("experts"), py::arg("top_k"),
-        py::arg("norm_topk_prob"), py::arg("gelu") = false,
-        "Routed experts over packed weights: router [experts, hidden] float32 (bias [experts] or None), experts "
+        py::arg("norm_topk_prob"), py::arg("gelu") = false, py::arg("swiglu_limit") = 0.0,
+        py::arg("swiglu_alpha") = 1.702, "Routed experts over packed weights: router [experts, hidden] float32 (bias [experts] or None), experts "
         "[(gate_up, down)] each a (PackedWeightHandle, bias or None, act_int8, act_block), top_k of them per row.");
   py::class_<PyMoeExperts>(m, "MoeExperts", py::dynamic_attr())
       .def("begin", &experts_begin, py::arg("x"), py::arg("top"), py::arg("w"),
@@ -246,8 +257,17 @@ void register_moe(py::module_& m) {
       .def_property_readonly("hidden", [](const PyMoeExperts& s) { return s.hidden; })
       .def_property_readonly("slots", [](const PyMoeExperts& s) { return static_cast<int64_t>(s.gate_up.size()); });
   m.def("moe_experts", &moe_experts, py::arg("slots"), py::arg("experts"), py::arg("top_k"), py::arg("gelu") = false,
-        "Routed experts over weight slots [(gate_up, down)] (each a (PackedWeightHandle, bias or None, act_int8, "
+        py::arg("swiglu_limit") = 0.0, py::arg("swiglu_alpha") = 1.702, "Routed experts over weight slots [(gate_up, down)] (each a (PackedWeightHandle, bias or None, act_int8, "
         "act_block)) refilled by the caller: a layer of `experts` experts, top_k per row.");
+  m.def("clamped_swiglu_mul", [](const py::array& gu_in, double limit, double alpha) {
+        if (!(limit > 0) || !std::isfinite(alpha)) throw py::value_error("clamped_swiglu_mul: limit must be > 0");
+        py::array gu = f32_array(gu_in, "gate_up", {-1, -1});
+        if (gu.shape(1) % 2) throw py::value_error("clamped_swiglu_mul: gate_up must have an even number of columns");
+        py::array_t<float> y({gu.shape(0), gu.shape(1) / 2});
+        decoder::clamped_swiglu_mul(static_cast<const float*>(gu.data()), gu.shape(0), gu.shape(1) / 2,
+                                    static_cast<float>(limit), static_cast<float>(alpha), y.mutable_data());
+        return y;
+      }, py::arg("gate_up"), py::arg("limit"), py::arg("alpha") = 1.702, "GPT-OSS's clamped SwiGLU of gate_up [rows, 2n] (gate first).");
   m.def("moe_route", &moe_route, py::arg("x"), py::arg("router"), py::arg("router_bias"), py::arg("top_k"),
         py::arg("norm_topk_prob"),
         "The experts of each row of x [rows, hidden] (int32 [rows, top_k], highest first, ties the lower) and "

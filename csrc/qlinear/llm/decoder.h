@@ -86,6 +86,10 @@ struct AttentionShape {
   // (0: all before it). Prefill only; a decode step's window is its cache: see attend_one.
   int64_t window = 0;
   float softcap = 0.f;  // attention scores soft-capped (0: not)
+  // Sinks (GPT-OSS): per query head a logit in the softmax's denominator that weighs no value
+  // row, [heads] (nullptr: none). Scores and the sink share one max: p_t = e^(s_t - m) / (sum
+  // e^(s - m) + e^(sink - m)), m = max(max s, sink).
+  const float* sinks = nullptr;
   bool kv_half = false;  // the caches hold IEEE half values (uint16_t), else float
 };
 

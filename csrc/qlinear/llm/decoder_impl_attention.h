@@ -77,8 +77,10 @@ void attend_heads_t(const float* qkv, const float* cos_row, const float* sin_row
         std::fill(o, o + d, std::numeric_limits<float>::quiet_NaN());
         continue;
       }
-      for (int64_t i = 0; i < n; ++i) pj[i] = exp_poly(pj[i] - top);
-      const float total = sum_of(pj, n);
+      const float sink = sh.sinks ? sh.sinks[hb + j] : -std::numeric_limits<float>::infinity();
+      const float m = std::max(top, sink);  // sinks are finite (checked where they are loaded)
+      for (int64_t i = 0; i < n; ++i) pj[i] = exp_poly(pj[i] - m);
+      const float total = sh.sinks ? sum_of(pj, n) + exp_poly(sink - m) : sum_of(pj, n);
       for (int64_t i = 0; i < n; ++i) pj[i] = pj[i] / total;
       std::fill(o, o + d, 0.f);
     }
@@ -209,6 +211,11 @@ void attend_rows_d(const float* q, int64_t ldq, int64_t start, const AttentionSh
     if (bad[r]) {
       std::fill(o, o + d, std::numeric_limits<float>::quiet_NaN());
       continue;
+    }
+    if (sh.sinks) {  // the sink as one more key whose value row is zero
+      const float top = std::max(m[r], sh.sinks[h]), a = exp_poly(m[r] - top);
+      l[r] = l[r] * a + exp_poly(sh.sinks[h] - top);
+      for (int64_t i = 0; i < d; ++i) acc[r * d + i] = acc[r * d + i] * a;
     }
     const float inv = 1.f / l[r];
     for (int64_t i = 0; i < d; ++i) o[i] = acc[r * d + i] * inv;

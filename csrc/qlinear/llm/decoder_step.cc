@@ -126,14 +126,16 @@ void DecodeStep::forward(const float* h_in, const StepRow* rows, int64_t b, floa
       if (L.k_norm) rms_norm(qkv + heads * d, L.k_norm, m_.eps, kv_heads, d, qkv + heads * d);
       attend_[r] = {qkv, L.cos + pos * half, L.sin + pos * half, pos, c.capacity, c.k, c.v, att_.data() + r * natt};
     }
+    AttentionShape sh = m_.attn;
+    sh.sinks = L.sinks;
     if (rounds == 1) {
-      attend_batch(attend_.data(), b, m_.attn, m_.scale);
+      attend_batch(attend_.data(), b, sh, m_.scale);
     } else {
       for (int64_t j = 0; j < rounds; ++j) {
         int64_t nr = 0;
         for (int64_t r = 0; r < b; ++r)
           if (round_of_[r] == j) round_[nr++] = attend_[r];
-        attend_batch(round_.data(), nr, m_.attn, m_.scale);
+        attend_batch(round_.data(), nr, sh, m_.scale);
       }
     }
     if (L.gated)  // the heads' outputs times sigmoid(gate), the gate after q, k and v

@@ -6,7 +6,7 @@
 // Per layer, as the architectures need them: RMSNorm of each query and key head before RoPE
 // (Qwen3, Gemma 3), RMSNorms of the attention's and the MLP's outputs before their residuals
 // (Gemma 2 / 3), the layer's own RoPE tables and cache (a sliding window's cache: `window` rows
-// used as a ring), the attention's output gated (Qwen3.5), or a Gated DeltaNet layer instead of
+// used as a ring), attention sinks (GPT-OSS), the attention's output gated (Qwen3.5), or a Gated DeltaNet layer instead of
 // attention (decoder.h delta_token over the sequence's states, its input rows recorded for a
 // rollback). Per model: GELU-tanh instead of SiLU, soft-capped attention scores and logits.
 //
@@ -54,6 +54,7 @@ struct StepLayer {
   const float* post_norm = nullptr;      // [hidden]
   const float* q_norm = nullptr;         // [head_dim] or nullptr
   const float* k_norm = nullptr;         // [head_dim] or nullptr
+  const float* sinks = nullptr;          // [heads] or nullptr (AttentionShape::sinks)
   const float* attn_out_norm = nullptr;  // [hidden] or nullptr
   const float* mlp_out_norm = nullptr;   // [hidden] or nullptr
   const float* cos = nullptr;            // [rope_rows, head_dim / 2]

@@ -90,7 +90,7 @@ void group_by_expert(const int32_t* idx, int64_t rows, int64_t k, int64_t expert
 }
 
 void run_experts(const ExpertTask* tasks, int64_t n, const float* x, int64_t hidden, int64_t inter, int64_t k,
-                 bool gelu, MoeScratch& s, bool float_rows) {
+                 const ExpertActivation& act_kind, MoeScratch& s, bool float_rows) {
   const int64_t H = hidden, I = inter;
   auto expert = [&](int64_t t) {
     const ExpertTask& task = tasks[t];
@@ -99,7 +99,8 @@ void run_experts(const ExpertTask* tasks, int64_t n, const float* x, int64_t hid
     for (int64_t i = 0; i < c; ++i) std::copy_n(x + s.pair[c0 + i] / k * H, H, xe + i * H);
     float *gu = s.gu.data() + c0 * 2 * I, *act = s.act.data() + c0 * I;
     run_linear(*task.gate_up, xe, c, gu, float_rows);
-    if (gelu) gelu_tanh_mul(gu, c, I, act);
+    if (act_kind.swiglu_limit > 0.f) clamped_swiglu_mul(gu, c, I, act_kind.swiglu_limit, act_kind.swiglu_alpha, act);
+    else if (act_kind.gelu) gelu_tanh_mul(gu, c, I, act);
     else silu_mul(gu, c, I, act);
     run_linear(*task.down, act, c, s.out.data() + c0 * H, float_rows);
   };
@@ -108,6 +109,18 @@ void run_experts(const ExpertTask* tasks, int64_t n, const float* x, int64_t hid
     pool.run(n, TaskRef(expert));  // the GEMMs inside a task run on its thread
   } else {
     for (int64_t t = 0; t < n; ++t) expert(t);  // one expert: its GEMMs split over the pool
+  }
+}
+
+void clamped_swiglu_mul(const float* gu, int64_t rows, int64_t n, float limit, float alpha, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gate = gu + r * 2 * n;
+    const float* up = gate + n;
+    float* o = out + r * n;
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = std::min(gate[i], limit), u = std::min(std::max(up[i], -limit), limit);
+      o[i] = (u + 1.f) * (g / (1.f + std::exp(-alpha * g)));
+    }
   }
 }
 
@@ -149,7 +162,7 @@ void moe_mlp(const MoeLayer& L, const float* x, int64_t rows, float* y, MoeScrat
     s.tasks.push_back(ExpertTask{e, &L.gate_up[e], &L.down[e]});
   }
   L.bytes_read += bytes;
-  run_experts(s.tasks.data(), static_cast<int64_t>(s.tasks.size()), x, L.hidden, L.inter, k, L.gelu, s, float_rows);
+  run_experts(s.tasks.data(), static_cast<int64_t>(s.tasks.size()), x, L.hidden, L.inter, k, L.act, s, float_rows);
   sum_experts(s.idx.data(), s.w.data(), rows, k, L.hidden, s, y);
 }
 

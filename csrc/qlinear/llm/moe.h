@@ -1,4 +1,4 @@
-// Routed experts (Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE's routed part) for the LLM runtime: the
+// Routed experts (Qwen3-MoE, OLMoE, Mixtral, GPT-OSS, Qwen2-MoE's routed part) for the LLM runtime: the
 // router, softmax and top-k, and the routed MLP of a layer over any number of rows, one function
 // for the compiled decode step (one token, or a batch of them) and for the per-layer Python path
 // (decode and prefill), so both compute the same bits (docs/llm.md, "Mixture of experts").
@@ -36,12 +36,20 @@ struct StepLinear {
 // (a row's bits then do not depend on b; the float GEMM sums in another order than its GEMV).
 void run_linear(const StepLinear& l, const float* x, int64_t b, float* y, bool float_rows);
 
+// The experts' activation over gate_up [rows, 2 inter] (gate first): SiLU * up, GELU-tanh * up,
+// or GPT-OSS's clamped SwiGLU (clamped_swiglu_mul).
+struct ExpertActivation {
+  bool gelu = false;
+  float swiglu_limit = 0.f;  // > 0: the clamped SwiGLU
+  float swiglu_alpha = 1.702f;
+};
+
 struct MoeLayer {
   int64_t hidden = 0, inter = 0, experts = 0, top_k = 0;
   const float* router = nullptr;       // [experts, hidden], float
   const float* router_bias = nullptr;  // [experts] or nullptr
   bool norm_topk = false;              // the k weights divided by their sum
-  bool gelu = false;                   // GELU-tanh * up instead of SiLU * up
+  ExpertActivation act;
   std::vector<StepLinear> gate_up, down;  // per expert: [2 inter, hidden], [hidden, inter]
   mutable std::atomic<int64_t> bytes_read{0};  // packed bytes of the experts run (all calls)
 };
@@ -79,7 +87,11 @@ void moe_mlp(const MoeLayer& L, const float* x, int64_t rows, float* y, MoeScrat
 void group_by_expert(const int32_t* idx, int64_t rows, int64_t k, int64_t experts, int64_t hidden, int64_t inter,
                      MoeScratch& s);
 void run_experts(const ExpertTask* tasks, int64_t n, const float* x, int64_t hidden, int64_t inter, int64_t k,
-                 bool gelu, MoeScratch& s, bool float_rows);
+                 const ExpertActivation& act, MoeScratch& s, bool float_rows);
+
+// GPT-OSS's clamped SwiGLU over gate_up [rows, 2n] (gate first): g = min(gate, limit), u =
+// clamp(up, -limit, limit), out = (u + 1) * (g * sigmoid(alpha * g)) (std::exp).
+void clamped_swiglu_mul(const float* gu, int64_t rows, int64_t n, float limit, float alpha, float* out);
 void sum_experts(const int32_t* idx, const float* w, int64_t rows, int64_t k, int64_t hidden, const MoeScratch& s,
                  float* y);
 

@@ -45,8 +45,10 @@ def token_mixer(cfg: ModelConfig, i: int, linear: Callable, vector: Callable, ro
         qk = (vector(p + "q_norm", d), vector(p + "k_norm", d)) if cfg.qk_norm else ()
     gate = cfg.q_size if cfg.attn_output_gate else 0
     kind = GatedAttention if gate else Attention
+    qk = qk or (None, None)
+    sinks = vector(p + "sinks", cfg.num_heads) if cfg.attn_sinks else None
     return kind(cfg, i, linear(p + "qkv", (cfg.q_size + 2 * cfg.kv_size + gate, H)), linear(p + "o", (H, cfg.q_size)),
-                rope, *qk)
+                rope, *qk, sinks=sinks)
 
 
 def make_block(cfg: ModelConfig, i: int, linear: Callable, vector: Callable, rope: Rope, local_rope: Rope) -> Block:

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from . import archs
 
-ROPE_TYPES = ("default", "llama3", "linear", "longrope")
+ROPE_TYPES = ("default", "llama3", "linear", "longrope", "yarn")
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,9 @@ class ModelConfig:
     bos_token_id: Optional[int] = None
     eos_token_id: Optional[Any] = None   # int or list of ints
     # -- architecture features (the defaults are Qwen2's / Llama's block) --
-    hidden_act: str = "silu"               # MLP: "silu" (SwiGLU), "gelu_tanh" (GeGLU) or "relu" (ReLU Llama)
+    # MLP: "silu" (SwiGLU), "gelu_tanh" (GeGLU), "relu" (ReLU Llama) or "clamped_swiglu" (GPT-OSS:
+    # gate clamped above and up on both sides at swiglu_limit, (up + 1) * gate * sigmoid(swiglu_alpha * gate))
+    hidden_act: str = "silu"
     qk_norm: bool = False                  # RMSNorm of each query / key head before RoPE
     qk_norm_whole: bool = False            # ... of the whole q / k projection instead (OLMoE)
     clip_qkv: Optional[float] = None       # q, k, v clamped to [-c, c] after those norms (OLMoE)
@@ -45,6 +47,9 @@ class ModelConfig:
     layer_types: Optional[tuple] = None    # "sliding" / "full" per layer (None: all full)
     sliding_window: Optional[int] = None   # positions a sliding layer sees, its own included
     rope_local_theta: Optional[float] = None  # sliding layers' own RoPE base, unscaled (Gemma 3)
+    attn_sinks: bool = False               # a learned logit per head in each softmax's denominator (GPT-OSS)
+    swiglu_limit: float = 0.0
+    swiglu_alpha: float = 1.702
     # routed experts (Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE): every layer's MLP is num_experts SwiGLU experts of
     # moe_intermediate_size, a token runs the experts_per_token its router ranks highest
     num_experts: int = 0
@@ -126,6 +131,8 @@ class ModelConfig:
                 raise ValueError(f"{where}: rope scaling {kind!r} is not supported ({', '.join(ROPE_TYPES)})")
             if kind == "longrope":
                 scaling = _longrope(scaling, hf, max_positions, head_dim, where)
+            if kind == "yarn":
+                scaling = _yarn(scaling, hf, max_positions, where)
         features = arch.features(hf, where)
         bias = arch.attention_bias if arch.attention_bias is not None else bool(hf.get("attention_bias", False))
         return cls(**{**dict(
@@ -177,3 +184,29 @@ def _longrope(scaling: dict, hf: dict, max_positions: int, head_dim: int, where:
         attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
     return {**scaling, "rope_type": "longrope", "original_max_position_embeddings": int(original),
             "attention_factor": float(attention)}
+
+
+def _yarn(scaling: dict, hf: dict, max_positions: int, where: str) -> dict:
+    """YaRN (GPT-OSS): frequencies between the interpolated (divided by ``factor``) and the
+    original ones along a ramp over the dimensions whose rotations within the pretraining length
+    fall between ``beta_slow`` and ``beta_fast``, and cos / sin scaled by an attention factor.
+    Completed as transformers completes it (the factor from the lengths when absent, the
+    attention factor 0.1 ln(factor) + 1 or the mscale ratio)."""
+    original = scaling.get("original_max_position_embeddings") or hf.get("original_max_position_embeddings")
+    if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+        raise ValueError(f"{where}: yarn needs original_max_position_embeddings (got {original!r})")
+    factor = scaling.get("factor")
+    factor = max_positions / original if factor is None else factor
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        raise ValueError(f"{where}: yarn factor must be a positive number (got {factor!r})")
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    return {**scaling, "rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": original,
+            "attention_factor": float(attention), "beta_fast": float(scaling.get("beta_fast") or 32),
+            "beta_slow": float(scaling.get("beta_slow") or 1), "truncate": bool(scaling.get("truncate", True))}

@@ -16,7 +16,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from . import synthetic_hybrid
+from . import synthetic_gpt_oss, synthetic_hybrid
 from .converted.convert import check_out_dir
 from .synthetic_hybrid import HYBRIDS  # noqa: F401  (the architectures make_checkpoint writes itself)
 
@@ -92,6 +92,8 @@ ARCHS = {
     "olmoe": ("OlmoeConfig", {"num_experts": 8, "num_experts_per_tok": 2}, OLMOE),  # experts: intermediate_size
     "mixtral": ("MixtralConfig", {"num_local_experts": 8, "num_experts_per_tok": 2}, MISTRAL),
     "qwen2_moe": ("Qwen2MoeConfig", {"num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": False}, CHATML),
+    "gpt_oss": (None, {}, ChatFormat(synthetic_gpt_oss.HARMONY_TEMPLATE, None, "<|return|>", "<|endoftext|>",
+                                     synthetic_gpt_oss.HARMONY_SPECIAL)),  # written in numpy (MXFP4 experts)
     # conv layers around attention ones (layers 1 and 3 attend), the MLP's width as given
     "lfm2": ("Lfm2Config", {"block_auto_adjust_ff_dim": False, "full_attn_idxs": [1, 3], "tie_word_embeddings": True}, CHATML),
 }
@@ -149,14 +151,17 @@ def make_checkpoint(out_dir, arch: str = "qwen2", shape: str = "tiny", seed: int
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join([*ARCHS, *HYBRIDS])}")
     out = Path(out_dir)
     check_out_dir(out, force)
-    if arch in HYBRIDS:  # written here in numpy (transformers 4.x has no class for them)
+    if arch in HYBRIDS or arch == "gpt_oss":  # written here in numpy (transformers 4.x has no class for them)
         if dtype != "float32":
-            raise ValueError(f"hybrid checkpoints are written in float32 (got dtype {dtype!r})")
+            raise ValueError(f"{arch} checkpoints are written in float32 (got dtype {dtype!r})")
         fields = {**SHAPES[shape], **overrides}
         out.mkdir(parents=True, exist_ok=True)
-        tok = train_tokenizer(out, vocab_size=tokenizer_vocab or min(fields["vocab_size"], 4096), chat=CHATML)
-        ids = {"bos_token_id": tok.token_to_id(CHATML.pad), "eos_token_id": tok.token_to_id(CHATML.eos),
-               "pad_token_id": tok.token_to_id(CHATML.pad)}
+        chat = CHATML if arch in HYBRIDS else ARCHS[arch][2]
+        tok = train_tokenizer(out, vocab_size=tokenizer_vocab or min(fields["vocab_size"], 4096), chat=chat)
+        ids = {"bos_token_id": tok.token_to_id(chat.bos or chat.pad), "eos_token_id": tok.token_to_id(chat.eos),
+               "pad_token_id": tok.token_to_id(chat.pad)}
+        if arch == "gpt_oss":
+            return synthetic_gpt_oss.write(out, fields, ids, seed, norm_noise)
         return synthetic_hybrid.write(out, arch, fields, ids, seed, norm_noise)
 
     import torch

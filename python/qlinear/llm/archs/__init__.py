@@ -9,12 +9,13 @@ tensors (``layer_tensors``). One module per family; ``ARCHS`` maps ``model_type`
 
 from __future__ import annotations
 
-from . import gemma, lfm2, llama, mistral, mixtral, olmoe, phi3, qwen2_moe, qwen3, qwen3_5, qwen3_moe
+from . import gemma, gpt_oss, lfm2, llama, mistral, mixtral, olmoe, phi3, qwen2_moe, qwen3, qwen3_5, qwen3_moe
 from .base import Arch
 
 ARCHS: dict[str, Arch] = {a.model_type: a for a in (
     llama.QWEN2, llama.LLAMA, qwen3.QWEN3, qwen3_moe.QWEN3_MOE, mistral.MISTRAL, gemma.GEMMA2, gemma.GEMMA3,
-    phi3.PHI3, olmoe.OLMOE, mixtral.MIXTRAL, qwen2_moe.QWEN2_MOE, qwen3_5.QWEN3_5, qwen3_5.QWEN3_5_MOE, lfm2.LFM2)}
+    phi3.PHI3, olmoe.OLMOE, mixtral.MIXTRAL, qwen2_moe.QWEN2_MOE, qwen3_5.QWEN3_5, qwen3_5.QWEN3_5_MOE, lfm2.LFM2,
+    gpt_oss.GPT_OSS)}
 
 # model types that hold a text model we could read but in a checkpoint we do not: what to say
 NOT_TEXT_ONLY = {

@@ -9,7 +9,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..._packed import pack_weight
+from ..._packed import PackedWeight, pack_weight
 from .. import archs
 from ..archs.base import LINEARS, layer_linears  # noqa: F401  (LINEARS: gptq's)
 from ..config import ModelConfig
@@ -17,6 +17,7 @@ from ..runtime.embedding import EmbeddingFile
 from ..source import trim_heap
 from ..options import Options
 from ..source import progress
+from . import gpt_oss
 from .safetensors_file import Checkpoint, to_float32
 from ..source import Source, slim_rows, stop_ids
 from ..runtime.tokenizer import Tokenizer
@@ -65,14 +66,14 @@ def _tensors(ckpt: Checkpoint, cfg: ModelConfig, opts: Options, rows: Optional[n
              progress_bar: bool, bar_leave: bool) -> dict:
     """Our named tensors from a HF checkpoint: fused projections, quantized per ``opts``."""
     def quantize(w):
-        if opts.bits is None:
+        if opts.bits is None or isinstance(w, PackedWeight):  # (MXFP4 experts: packed as stored)
             return w
         return pack_weight(w, bits=opts.bits, group_size=opts.group_size, symmetric=opts.symmetric)
 
     out = {}
     bar = progress(cfg.num_layers + 1, "quantizing" if opts.bits else "loading", progress_bar, leave=bar_leave)
     for i in range(cfg.num_layers):
-        layer = layer_tensors(ckpt, cfg, i)
+        layer = layer_tensors(ckpt, cfg, i, packed=opts.bits is not None)
         for n in layer_linears(cfg, i):
             layer[f"layers.{i}.{n}"] = quantize(layer[f"layers.{i}.{n}"])
         out.update(layer)
@@ -87,8 +88,9 @@ def _tensors(ckpt: Checkpoint, cfg: ModelConfig, opts: Options, rows: Optional[n
     return out
 
 
-def layer_tensors(ckpt: Checkpoint, cfg: ModelConfig, i: int) -> dict:
-    """Block ``i``'s tensors under our names, float32, nothing quantized: the architecture's
+def layer_tensors(ckpt: Checkpoint, cfg: ModelConfig, i: int, packed: bool = False) -> dict:
+    """Block ``i``'s tensors under our names, float32, nothing quantized (but GPT-OSS's MXFP4
+    experts, PackedWeights as stored when ``packed``): the architecture's
     tensors (a hybrid's: its token mixer's too) fused along N (q/k/v, gate/up) with their biases,
     its norms (Gemma's and Qwen3.5's ``w - 1`` stored norms with the 1 added back) and vectors."""
     arch = archs.get(cfg.arch)
@@ -107,10 +109,15 @@ def layer_tensors(ckpt: Checkpoint, cfg: ModelConfig, i: int) -> dict:
             out[f"layers.{i}.{ours}.bias"] = _fused(ckpt, biases)
         elif any(present):
             raise ValueError(f"{ckpt.directory}: layer {i} has biases on some of {', '.join(names)} only")
-    if cfg.num_experts:  # the router, float; each expert's gate / up fused, and its down
+    if cfg.num_experts:  # the router, float (and its bias); each expert's gate / up fused, and its down
         names = arch.experts
         out[f"layers.{i}.router"] = ckpt.float32(p + names["router"])
-        out.update(_experts(ckpt, cfg, i, p, names))
+        if p + names["router"][:-len("weight")] + "bias" in ckpt:
+            out[f"layers.{i}.router.bias"] = ckpt.float32(p + names["router"][:-len("weight")] + "bias")
+        if names.get("form") == "gpt_oss":
+            out.update(gpt_oss.experts(ckpt, cfg, i, p, packed))
+        else:
+            out.update(_experts(ckpt, cfg, i, p, names))
     if cfg.shared_expert_size:  # Qwen2-MoE: the shared expert and its gate (a [1, hidden] row, float)
         x = p + "mlp.shared_expert."
         out[f"layers.{i}.shared_gate_up"] = _fused(ckpt, [x + "gate_proj.weight", x + "up_proj.weight"])

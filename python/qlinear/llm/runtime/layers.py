@@ -1,6 +1,6 @@
 """The parts of a decoder block: Linear (on qlinear kernels), RMSNorm, RoPE, grouped-query
 attention over a preallocated KV cache (a ring of the window's positions for sliding-window
-layers), and the gated MLP (SwiGLU / GeGLU), with the options architectures add (``archs``):
+layers; sinks, GPT-OSS's per-head logits in each softmax's denominator), and the gated MLP (SwiGLU / GeGLU), with the options architectures add (``archs``):
 query / key head norms, norms of the sub-blocks' outputs, soft-capping. Activations are float32
 numpy arrays [tokens, features]."""
 
@@ -77,7 +77,10 @@ GATED_ACTIVATIONS = {"silu": silu_mul, "gelu_tanh": gelu_tanh_mul, "relu": relu_
 
 
 def mlp_activation(cfg: ModelConfig):
-    """The gated MLP's activation of ``cfg``: act(gate) * up over the fused gate_up output."""
+    """The gated MLP's activation of ``cfg``: act(gate) * up over the fused gate_up output (GPT-OSS's
+    clamped SwiGLU: the routed experts' own op, moe.h)."""
+    if cfg.hidden_act == "clamped_swiglu":
+        return lambda gate_up: _core.clamped_swiglu_mul(gate_up, cfg.swiglu_limit, cfg.swiglu_alpha)
     return GATED_ACTIVATIONS[cfg.hidden_act]
 
 
@@ -107,7 +110,8 @@ class Rope:
             theta = cfg.rope_local_theta if local else cfg.rope_theta
             r = cfg.rotary_dim or d  # partial rotary: the rest at frequency 0 (see rotary_order)
             inv_freq = 1.0 / (theta ** (np.arange(0, r, 2, dtype=np.float64) / r))
-            inv_freq, factor = _scaled_inv_freq(inv_freq, None if local else cfg.rope_scaling, max_positions)
+            inv_freq, factor = _scaled_inv_freq(inv_freq, None if local else cfg.rope_scaling, max_positions,
+                                                theta, r)
             inv_freq = np.concatenate([inv_freq, np.zeros((d - r) // 2)])
         elif np.shape(inv_freq) != (d // 2,):
             raise ValueError(f"RoPE frequencies must have shape ({d // 2},), got {np.shape(inv_freq)}")
@@ -127,8 +131,10 @@ class Rope:
         return x
 
 
-def _scaled_inv_freq(inv_freq: np.ndarray, scaling: Optional[dict], max_positions: int):
-    """(frequencies, factor of cos / sin) under ``scaling``."""
+def _scaled_inv_freq(inv_freq: np.ndarray, scaling: Optional[dict], max_positions: int, theta: float = 0.0,
+                     dim: int = 0):
+    """(frequencies, factor of cos / sin) under ``scaling`` (of a RoPE of base ``theta`` over
+    ``dim`` dimensions)."""
     if not scaling:
         return inv_freq, 1.0
     kind = scaling.get("rope_type", scaling.get("type", "default"))
@@ -138,6 +144,8 @@ def _scaled_inv_freq(inv_freq: np.ndarray, scaling: Optional[dict], max_position
         long = max_positions > scaling["original_max_position_embeddings"]
         ext = np.asarray(scaling["long_factor" if long else "short_factor"], np.float64)
         return inv_freq / ext, scaling["attention_factor"]
+    if kind == "yarn":
+        return _yarn_inv_freq(inv_freq, scaling, theta, dim), scaling["attention_factor"]
     if kind == "llama3":  # long-wavelength components slowed down, a smooth ramp in between
         factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
         old = scaling["original_max_position_embeddings"]
@@ -147,6 +155,25 @@ def _scaled_inv_freq(inv_freq: np.ndarray, scaling: Optional[dict], max_position
                         np.where(wavelen > old / lo, inv_freq / factor,
                                  (1 - smooth) * inv_freq / factor + smooth * inv_freq)), 1.0
     return inv_freq, 1.0
+
+
+def _yarn_inv_freq(inv_freq: np.ndarray, scaling: dict, theta: float, dim: int) -> np.ndarray:
+    """YaRN's frequencies (config._yarn): the original ones where a dimension turns more than
+    beta_fast times within the pretraining length, divided by the factor where it turns fewer
+    than beta_slow times, a linear ramp over the dimensions between."""
+    old = scaling["original_max_position_embeddings"]
+
+    def dim_of(rotations):  # the dimension that turns `rotations` times over `old` positions
+        return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    lo, hi = dim_of(scaling["beta_fast"]), dim_of(scaling["beta_slow"])
+    if scaling["truncate"]:
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, dim - 1)
+    hi = hi + 0.001 if lo == hi else hi
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - lo) / (hi - lo), 0.0, 1.0)
+    keep = 1.0 - ramp  # the share of the original frequency
+    return inv_freq / scaling["factor"] * (1.0 - keep) + inv_freq * keep
 
 
 def _per_head_norm(qkv: np.ndarray, c0: int, c1: int, weight: np.ndarray, eps: float) -> None:
@@ -159,9 +186,15 @@ def _per_head_norm(qkv: np.ndarray, c0: int, c1: int, weight: np.ndarray, eps: f
 
 class Attention:
     def __init__(self, cfg: ModelConfig, layer: int, qkv: Linear, o: Linear, rope: Rope,
-                 q_norm: Optional[np.ndarray] = None, k_norm: Optional[np.ndarray] = None):
+                 q_norm: Optional[np.ndarray] = None, k_norm: Optional[np.ndarray] = None,
+                 sinks: Optional[np.ndarray] = None):
         self.cfg, self.layer, self.qkv, self.o, self.rope = cfg, layer, qkv, o, rope
         self.q_norm, self.k_norm = q_norm, k_norm
+        if sinks is not None:  # one logit per query head (GPT-OSS), in every softmax's denominator
+            sinks = np.ascontiguousarray(sinks, np.float32)
+            if sinks.shape != (cfg.num_heads,) or not np.isfinite(sinks).all():
+                raise ValueError(f"layer {layer}: attention sinks must be {cfg.num_heads} finite numbers")
+        self.sinks = sinks
         self.scale = np.float32(cfg.attn_scale if cfg.attn_scale is not None else 1.0 / math.sqrt(cfg.head_dim))
         self.window = cfg.window(layer)
         self.softcap = float(cfg.attn_softcap or 0.0)
@@ -183,12 +216,12 @@ class Attention:
         rope, heads, scale = self.rope, cfg.num_heads, float(self.scale)
         if qkv.shape[0] == 1:  # decode: RoPE, cache update and attention in one call
             return _core.attend_one(qkv, rope.cos, rope.sin, start, k, v, heads, scale,
-                                    window=ring, softcap=self.softcap)
+                                    window=ring, softcap=self.softcap, sinks=self.sinks)
         # prefill: RoPE, cache update and causal attention (blocked, online softmax) in one call
         if not ring or start + qkv.shape[0] <= ring:
             return _core.attend_prefill(qkv, rope.cos, rope.sin, start, k, v, heads, scale,
-                                        window=self.window, softcap=self.softcap)
-        return _ring_prefill(qkv, rope, start, k, v, heads, scale, ring, self.softcap)
+                                        window=self.window, softcap=self.softcap, sinks=self.sinks)
+        return _ring_prefill(qkv, rope, start, k, v, heads, scale, ring, self.softcap, self.sinks)
 
 
 class GatedAttention(Attention):
@@ -223,7 +256,7 @@ def rotary_order(head_dim: int, rotary_dim: int) -> np.ndarray:
 
 
 def _ring_prefill(qkv, rope: Rope, start: int, k: np.ndarray, v: np.ndarray, heads: int, scale: float,
-                  window: int, softcap: float) -> np.ndarray:
+                  window: int, softcap: float, sinks: Optional[np.ndarray] = None) -> np.ndarray:
     """Prefill of a sliding-window layer whose ring (``window`` positions) the prompt wraps:
     attention over a scratch cache of the window before ``start`` (unrolled from the ring) and
     the new positions, then the ring refilled with the last ``window`` of them."""
@@ -238,7 +271,7 @@ def _ring_prefill(qkv, rope: Rope, start: int, k: np.ndarray, v: np.ndarray, hea
     slots = np.arange(first, start) % window
     tk[:, first - base:past], tv[:, first - base:past] = k[:, slots], v[:, slots]
     out = _core.attend_prefill(qkv, rope.cos[base:], rope.sin[base:], past, tk, tv, heads, scale,
-                               window=window, softcap=softcap)
+                               window=window, softcap=softcap, sinks=sinks)
     keep = min(window, past + n)
     slots = np.arange(start + n - keep, start + n) % window
     k[:, slots], v[:, slots] = tk[:, past + n - keep:], tv[:, past + n - keep:]

@@ -1,4 +1,4 @@
-"""Routed experts (Qwen3-MoE, OLMoE, Mixtral; Qwen2-MoE adds its shared expert in
+"""Routed experts (Qwen3-MoE, OLMoE, Mixtral, GPT-OSS; Qwen2-MoE adds its shared expert in
 ``moe_shared``): a block whose MLP is a router and E SwiGLU experts, each token running only the
 k experts its router ranks highest (their outputs summed with the router's softmax weights over
 the k, renormalized to 1 with ``norm_topk_prob``), as transformers' Qwen3MoeSparseMoeBlock
@@ -45,7 +45,7 @@ class MoeBlock(Block):
         """The compiled routed MLP (``_core.MoeLayer``), or None when an expert is kept in float
         or the activation is not SwiGLU / GeGLU."""
         linears = [m for pair in self.experts for m in pair]
-        if self.cfg.hidden_act not in ("silu", "gelu_tanh") or any(not isinstance(m.weight, PackedWeight)
+        if self.cfg.hidden_act not in ("silu", "gelu_tanh", "clamped_swiglu") or any(not isinstance(m.weight, PackedWeight)
                                                                     for m in linears):
             return None
 
@@ -54,7 +54,7 @@ class MoeBlock(Block):
 
         return _core.moe_layer(self._router_w, self.router.bias, [(spec(g), spec(d)) for g, d in self.experts],
                                self.cfg.experts_per_token, bool(self.cfg.norm_topk_prob),
-                               gelu=self.cfg.hidden_act == "gelu_tanh")
+                               **expert_activation(self.cfg))
 
     def route(self, x: np.ndarray) -> tuple:
         """(experts [rows, k] highest first, ties the lower; their weights [rows, k]) of x."""
@@ -93,6 +93,13 @@ class MoeBlock(Block):
     def expert_bytes(self) -> int:
         """The bytes of all the experts' weights of this block."""
         return sum(_nbytes(g) + _nbytes(d) for g, d in self.experts)
+
+
+def expert_activation(cfg: ModelConfig) -> dict:
+    """The compiled experts' activation options of ``cfg`` (moe.h ExpertActivation)."""
+    if cfg.hidden_act == "clamped_swiglu":
+        return {"swiglu_limit": cfg.swiglu_limit, "swiglu_alpha": cfg.swiglu_alpha}
+    return {"gelu": cfg.hidden_act == "gelu_tanh"}
 
 
 def _nbytes(linear: Linear) -> int:

@@ -37,7 +37,7 @@ def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache)
     linears = [lm_head] + [m for pair in mixers for m in pair] + mlps
     if any(not isinstance(m.weight, PackedWeight) for m in linears):
         return None
-    if cfg.hidden_act not in ("silu", "gelu_tanh"):  # the compiled step's MLPs: SwiGLU, GeGLU
+    if cfg.hidden_act not in ("silu", "gelu_tanh") and mlps:  # the compiled step's MLPs: SwiGLU, GeGLU
         return None
 
     def spec(m: Linear):
@@ -57,7 +57,7 @@ def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache)
                 "geometry": a.geometry(), "conv": a.conv, "dt_bias": a.dt_bias, "ssm_a": a.neg_a, "norm": a.norm,
                 "conv_state": conv_state, "state": state, "record": cache.records[i]}}
         return (cache.k[i], cache.v[i], a.rope.cos, a.rope.sin), {
-            "q_norm": a.q_norm, "k_norm": a.k_norm, "gate": isinstance(a, GatedAttention)}
+            "q_norm": a.q_norm, "k_norm": a.k_norm, "sinks": a.sinks, "gate": isinstance(a, GatedAttention)}
 
     layers = []
     for i, (b, moe) in enumerate(zip(blocks, moes)):
