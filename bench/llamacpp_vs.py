@@ -127,12 +127,12 @@ def checkpoint(arch: str) -> Path:
         return _spm_checkpoint(ROOT / "llama-small-spm")
     if arch == "phi3":
         return _phi3_checkpoint(ROOT / "phi3-small-longrope")
-    if arch in HYBRIDS:
+    if arch in SYNTHETIC:
         hf = ROOT / f"{arch}-v{VOCAB}"
         if not (hf / "model.safetensors").is_file():
             from qlinear.llm import synthetic
-            synthetic.make_checkpoint(hf, HYBRIDS[arch][0], vocab_size=VOCAB, tokenizer_vocab=min(VOCAB, 4096),
-                                      norm_noise=0.1, force=True, **HYBRIDS[arch][1])
+            synthetic.make_checkpoint(hf, SYNTHETIC[arch][0], vocab_size=VOCAB, tokenizer_vocab=min(VOCAB, 4096),
+                                      norm_noise=0.1, force=True, **SYNTHETIC[arch][1])
         return hf
     hf = ROOT / f"llama-0.5b-v{VOCAB}"
     if not (hf / "model.safetensors").is_file():
@@ -197,12 +197,19 @@ HYBRIDS = {
                                                    shared_expert_intermediate_size=512)),
 }
 
+# GPT-OSS-20B's geometry (head size 64, 64 query / 8 KV heads, 32 experts of 2880, 4 per token,
+# every other layer a window of 128) with 5 of its 24 layers: the MXFP4 experts alone 2.1 GB
+GPT_OSS = {"gpt-oss-20b-l5": ("gpt_oss", dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=5,
+                                              num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                                              num_local_experts=32, num_experts_per_tok=4, sliding_window=128))}
+SYNTHETIC = {**HYBRIDS, **GPT_OSS}  # written by synthetic.make_checkpoint in numpy
+
 
 def gguf_file(quant: str, arch: str = "qwen2") -> Path:
     """The synthetic checkpoint as a GGUF file of the given type (made once)."""
     from test_llm import VOCAB
     name = {"qwen2": f"qwen2.5-0.5b-v{VOCAB}", "llama": f"llama-0.5b-v{VOCAB}", "llama-spm": "llama-small-spm",
-            "phi3": "phi3-small-longrope", **{h: f"{h}-v{VOCAB}" for h in HYBRIDS}}[arch]
+            "phi3": "phi3-small-longrope", **{h: f"{h}-v{VOCAB}" for h in SYNTHETIC}}[arch]
     out = CACHE / f"{name}-{quant}.gguf"
     if out.exists():
         return out
@@ -396,9 +403,10 @@ def main() -> None:
     ap.add_argument("--quants", nargs="+", default=["Q4_0", "Q8_0"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--arch", nargs="+", default=["qwen2"], choices=["qwen2", "llama", "llama-spm", "phi3", *HYBRIDS],
+    ap.add_argument("--arch", nargs="+", default=["qwen2"], choices=["qwen2", "llama", "llama-spm", "phi3", *SYNTHETIC],
                     help="llama-spm: a small Llama with a SentencePiece tokenizer (for --tokenizer); "
-                         "phi3: a small Phi-3 with LongRoPE; qwen3.5-*: Qwen3.5-shaped hybrids (random weights)")
+                         "phi3: a small Phi-3 with LongRoPE; qwen3.5-*: Qwen3.5-shaped hybrids, gpt-oss-*: GPT-OSS-shaped "
+                         "(MXFP4 experts; Q8_0 is the converter's MXFP4 file with Q8_0 beside; random weights)")
     ap.add_argument("--logits", action="store_true", help="compare logits instead of speed")
     ap.add_argument("--tokenizer", action="store_true", help="compare tokenizers instead of speed")
     ap.add_argument("--wall", action="store_true", help="qlinear's decode in weight GB/s beside a streaming read")

@@ -273,3 +273,134 @@ def test_hostile_files_are_refused(checkpoints, tmp_path, case):
     path = _edit(checkpoints["mxfp4"], tmp_path / "bad", **edit)
     with pytest.raises(ValueError, match=match):
         llm.load(path, bits=8, max_context=64, progress=False)
+
+
+# -- GGUF: llama.cpp's gpt-oss files -------------------------------------------------------------------
+def write_gguf(ckpt, path, linear_type):
+    """``ckpt`` as llama.cpp's converter writes a GPT-OSS file: the MXFP4 experts' blocks moved as
+    they are (gate and up split, codes j and j + 16 in one byte after the exponent byte), the
+    other linears in ``linear_type`` (F32 or Q8_0), norms, biases, sinks and router F32."""
+    gguf = pytest.importorskip("gguf")
+    from safetensors.numpy import load_file
+
+    T = gguf.GGMLQuantizationType
+    cfg = json.loads((ckpt / "config.json").read_text())
+    tj = json.loads((ckpt / "tokenizer.json").read_text())
+    st = load_file(str(ckpt / "model.safetensors"))
+    rope = cfg["rope_parameters"]
+    w = gguf.GGUFWriter(str(path), "gpt-oss")
+    for add, v in ((w.add_context_length, cfg["max_position_embeddings"]), (w.add_embedding_length, cfg["hidden_size"]),
+                   (w.add_block_count, cfg["num_hidden_layers"]), (w.add_feed_forward_length, cfg["intermediate_size"]),
+                   (w.add_head_count, cfg["num_attention_heads"]), (w.add_head_count_kv, cfg["num_key_value_heads"]),
+                   (w.add_layer_norm_rms_eps, cfg["rms_norm_eps"]), (w.add_rope_freq_base, rope["rope_theta"]),
+                   (w.add_key_length, cfg["head_dim"]), (w.add_value_length, cfg["head_dim"]),
+                   (w.add_expert_count, cfg["num_local_experts"]), (w.add_expert_used_count, cfg["num_experts_per_tok"]),
+                   (w.add_expert_feed_forward_length, cfg["intermediate_size"]),
+                   (w.add_sliding_window, cfg["sliding_window"]), (w.add_rope_scaling_factor, rope["factor"]),
+                   (w.add_rope_scaling_orig_ctx_len, rope["original_max_position_embeddings"]),
+                   (w.add_rope_scaling_yarn_beta_fast, rope["beta_fast"]),
+                   (w.add_rope_scaling_yarn_beta_slow, rope["beta_slow"])):
+        add(v)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    tokens, types = [None] * cfg["vocab_size"], [1] * cfg["vocab_size"]
+    for t, i in tj["model"]["vocab"].items():
+        tokens[i] = t
+    for a in tj["added_tokens"]:
+        tokens[a["id"]], types[a["id"]] = a["content"], 3
+    for i, t in enumerate(tokens):
+        if t is None:
+            tokens[i], types[i] = f"[PAD{i}]", 5
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+
+    def linear(name, a):
+        if linear_type == T.F32:
+            w.add_tensor(name, np.ascontiguousarray(a, np.float32))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(a, np.float32), linear_type),
+                         raw_dtype=linear_type)
+
+    def mxfp4(name, blocks, scales):  # [E, N, K / 32, 16] + [E, N, K / 32] -> [E, N, K / 32 * 17]
+        codes = np.stack([blocks & 15, blocks >> 4], -1).reshape(*blocks.shape[:-1], 32)
+        rows = np.concatenate([scales[..., None], codes[..., :16] | (codes[..., 16:] << 4)], -1)
+        w.add_tensor(name, np.ascontiguousarray(rows.reshape(*rows.shape[:2], -1)), raw_dtype=T.MXFP4)
+
+    w.add_tensor("token_embd.weight", st["model.embed_tokens.weight"])
+    w.add_tensor("output_norm.weight", st["model.norm.weight"])
+    linear("output.weight", st["lm_head.weight"])
+    names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output"}
+    for i in range(cfg["num_hidden_layers"]):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", st[p + "input_layernorm.weight"])
+        w.add_tensor(b + "post_attention_norm.weight", st[p + "post_attention_layernorm.weight"])
+        for theirs, ours in names.items():
+            linear(f"{b}{ours}.weight", st[f"{p}self_attn.{theirs}.weight"])
+            w.add_tensor(f"{b}{ours}.bias", st[f"{p}self_attn.{theirs}.bias"])
+        w.add_tensor(b + "attn_sinks.weight", st[p + "self_attn.sinks"])
+        w.add_tensor(b + "ffn_gate_inp.weight", st[p + "mlp.router.weight"])
+        w.add_tensor(b + "ffn_gate_inp.bias", st[p + "mlp.router.bias"])
+        x = p + "mlp.experts."
+        gu_b, gu_s = st[x + "gate_up_proj_blocks"], st[x + "gate_up_proj_scales"]
+        mxfp4(b + "ffn_gate_exps.weight", gu_b[:, 0::2], gu_s[:, 0::2])
+        mxfp4(b + "ffn_up_exps.weight", gu_b[:, 1::2], gu_s[:, 1::2])
+        mxfp4(b + "ffn_down_exps.weight", st[x + "down_proj_blocks"], st[x + "down_proj_scales"])
+        bias = st[x + "gate_up_proj_bias"]
+        w.add_tensor(b + "ffn_gate_exps.bias", np.ascontiguousarray(bias[:, 0::2]))
+        w.add_tensor(b + "ffn_up_exps.bias", np.ascontiguousarray(bias[:, 1::2]))
+        w.add_tensor(b + "ffn_down_exps.bias", st[x + "down_proj_bias"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_gguf_file_matches_its_checkpoint(tmp_path):
+    """A gpt-oss GGUF file (llama.cpp's layout) of the checkpoint, its other linears F32: the
+    checkpoint's float logits (the file's RoPE is ggml's YaRN, whose ramp ends are rounded out:
+    the checkpoint says so too here); with Q8_0 beside the experts, the MXFP4 blocks are moved
+    (the packed experts' values are the checkpoint's, nothing requantized) and the logits stay
+    as close as the checkpoint's int8 model's."""
+    gguf = pytest.importorskip("gguf")
+    T = gguf.GGMLQuantizationType
+    rope = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": True, "original_max_position_embeddings": 4096}
+    ckpt = synthetic.make_checkpoint(tmp_path / "ckpt", "gpt_oss", seed=2, norm_noise=0.1, rope_parameters=rope, **SHAPE)
+    ref = llm.load(ckpt, bits=None, act="float", max_context=256, progress=False)
+    a = llm.load(write_gguf(ckpt, tmp_path / "f32.gguf", T.F32), bits=None, act="float", max_context=256,
+                 progress=False)
+    mine, theirs = a.config.to_dict(), ref.config.to_dict()
+    assert mine.pop("rms_norm_eps") == pytest.approx(theirs.pop("rms_norm_eps"))  # (the file's floats: float32)
+    theirs["rope_scaling"].pop("rope_theta")  # (transformers 5 keeps the base among the RoPE parameters)
+    assert mine.pop("rope_scaling") == pytest.approx(theirs.pop("rope_scaling"))
+    assert mine == theirs
+    want = ref.logits(IDS)
+    np.testing.assert_allclose(a.logits(IDS), want, rtol=0, atol=1e-5 * np.abs(want).max())
+    packed = llm.load(write_gguf(ckpt, tmp_path / "q8.gguf", T.Q8_0), max_context=256, progress=False)
+    assert not packed.info["gguf_requantized"]
+    assert "blk.3.ffn_down_exps.weight (MXFP4)" in packed.info["gguf_moved"]
+    mine = llm.load(ckpt, bits=8, max_context=256, progress=False)
+    for (g, d), (g2, d2) in zip(packed.blocks[3].experts, mine.blocks[3].experts):
+        np.testing.assert_array_equal(g.weight.dequantize(), g2.weight.dequantize())
+        np.testing.assert_array_equal(d.bias, d2.bias)
+    c = cosines(packed.logits(IDS), want)
+    assert c.mean() >= 0.998 and np.median(c) >= 0.9995
+
+
+def test_flash_refuses_experts_with_biases(checkpoints, tmp_path):
+    """memory='flash' does not stream experts with biases yet: a GGUF file and a converted model
+    of GPT-OSS are refused by name, not run without their biases."""
+    from qlinear.llm.converted.convert import convert
+
+    gguf = pytest.importorskip("gguf")
+    path = write_gguf(checkpoints["mxfp4"], tmp_path / "q8.gguf", gguf.GGMLQuantizationType.Q8_0)
+    with pytest.raises(ValueError, match="biases"):
+        llm.load(path, memory="flash", max_context=64, progress=False)
+    out = convert(checkpoints["mxfp4"], tmp_path / "converted", bits=8, progress=False)
+    with pytest.raises(ValueError, match="biases"):
+        llm.load(out, memory="flash", max_context=64, progress=False)

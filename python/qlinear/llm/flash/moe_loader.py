@@ -96,6 +96,9 @@ def load_flash_moe_gguf(p: Path, opts: Options, max_context: int, memory_budget_
     if not cfg.num_experts:
         raise ValueError(f"{p}: memory='flash' reads the routed experts of a GGUF file, and this {cfg.arch} model "
                          "has none; stream a dense model's FFNs from a converted file (llm.convert)")
+    if "blk.0.ffn_gate_exps.bias" in f.tensors:
+        raise ValueError(f"{p}: memory='flash' does not read experts with biases ({cfg.arch}) yet; "
+                         "load it with memory='normal' or 'low'")
     files = GGUFExpertFile(f, cfg, staging=cfg.experts_per_token)
     embd = "token_embd.weight"
     resident = sum(int(t.n_bytes) for n, t in f.tensors.items()

@@ -4,12 +4,16 @@ sliding window, which llama.cpp does not apply)."""
 
 from __future__ import annotations
 
+import math
+
 from ..config import ModelConfig
 from .file import GGUFFile
 
-ARCHS = ("qwen2", "llama", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "olmoe", "qwen35", "qwen35moe", "lfm2")
+ARCHS = ("qwen2", "llama", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "olmoe", "qwen35", "qwen35moe", "lfm2",
+         "gpt-oss")
 # llama.cpp's architecture names where they differ from transformers' model_type
-_MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text"}
+_MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text",
+                "gpt-oss": "gpt_oss"}
 
 
 def read_config(f: GGUFFile) -> ModelConfig:
@@ -43,13 +47,17 @@ def read_config(f: GGUFFile) -> ModelConfig:
         hf.update(_qwen35_config(f, hf, arch))
     if arch == "lfm2":
         hf.update(_lfm2_config(f, hf))
-    if arch in ("qwen3moe", "olmoe", "qwen35moe") or (arch == "llama" and f.meta(a + "expert_count", int)):
+    if arch in ("qwen3moe", "olmoe", "qwen35moe", "gpt-oss") or (arch == "llama" and f.meta(a + "expert_count", int)):
         hf.update(_experts_config(f, hf, arch))
+    if arch == "gpt-oss":
+        hf.update(_gpt_oss_config(f, hf))
     kind = f.meta(a + "rope.scaling.type", str, "none")
     if kind == "linear":
         hf["rope_scaling"] = {"rope_type": "linear", "factor": f.meta(a + "rope.scaling.factor", float, 1.0)}
+    elif kind == "yarn":
+        hf["rope_scaling"] = _yarn(f, a)
     elif kind != "none":
-        raise f.error(f"rope scaling {kind!r} is not supported (none, linear)")
+        raise f.error(f"rope scaling {kind!r} is not supported (none, linear, yarn)")
     return ModelConfig.from_hf(hf, str(f.path))
 
 
@@ -115,6 +123,33 @@ def _experts_config(f: GGUFFile, hf: dict, arch: str) -> dict:
             raise f.error(f"tensor 'blk.0.{name}.weight' has {int(t.shape[-1])} experts; the metadata says "
                           f"{count} ({a}expert_count)")
     return out
+
+
+def _yarn(f: GGUFFile, a: str) -> dict:
+    """YaRN as ggml runs it: the ramp's ends rounded outwards (floor / ceil: transformers'
+    ``truncate``), cos / sin scaled by yarn_attn_factor x (1 + 0.1 ln factor)."""
+    factor = f.meta(a + "rope.scaling.factor", float, required=True)
+    if f.meta(a + "rope.scaling.yarn_ext_factor", float, 1.0) != 1.0:
+        raise f.error("yarn with an extrapolation factor other than 1 is not supported")
+    mscale = 1.0 + 0.1 * math.log(factor) if factor > 1 else 1.0
+    return {"rope_type": "yarn", "factor": factor, "truncate": True,
+            "original_max_position_embeddings": f.count(a + "rope.scaling.original_context_length"),
+            "beta_fast": f.meta(a + "rope.scaling.yarn_beta_fast", float, 32.0),
+            "beta_slow": f.meta(a + "rope.scaling.yarn_beta_slow", float, 1.0),
+            "attention_factor": f.meta(a + "rope.scaling.yarn_attn_factor", float, 1.0) * mscale}
+
+
+def _gpt_oss_config(f: GGUFFile, hf: dict) -> dict:
+    """GPT-OSS as llama.cpp runs it: experts ``expert_feed_forward_length`` wide, sliding layers by
+    the file's pattern (else the even ones), the clamped SwiGLU at llama.cpp's fixed 7 / 1.702."""
+    a, n = "gpt-oss.", hf["num_hidden_layers"]
+    pattern = f.meta(a + "attention.sliding_window_pattern", (int, list), 2)
+    sliding = [bool(x) for x in pattern] if isinstance(pattern, list) else [i % pattern < pattern - 1 for i in range(n)]
+    if len(sliding) != n:
+        raise f.error(f"metadata {a}attention.sliding_window_pattern has {len(sliding)} entries for {n} layers")
+    return {"num_local_experts": hf.pop("num_experts"), "intermediate_size": f.count(a + "expert_feed_forward_length"),
+            "sliding_window": f.count(a + "attention.sliding_window"), "swiglu_limit": 7.0, "swiglu_alpha": 1.702,
+            "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding]}
 
 
 def _kv_heads(f: GGUFFile, a: str, heads: int) -> int:

@@ -77,8 +77,14 @@ def read(p: Path, opts: Options, progress_bar: bool = True, routed_experts: bool
             if b + "attn_q.bias" in f.tensors:
                 tensors[o + "qkv.bias"] = np.concatenate([w.vector(n + ".bias", r, h) for n, r, h in qkv])
             tensors[o + "o"] = w.fused(o + "o", [(b + "attn_output.weight", (H, cfg.q_size), None)])
+            if b + "attn_output.bias" in f.tensors:  # (GPT-OSS)
+                tensors[o + "o.bias"] = w.vector(b + "attn_output.bias", H)
+            if cfg.attn_sinks:
+                tensors[o + "sinks"] = w.vector(b + "attn_sinks.weight", cfg.num_heads)
         if cfg.num_experts:
             tensors.update(w.experts(b, o) if routed_experts else {o + "router": w.router(b)})
+            if not routed_experts and b + "ffn_gate_inp.bias" in f.tensors:
+                tensors.update({k: v for k, v in w.expert_biases(b, o).items() if k == o + "router.bias"})
         else:
             gate_up = [(b + "ffn_gate.weight", (I, H), None), (b + "ffn_up.weight", (I, H), None)]
             if b + "ffn_gate.weight" not in f.tensors and cfg.arch == "phi3":  # ffn_up: gate, then up
@@ -86,8 +92,9 @@ def read(p: Path, opts: Options, progress_bar: bool = True, routed_experts: bool
             tensors[o + "gate_up"] = w.fused(o + "gate_up", gate_up)
             tensors[o + "down"] = w.fused(o + "down", [(b + "ffn_down.weight", (H, I), None)])
         tensors[o + "input_norm"] = w.vector(b + "attn_norm.weight", H)
-        # (Qwen3.5's MLP input norm is its post_attention_norm)
-        post = "post_attention_norm.weight" if cfg.mixers and cfg.arch != "lfm2" else "ffn_norm.weight"
+        # (Qwen3.5's and GPT-OSS's MLP input norm is its post_attention_norm)
+        post = ("post_attention_norm.weight" if (cfg.mixers and cfg.arch != "lfm2") or cfg.arch == "gpt_oss"
+                else "ffn_norm.weight")
         tensors[o + "post_norm"] = w.vector(b + post, H)
         if cfg.qk_norm and not cfg.attn_output_gate and cfg.mixer(i) == "attention":  # Qwen3, Gemma 3, LFM2 (per head); OLMoE (all heads)
             q, k = (cfg.q_size, cfg.kv_size) if cfg.qk_norm_whole else (hd, hd)
@@ -152,6 +159,8 @@ class _Weights:
         cfg, H = self.cfg, self.cfg.hidden_size
         E, M = cfg.num_experts, cfg.moe_intermediate_size
         out = {o + "router": self.router(b)}
+        if b + "ffn_gate_inp.bias" in self.f.tensors:  # GPT-OSS: biases on the router and every expert
+            out.update(self.expert_biases(b, o))
         stacks = {part: self._stacked(f"{b}ffn_{part}_exps.weight", shape)
                   for part, shape in (("gate", (E, M, H)), ("up", (E, M, H)), ("down", (E, H, M)))}
         if cfg.shared_expert_size:  # Qwen3.5-MoE: the shared expert and its gate row (float)
@@ -168,6 +177,17 @@ class _Weights:
                                                         [f"{b}ffn_gate_exps.weight[{e}]", f"{b}ffn_up_exps.weight[{e}]"])
             out[f"{o}experts.{e}.down"] = self._fuse(f"{o}experts.{e}.down", [stacks["down"](e)],
                                                      [f"{b}ffn_down_exps.weight[{e}]"])
+        return out
+
+    def expert_biases(self, b: str, o: str) -> dict:
+        cfg = self.cfg
+        E, M, H = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+        out = {o + "router.bias": self.vector(b + "ffn_gate_inp.bias", E)}
+        stacked = {part: np.array(self.f.dequantize(self.f.tensor(f"{b}ffn_{part}_exps.bias", shape)))
+                   for part, shape in (("gate", (E, M)), ("up", (E, M)), ("down", (E, H)))}
+        for e in range(E):
+            out[f"{o}experts.{e}.gate_up.bias"] = np.concatenate([stacked["gate"][e], stacked["up"][e]])
+            out[f"{o}experts.{e}.down.bias"] = stacked["down"][e]
         return out
 
     def router(self, b: str) -> np.ndarray:
