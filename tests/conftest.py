@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,24 @@ def isa(request):
     qlinear.set_isa(request.param)
     yield request.param
     qlinear.set_isa(previous)
+
+
+@pytest.fixture(scope="session")
+def transformers5():
+    """(torch, transformers) with transformers 5.x (the 2026 families' classes: Qwen3.5, GPT-OSS);
+    skipped without it, failed so with QLINEAR_REQUIRE_TRANSFORMERS5=1 (CI's transformers-5
+    environment sets it)."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        transformers = None
+    if transformers is None or int(transformers.__version__.split(".")[0]) < 5:
+        why = "needs transformers 5.x (Qwen3.5's and GPT-OSS's classes); CI runs it in its transformers-5 environment"
+        if os.environ.get("QLINEAR_REQUIRE_TRANSFORMERS5"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return torch, transformers
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ kept as stored, the attention sinks in the kernels against numpy, the compiled s
 Python blocks, prefix reuse, and what a hostile file gets."""
 
 import json
-import os
 import shutil
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("safetensors")
 
+from _llm_reference import assert_compiled_step_equals_python  # noqa: E402
 from qlinear import _core, llm  # noqa: E402
 from qlinear.llm import synthetic, synthetic_gpt_oss  # noqa: E402
 from qlinear.llm.runtime import prefix_cache  # noqa: E402
@@ -30,21 +30,6 @@ def checkpoints(tmp_path_factory):
     return {"mxfp4": synthetic.make_checkpoint(root / "mxfp4", "gpt_oss", seed=0, norm_noise=0.1, **SHAPE),
             "float": synthetic.make_checkpoint(root / "float", "gpt_oss", seed=1, norm_noise=0.1, mxfp4=False,
                                                **SHAPE)}
-
-
-@pytest.fixture(scope="module")
-def transformers5():
-    try:
-        import torch
-        import transformers
-    except ImportError:
-        transformers = None
-    if transformers is None or int(transformers.__version__.split(".")[0]) < 5:
-        why = "needs transformers 5.x (GPT-OSS's class); CI runs it in its transformers-5 environment"
-        if os.environ.get("QLINEAR_REQUIRE_TRANSFORMERS5"):
-            pytest.fail(why)
-        pytest.skip(why)
-    return torch, transformers
 
 
 def cosines(a, b):
@@ -120,20 +105,8 @@ def test_compiled_step_equals_the_python_blocks(checkpoints, kv_cache):
     """The compiled decode step (sinks in its attention, the experts' clamped SwiGLU and biases)
     gives the Python blocks' logits and KV rows bit for bit, one token at a time past the rings'
     wrap and as a speculative verification's block."""
-    models = [llm.load(checkpoints["mxfp4"], bits=8, max_context=256, kv_cache=kv_cache, progress=False)
-              for _ in range(2)]
-    models[1].compiled_decode = False
-    for m in models:
-        m.prefill(IDS[:40])
-    for j, t in enumerate(IDS[40:52]):
-        a, b = (m._forward([t], 40 + j) for m in models)
-        np.testing.assert_array_equal(a, b)
-    assert models[0]._step is not None and models[1]._step is None
-    a, b = (m.verify(IDS[52:57], 52) for m in models)
-    np.testing.assert_array_equal(a, b)
-    for i in range(4):
-        np.testing.assert_array_equal(models[0].cache.k[i], models[1].cache.k[i])
-        np.testing.assert_array_equal(models[0].cache.v[i], models[1].cache.v[i])
+    assert_compiled_step_equals_python(
+        lambda: llm.load(checkpoints["mxfp4"], bits=8, max_context=256, kv_cache=kv_cache, progress=False), IDS, 4)
 
 
 def test_decode_equals_full_forward(checkpoints):

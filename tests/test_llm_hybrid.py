@@ -6,7 +6,6 @@ QLINEAR_REQUIRE_TRANSFORMERS5=1, as CI's transformers-5 environment sets), the r
 rules (docs/semantics.md, "Recurrent state"), and what a hostile file gets."""
 
 import json
-import os
 import shutil
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("safetensors")
 
+from _llm_reference import assert_compiled_step_equals_python  # noqa: E402
 from qlinear import llm  # noqa: E402
 from qlinear import _core  # noqa: E402
 from qlinear.llm import synthetic  # noqa: E402
@@ -38,21 +38,6 @@ def checkpoints(tmp_path_factory):
            for name, (arch, extra) in FORMS.items()}
     out["lfm2_other"] = synthetic.make_checkpoint(root / "lfm2_other", "lfm2", seed=1, norm_noise=0.1, **SHAPE)
     return out
-
-
-@pytest.fixture(scope="module")
-def transformers5():
-    try:
-        import torch
-        import transformers
-    except ImportError:
-        transformers = None
-    if transformers is None or int(transformers.__version__.split(".")[0]) < 5:
-        why = "needs transformers 5.x (Qwen3.5's classes); CI runs it in its transformers-5 environment"
-        if os.environ.get("QLINEAR_REQUIRE_TRANSFORMERS5"):
-            pytest.fail(why)
-        pytest.skip(why)
-    return torch, transformers
 
 
 def reference_logits(transformers5, path, ids):
@@ -292,20 +277,8 @@ def test_compiled_step_equals_the_python_blocks(checkpoints, kv_cache, form):
     """The compiled decode step (Gated DeltaNet layers and gated attention in C++) gives the
     Python blocks' logits, states and KV rows bit for bit, one token at a time and as a
     speculative verification's block (step_block)."""
-    models = [llm.load(checkpoints[form], bits=4, max_context=256, kv_cache=kv_cache, progress=False)
-              for _ in range(2)]
-    models[1].compiled_decode = False
-    for m in models:
-        m.prefill(IDS[:40])
-    for j, t in enumerate(IDS[40:52]):
-        a, b = (m._forward([t], 40 + j) for m in models)
-        np.testing.assert_array_equal(a, b)
-    assert models[0]._step is not None and models[1]._step is None
-    a, b = (m.verify(IDS[52:57], 52) for m in models)
-    np.testing.assert_array_equal(a, b)
-    for i in range(4):
-        for x, y in zip(*(m.cache.states[i] or (m.cache.k[i], m.cache.v[i]) for m in models)):
-            np.testing.assert_array_equal(x, y)
+    assert_compiled_step_equals_python(
+        lambda: llm.load(checkpoints[form], bits=4, max_context=256, kv_cache=kv_cache, progress=False), IDS, 4)
 
 
 def test_chunked_rule_equals_recurrent_rule():
