@@ -82,9 +82,7 @@ def read(p: Path, opts: Options, progress_bar: bool = True, routed_experts: bool
             if cfg.attn_sinks:
                 tensors[o + "sinks"] = w.vector(b + "attn_sinks.weight", cfg.num_heads)
         if cfg.num_experts:
-            tensors.update(w.experts(b, o) if routed_experts else {o + "router": w.router(b)})
-            if not routed_experts and b + "ffn_gate_inp.bias" in f.tensors:
-                tensors.update({k: v for k, v in w.expert_biases(b, o).items() if k == o + "router.bias"})
+            tensors.update(w.experts(b, o) if routed_experts else w.router(b, o))
         else:
             gate_up = [(b + "ffn_gate.weight", (I, H), None), (b + "ffn_up.weight", (I, H), None)]
             if b + "ffn_gate.weight" not in f.tensors and cfg.arch == "phi3":  # ffn_up: gate, then up
@@ -158,9 +156,9 @@ class _Weights:
         ``ffn_{gate,up,down}_exps``, codes moved as for dense weights."""
         cfg, H = self.cfg, self.cfg.hidden_size
         E, M = cfg.num_experts, cfg.moe_intermediate_size
-        out = {o + "router": self.router(b)}
+        out = self.router(b, o)
         if b + "ffn_gate_inp.bias" in self.f.tensors:  # GPT-OSS: biases on the router and every expert
-            out.update(self.expert_biases(b, o))
+            out.update(self._expert_biases(b, o))
         stacks = {part: self._stacked(f"{b}ffn_{part}_exps.weight", shape)
                   for part, shape in (("gate", (E, M, H)), ("up", (E, M, H)), ("down", (E, H, M)))}
         if cfg.shared_expert_size:  # Qwen3.5-MoE: the shared expert and its gate row (float)
@@ -179,10 +177,10 @@ class _Weights:
                                                      [f"{b}ffn_down_exps.weight[{e}]"])
         return out
 
-    def expert_biases(self, b: str, o: str) -> dict:
+    def _expert_biases(self, b: str, o: str) -> dict:
         cfg = self.cfg
         E, M, H = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
-        out = {o + "router.bias": self.vector(b + "ffn_gate_inp.bias", E)}
+        out = {}
         stacked = {part: np.array(self.f.dequantize(self.f.tensor(f"{b}ffn_{part}_exps.bias", shape)))
                    for part, shape in (("gate", (E, M)), ("up", (E, M)), ("down", (E, H)))}
         for e in range(E):
@@ -190,9 +188,14 @@ class _Weights:
             out[f"{o}experts.{e}.down.bias"] = stacked["down"][e]
         return out
 
-    def router(self, b: str) -> np.ndarray:
+    def router(self, b: str, o: str) -> dict:
+        """The router (float, as the runtime keeps it) and its bias where the file has one."""
         cfg = self.cfg
-        return np.array(self.f.dequantize(self.f.tensor(b + "ffn_gate_inp.weight", (cfg.num_experts, cfg.hidden_size))))
+        out = {o + "router": np.array(self.f.dequantize(self.f.tensor(b + "ffn_gate_inp.weight",
+                                                                     (cfg.num_experts, cfg.hidden_size))))}
+        if b + "ffn_gate_inp.bias" in self.f.tensors:
+            out[o + "router.bias"] = self.vector(b + "ffn_gate_inp.bias", cfg.num_experts)
+        return out
 
     def _stacked(self, name: str, shape: tuple):
         """expert -> its part of a [experts, rows, k] tensor, as ``_part`` gives a 2-D one."""

@@ -57,8 +57,8 @@ def _mxfp4_rows(ckpt: Checkpoint, name: str, E: int, n: int, k: int) -> np.ndarr
     if scales not in ckpt:
         raise ValueError(f"{ckpt.directory}: {blocks!r} has no {scales!r}")
     for t, shape in ((blocks, (E, n, k // 32, 16)), (scales, (E, n, k // 32))):
-        got, dtype = tuple(ckpt.location(t)[2]), ckpt.location(t)[1]
-        if got != shape or dtype != "U8":
+        _, dtype, got = ckpt.location(t)
+        if tuple(got) != shape or dtype != "U8":
             raise ValueError(f"{ckpt.directory}: MXFP4 tensor {t!r} is {dtype} {got}, expected U8 {shape}")
     b = ckpt.raw(blocks)[0].reshape(E, n, k // 32, 16)
     codes = np.empty((E, n, k // 32, 32), np.uint8)

@@ -112,8 +112,9 @@ def layer_tensors(ckpt: Checkpoint, cfg: ModelConfig, i: int, packed: bool = Fal
     if cfg.num_experts:  # the router, float (and its bias); each expert's gate / up fused, and its down
         names = arch.experts
         out[f"layers.{i}.router"] = ckpt.float32(p + names["router"])
-        if p + names["router"][:-len("weight")] + "bias" in ckpt:
-            out[f"layers.{i}.router.bias"] = ckpt.float32(p + names["router"][:-len("weight")] + "bias")
+        bias = p + names["router"][:-len("weight")] + "bias"
+        if bias in ckpt:
+            out[f"layers.{i}.router.bias"] = ckpt.float32(bias)
         if names.get("form") == "gpt_oss":
             out.update(gpt_oss.experts(ckpt, cfg, i, p, packed))
         else:
