@@ -500,6 +500,13 @@ BAD_REQUESTS = [
     ("/v1/completions", {"model": NAME, "prompt": "hi", "logprobs": -1}, 400, "logprobs"),
     ("/v1/completions", {"model": NAME, "prompt": "hi", "logprobs": True}, 400, "logprobs"),
     ("/v1/completions", {"model": NAME, "prompt": "hi", "logprobs": "3"}, 400, "logprobs"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "logit_bias": {"5": 101}}, 400, "logit_bias"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "logit_bias": {"5": True}}, 400, "logit_bias"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "logit_bias": {"-1": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "logit_bias": {"100000": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"model": NAME, "prompt": "hi", "logit_bias": [1]}, 400, "logit_bias"),
+    ("/v1/chat/completions", {**CHAT_HI, "reasoning_effort": 3}, 400, "reasoning_effort"),
+    ("/v1/chat/completions", {**CHAT_HI, "chat_template_kwargs": {"tools": []}}, 400, "chat_template_kwargs"),
     ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "model"),
     ("/v1/completions", {"prompt": "hi"}, 400, "model"),
     ("/v1/nothing", {}, 404, None),
@@ -518,6 +525,24 @@ def test_bad_requests_get_openai_errors(server, path, body, status, param):
     ok = httpx.post(url + "/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": 2, "temperature": 0},
                     timeout=WAIT)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2, ok.text
+
+
+def test_logit_bias(server, reference):
+    """OpenAI's logit_bias: +100 on a token makes greedy decoding pick it at every step; -100 on the
+    greedy first token makes it never come; a slimmed-out or absent token changes nothing."""
+    url, _ = server
+    ids = reference.tokenizer.encode("def main():")
+    plain = reference_ids(reference, ids, 6, temperature=0.0)
+    favourite = (plain[0] + 7) % reference.config.vocab_size
+    with client(url) as c:
+        forced = c.completions.create(model=NAME, prompt=ids, max_tokens=6, temperature=0.0,
+                                      logit_bias={str(favourite): 100}, logprobs=0)
+        assert forced.choices[0].logprobs.tokens == [reference.tokenizer.decode([favourite])] * 6
+        banned = c.completions.create(model=NAME, prompt=ids, max_tokens=1, temperature=0.0,
+                                      logit_bias={str(plain[0]): -100}, logprobs=0)
+        assert banned.choices[0].logprobs.tokens != [reference.tokenizer.decode([plain[0]])]
+        same = c.completions.create(model=NAME, prompt=ids, max_tokens=6, temperature=0.0, logit_bias={})
+        assert same.choices[0].text == reference.tokenizer.decode(plain)
 
 
 def test_errors_through_the_client(server):

@@ -19,6 +19,7 @@ from .speculative import Speculation, decode as speculative_decode
 from .layers import Block, Linear, rms_norm
 from .step import decode_step
 from ..options import KV_DTYPES
+from .harmony import ReplyParser
 from .tokenizer import Messages, StreamDecoder, Tokenizer
 
 @dataclass
@@ -45,6 +46,7 @@ class Model:
     def __post_init__(self):
         self.cache = self.new_cache(self.max_context)
         self.history: list[dict] = []
+        self.reasoning = ""  # a harmony model's reasoning (analysis channel) in its last chat reply
         self._step, self._step_cache = None, None
 
     def new_cache(self, capacity: int) -> KVCache:
@@ -82,6 +84,7 @@ class Model:
         """Forget the KV cache and the chat history."""
         self.cache.rollback(0)
         self.history = []
+        self.reasoning = ""
 
     def _forward(self, ids: Sequence[int], start: int, all_positions: bool = False,
                  cache: Optional[KVCache] = None) -> np.ndarray:
@@ -222,11 +225,32 @@ class Model:
     def stream(self, prompt: Union[str, Messages], max_new_tokens: int = 128, **sampling) -> Iterator[str]:
         """Yield text pieces as they are generated. ``prompt``: a string (used as it is) or a
         list of chat messages (rendered with the model's chat template)."""
-        decoder = StreamDecoder(self.tokenizer)
-        for token in self.stream_ids(self.tokenizer.prompt_ids(prompt), max_new_tokens, **sampling):
+        tok = self.tokenizer
+        ids = self.stream_ids(tok.prompt_ids(prompt), max_new_tokens, **sampling)
+        if tok.harmony is not None and not isinstance(prompt, str):  # a chat reply: its final channel
+            yield from self._harmony_content(ids)
+            return
+        decoder = StreamDecoder(tok)
+        for token in ids:
             piece = decoder.push(token)
             if piece:
                 yield piece
+
+    def _harmony_content(self, ids) -> Iterator[str]:
+        """The answer of a harmony reply (GPT-OSS), piece by piece; its reasoning (the analysis
+        channel) kept in ``self.reasoning``."""
+        parser, self.reasoning = ReplyParser(self.tokenizer, self.tokenizer.harmony), ""
+
+        def parts():
+            for t in ids:
+                yield from parser.push(t)
+            yield from parser.flush()  # once the reply has ended
+
+        for part in parts():
+            if part.kind == "content":
+                yield part.text
+            elif part.kind == "reasoning":
+                self.reasoning += part.text
 
     def generate(self, prompt: Union[str, Messages], max_new_tokens: int = 128, **sampling) -> str:
         return "".join(self.stream(prompt, max_new_tokens, **sampling))

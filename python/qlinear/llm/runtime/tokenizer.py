@@ -4,8 +4,12 @@ for conversations, and incremental decoding for streaming."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
+
+from .harmony import Harmony
+from .stream_decoder import StreamDecoder  # noqa: F401  (tokenizer.StreamDecoder)
 
 Messages = Sequence[dict]
 
@@ -16,8 +20,20 @@ class Tokenizer:
         self.hf = tokenizer
         self.chat_template = chat_template
         self.bos_token = bos_token
+        # a template writing harmony (GPT-OSS) and the tokens for it: replies are read by channel
+        self.harmony = Harmony.of(tokenizer, chat_template)
         self.stop_ids = {i for i in (tokenizer.token_to_id(t) for t in stop_tokens) if i is not None}
         self._template = None
+
+    @property
+    def stop_ids(self) -> set:
+        """The ids that end a reply (for harmony: <|call|> and <|return|>, not <|end|>, which
+        closes one message of the reply)."""
+        return self._stop_ids if self.harmony is None else self.harmony.stop_ids(self._stop_ids)
+
+    @stop_ids.setter
+    def stop_ids(self, ids) -> None:
+        self._stop_ids = set(ids)
 
     @classmethod
     def from_dir(cls, directory, extra_stop_ids: Iterable[int] = ()) -> "Tokenizer":
@@ -57,9 +73,10 @@ class Tokenizer:
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
     def apply_chat_template(self, messages: Messages, add_generation_prompt: bool = True,
-                            tools: Optional[list] = None) -> str:
+                            tools: Optional[list] = None, **variables) -> str:
         """The template's text of ``messages``; ``tools``: function definitions (OpenAI's shape) the
-        template renders, as transformers passes them."""
+        template renders, as transformers passes them; ``variables``: the template's own (GPT-OSS's
+        ``reasoning_effort``, Qwen3's ``enable_thinking``, ...)."""
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template; pass a prompt string instead")
         for m in messages:
@@ -70,49 +87,24 @@ class Tokenizer:
 
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise
+            env.globals["strftime_now"] = lambda fmt: time.strftime(fmt)  # transformers' (GPT-OSS's date line)
             env.filters["tojson"] = _tojson  # transformers' (jinja2's own escapes <, > and &)
             self._template = env.from_string(self.chat_template)
-        return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                     bos_token=self.bos_token or "", eos_token="", tools=tools)
+        from jinja2 import TemplateError
 
-    def prompt_ids(self, prompt: Union[str, Messages], tools: Optional[list] = None) -> list[int]:
+        try:
+            return self._template.render(**variables, messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                         bos_token=self.bos_token or "", eos_token="", tools=tools)
+        except TemplateError as e:  # e.g. a variable of the wrong kind for the template
+            raise ValueError(f"chat template: {e}") from None
+
+    def prompt_ids(self, prompt: Union[str, Messages], tools: Optional[list] = None, **variables) -> list[int]:
         """A plain prompt is encoded as it is; a list of messages goes through the chat template."""
         if isinstance(prompt, str):
             return self.encode(prompt)
         if isinstance(prompt, (list, tuple)):
-            return self.encode(self.apply_chat_template(prompt, tools=tools))
+            return self.encode(self.apply_chat_template(prompt, tools=tools, **variables))
         raise TypeError(f"prompt must be a str or a list of messages, got {type(prompt).__name__}")
-
-
-class StreamDecoder:
-    """Turns a growing list of token ids into text pieces, holding back incomplete UTF-8. Each
-    push decodes a window only (the tokens of the last piece and those after it: the text before
-    them is complete), so a piece costs the same at any length of the text."""
-
-    def __init__(self, tokenizer: Tokenizer):
-        self.tok = tokenizer
-        self.ids: list[int] = []
-        self.start = 0  # the window: ids[start:]; ids[start:done] made the last piece
-        self.done = 0
-
-    def _new_text(self) -> tuple:
-        seen = self.tok.decode(self.ids[self.start:self.done])
-        text = self.tok.decode(self.ids[self.start:])
-        return text[len(seen):], len(text) > len(seen)
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        piece, grew = self._new_text()
-        if not grew or piece.endswith("\ufffd"):  # a multi-byte character is not complete yet
-            return ""
-        self.start, self.done = self.done, len(self.ids)
-        return piece
-
-    def flush(self) -> str:
-        """The text held back (an incomplete character, as decode renders it), at the end."""
-        piece, _ = self._new_text()
-        self.start, self.done = self.done, len(self.ids)
-        return piece
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):

@@ -16,6 +16,8 @@ import threading
 import time
 from typing import AsyncIterator, Optional
 
+import numpy as np
+
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -26,7 +28,7 @@ from ..runtime.drafters import check_compatible
 from ..runtime.generation import Sampling
 from ..runtime.model import Model
 from ..runtime.speculative import Speculation
-from . import metrics as prometheus, openapi, protocol, structured, tools
+from . import harmony, metrics as prometheus, openapi, protocol, structured, tools
 from .logprobs import LogprobFormat
 from .protocol import ApiError
 from .scheduler import QueueFull, Scheduler, SchedulerClosed
@@ -64,6 +66,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
     tokenizer, max_context = model.tokenizer, model.max_context
     grammars = structured.Grammars(tokenizer, model.lm_rows)  # response_format's constraints
     created = int(time.time())
+    harmonic = tokenizer.harmony is not None  # replies in channels (GPT-OSS): read by serve.harmony
     mailbox: Optional[Mailbox] = None  # of the event loop serving the requests
 
     def check_auth(request: Request) -> None:
@@ -77,13 +80,23 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
     def prompt_ids(req: protocol.GenerationRequest, plan: Optional[tools.ToolPlan]) -> list:
         if isinstance(req.prompt, str) or req.chat:
             try:
-                return tokenizer.prompt_ids(req.prompt, tools=plan and plan.tools)
+                return tokenizer.prompt_ids(harmony.template_messages(req.prompt) if harmonic and req.chat else req.prompt,
+                                            tools=plan and plan.tools, **req.variables)
             except (ValueError, TypeError) as e:
                 raise ApiError(400, str(e), param="messages" if req.chat else "prompt") from None
         if max(req.prompt) >= model.config.vocab_size:
             raise ApiError(400, f"token id {max(req.prompt)} is outside the vocabulary "
                                 f"({model.config.vocab_size})", param="prompt")
         return req.prompt
+
+    def bias_rows(bias: dict) -> Optional[tuple]:
+        """A request's logit_bias as (lm head rows, values); tokens the (slimmed) head lacks are never sampled."""
+        if not bias:
+            return None
+        row_of = None if model.lm_rows is None else {int(t): r for r, t in enumerate(model.lm_rows)}
+        pairs = [(t if row_of is None else row_of.get(t), b) for t, b in bias.items()]
+        pairs = [(r, b) for r, b in pairs if r is not None]
+        return np.array([r for r, _ in pairs], np.intp), np.array([b for _, b in pairs], np.float32)
 
     def speculation_of(req: protocol.GenerationRequest) -> Optional[Speculation]:
         if req.speculative is None or (speculation is not None and req.speculative == speculation.method):
@@ -98,8 +111,8 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
     async def generate(request: Request, chat: bool):
         check_auth(request)
         body = protocol.parse_json(await request.body())
-        req = protocol.parse_request(body, chat, model_name)
-        grammar, plan = tools.request(body, req, tokenizer.chat_template)  # structured output, tool calls
+        req = protocol.parse_request(body, chat, model_name, model.config.vocab_size)
+        grammar, plan = tools.request(body, req, tokenizer.chat_template, harmonic)  # structured output, tool calls
         spec = speculation_of(req)
         ids = prompt_ids(req, plan)
         wanted = req.max_tokens or 1
@@ -115,10 +128,13 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
                        Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed),
                        emit=metrics.emitter(request, lambda kind, value: box.post(events, (kind, value))),
                        ignore_eos=req.ignore_eos, speculation=spec, logprobs=req.logprobs,
-                       constraint=None if grammar is None else grammars.constraint(grammar))
+                       constraint=None if grammar is None else grammars.constraint(grammar),
+                       logit_bias=bias_rows(req.logit_bias))
         if chat and plan is None:  # the next turn's prefix, prefilled while the client reads this answer
+            answer_of = (lambda g: harmony.final_text(tokenizer, g)) if harmonic else tokenizer.decode
             seq.next_turn = lambda generated, history=req.prompt: tokenizer.encode(tokenizer.apply_chat_template(
-                history + [{"role": "assistant", "content": tokenizer.decode(generated)}], add_generation_prompt=False))
+                history + [{"role": "assistant", "content": answer_of(generated)}], add_generation_prompt=False,
+                **req.variables))
         try:
             scheduler.submit(seq)
         except QueueFull as e:
@@ -127,7 +143,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         except SchedulerClosed as e:
             raise ApiError(503, str(e), kind="server_error") from None
         answer = protocol.Answer(chat, model_name)
-        text = TextStream(tokenizer, req.stop)
+        text = harmony.HarmonyText(tokenizer, req.stop, plan) if harmonic and chat else TextStream(tokenizer, req.stop)
         logprobs = None if req.logprobs is None else LogprobFormat(tokenizer, chat)
         if req.stream:
             return StreamingResponse(stream(seq, events, text, answer, req, len(ids), logprobs, plan),
@@ -147,8 +163,13 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         finally:
             watcher.cancel()
             seq.cancel()
-        whole = answer.complete("".join(pieces), finish, protocol.usage(len(ids), count, seq.cached_tokens),
-                                logprobs and logprobs(seq.entries[:count]))
+        use, entries = protocol.usage(len(ids), count, seq.cached_tokens), logprobs and logprobs(seq.entries[:count])
+        if text.harmony:
+            reply = harmony.message(pieces)
+            finish = "tool_calls" if reply["tool_calls"] and finish == "stop" else finish
+            return JSONResponse(answer.complete(reply["content"], finish, use, entries, reply["reasoning_content"],
+                                                reply["tool_calls"]))
+        whole = answer.complete("".join(pieces), finish, use, entries)
         return JSONResponse(whole if plan is None or not plan.parse else tools.answer(plan, whole))
 
     async def events_of(seq: Sequence, events: asyncio.Queue, text: TextStream) -> AsyncIterator[tuple]:
@@ -175,7 +196,8 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
 
     async def stream(seq, events, text, answer, req, prompt_tokens, logprobs, plan) -> AsyncIterator[str]:
         count = sent = 0  # the tokens seen, and those whose logprobs went out (a chunk carries those before it)
-        calls = tools.ToolStream(plan) if plan is not None and plan.parse else None
+        calls = tools.ToolStream(plan) if plan is not None and plan.parse and not text.harmony else None
+        called = False  # a harmony reply's tool call went out
 
         def part():
             nonlocal sent
@@ -186,7 +208,13 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
             if req.chat:
                 yield _sse(answer.chunk("", first=True))
             async for kind, value in events_of(seq, events, text):
-                if kind in ("token", "piece"):
+                if kind in ("token", "piece") and text.harmony:
+                    count += kind == "token"
+                    called |= "tool_calls" in value
+                    if value:
+                        yield _sse(answer.chunk(value.get("content"), logprobs=part(), tool_calls=value.get("tool_calls"),
+                                                reasoning=value.get("reasoning_content")))
+                elif kind in ("token", "piece"):
                     count += kind == "token"
                     value, deltas = (value, None) if calls is None else calls.push(value)
                     if value or deltas:
@@ -199,6 +227,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
                         if tail or deltas:
                             yield _sse(answer.chunk(tail or None, tool_calls=deltas))
                         value = "tool_calls" if calls.count else value
+                    value = "tool_calls" if called and value == "stop" else value
                     yield _sse(answer.chunk(None, finish_reason=value, logprobs=part()))
                     if req.include_usage:
                         yield _sse(answer.usage_chunk(protocol.usage(prompt_tokens, count, seq.cached_tokens)))

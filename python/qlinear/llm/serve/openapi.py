@@ -3,7 +3,7 @@ the endpoints, the request bodies' fields with their types, the answers and the 
 
 from __future__ import annotations
 
-from .protocol import MAX_STOP_STRINGS, SPECULATIVE
+from .protocol import MAX_STOP_STRINGS, REASONING_EFFORT, SPECULATIVE
 
 
 def _ref(name: str) -> dict:
@@ -47,6 +47,9 @@ _COMMON = {  # the fields both generation endpoints take (protocol.parse_request
             "json_schema": {"type": "object", "required": ["name"], "properties": {
                 "name": {"type": "string"}, "schema": {"type": "object"}, "strict": {"type": ["boolean", "null"]}}}}}],
         "description": "JSON output by constrained decoding (the schema's grammar masks the tokens)"},
+    "logit_bias": {"type": ["object", "null"], "propertyNames": {"pattern": "^[0-9]+$"},
+                   "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+                   "description": "token id -> added to its logit before sampling"},
 }
 _FUNCTION = {"type": "object", "required": ["name"], "properties": {
     "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "description": {"type": "string"},
@@ -65,7 +68,11 @@ _CHAT = {
                 {"type": "null"}]},
             "tool_calls": {"type": "array", "minItems": 1, "items": _TOOL_CALL,
                            "description": "an assistant message's calls"},
-            "tool_call_id": {"type": "string", "description": "a tool message: the call it answers"}}}},
+            "tool_call_id": {"type": "string", "description": "a tool message: the call it answers"},
+            "reasoning_content": {"type": ["string", "null"], "description": "an assistant message's reasoning"}}}},
+    "reasoning_effort": {"type": ["string", "null"], "enum": [*REASONING_EFFORT, None],
+                         "description": "passed to the chat template (GPT-OSS's system message)"},
+    "chat_template_kwargs": {"type": ["object", "null"], "description": "the chat template's own variables"},
     "max_completion_tokens": _NULLABLE_INT,
     "logprobs": {"type": "boolean", "default": False},
     "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},

@@ -41,6 +41,8 @@ class GenerationRequest:
     ignore_eos: bool = False          # vLLM's extension: generate max_tokens whatever comes (benchmarks)
     speculative: Optional[str] = None  # "ngram", "draft", "none" (off); None: the server's default
     logprobs: Optional[int] = None    # each token's logprob with this many alternatives; None: no logprobs
+    logit_bias: dict = field(default_factory=dict)  # token id -> added to its logit before sampling
+    variables: dict = field(default_factory=dict)   # the chat template's own (reasoning_effort, ...)
 
 
 def parse_json(raw: bytes) -> dict:
@@ -99,7 +101,54 @@ def _messages(body: dict) -> list:
             out.append(m)  # checked and shaped for the chat template by tools.request
             continue
         role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": _content_text(m.get("content"), where)})
+        out.append({"role": role, "content": _content_text(m.get("content"), where), **_reasoning(m, where)})
+    return out
+
+
+def _reasoning(m: dict, where: str) -> dict:
+    """An assistant message's ``reasoning_content`` (as replies carry it), for templates that
+    render it (Qwen3's; GPT-OSS's as ``thinking``)."""
+    if (value := m.get("reasoning_content")) is None or m["role"] != "assistant":
+        return {}
+    if not isinstance(value, str):
+        raise ApiError(400, f"{where}: 'reasoning_content' must be a string", param="messages")
+    return {"reasoning_content": value}
+
+
+REASONING_EFFORT = ("none", "minimal", "low", "medium", "high")
+RESERVED = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token",  # the template's inputs we set
+            "raise_exception", "strftime_now")
+
+
+def _variables(body: dict) -> dict:
+    """The chat template's own variables: ``chat_template_kwargs`` (as vLLM and llama-server take
+    them) and ``reasoning_effort`` (OpenAI's; GPT-OSS's template writes it in its system message)."""
+    out = dict(_typed(body, "chat_template_kwargs", (dict,), "an object", {}))
+    bad = [k for k in out if not isinstance(k, str) or not k.isidentifier() or k in RESERVED]
+    if bad:
+        raise ApiError(400, f"'chat_template_kwargs' cannot set {bad[0]!r} (names must be identifiers, not one of "
+                            f"{', '.join(RESERVED)})", param="chat_template_kwargs")
+    effort = _typed(body, "reasoning_effort", (str,), "a string")
+    if effort is not None:
+        if effort not in REASONING_EFFORT:
+            raise ApiError(400, f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORT)}, got {effort!r}",
+                           param="reasoning_effort")
+        out["reasoning_effort"] = effort
+    return out
+
+
+def _logit_bias(body: dict, vocab_size: int) -> dict:
+    """OpenAI's logit_bias: {token id (a string): bias in [-100, 100]}."""
+    bias = _typed(body, "logit_bias", (dict,), "an object of token ids to numbers", {})
+    out = {}
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) < vocab_size):
+            raise ApiError(400, f"'logit_bias' keys must be token ids below {vocab_size}, got {key!r}",
+                           param="logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise ApiError(400, f"'logit_bias' values must be numbers in [-100, 100], got {json.dumps(value)[:40]}",
+                           param="logit_bias")
+        out[int(key)] = float(value)
     return out
 
 
@@ -152,7 +201,7 @@ def _logprobs(body: dict, chat: bool) -> Optional[int]:
     return (top or 0) if on else None
 
 
-def parse_request(body: dict, chat: bool, model_name: str) -> GenerationRequest:
+def parse_request(body: dict, chat: bool, model_name: str, vocab_size: int = 2**31) -> GenerationRequest:
     """Check a /v1/chat/completions (chat=True) or /v1/completions body."""
     model = body.get("model")
     if not isinstance(model, str):
@@ -190,7 +239,8 @@ def parse_request(body: dict, chat: bool, model_name: str) -> GenerationRequest:
         max_tokens=max_tokens, temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
         top_p=_number(body, "top_p", 0.0, 1.0, 1.0, lo_open=True), seed=_seed(body),
         stop=stop, ignore_eos=_typed(body, "ignore_eos", (bool,), "a boolean", False),
-        speculative=_speculative(body), logprobs=_logprobs(body, chat))
+        speculative=_speculative(body), logprobs=_logprobs(body, chat), logit_bias=_logit_bias(body, vocab_size),
+        variables=_variables(body) if chat else {})
 
 
 # -- responses ----------------------------------------------------------------------------------
@@ -205,18 +255,26 @@ class Answer:
     def _envelope(self, obj: str, choices: list) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def complete(self, text: str, finish_reason: str, usage: dict, logprobs: Optional[dict] = None) -> dict:
+    def complete(self, text: Optional[str], finish_reason: str, usage: dict, logprobs: Optional[dict] = None,
+                 reasoning: Optional[str] = None, tool_calls: Optional[list] = None) -> dict:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                      "finish_reason": finish_reason}
+            message = {"role": "assistant", "content": text}
+            if reasoning is not None:  # a reasoning model's thoughts (as llama-server and vLLM name them)
+                message["reasoning_content"] = reasoning
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
             return {**self._envelope("chat.completion", [choice]), "usage": usage}
         choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         return {**self._envelope("text_completion", [choice]), "usage": usage}
 
     def chunk(self, text: Optional[str], finish_reason: Optional[str] = None, first: bool = False,
-              logprobs: Optional[dict] = None, tool_calls: Optional[list] = None) -> dict:
+              logprobs: Optional[dict] = None, tool_calls: Optional[list] = None,
+              reasoning: Optional[str] = None) -> dict:
         if self.chat:
             delta = {} if text is None else {"content": text}
+            if reasoning:
+                delta["reasoning_content"] = reasoning
             if tool_calls:  # tools.ToolStream's deltas
                 delta["tool_calls"] = tool_calls
             if first:

@@ -267,6 +267,7 @@ class Scheduler:
     def _accept(self, seq: Sequence, logits: np.ndarray) -> None:
         """Sample the next token (as Model.stream_ids does) and decide it."""
         try:
+            logits = seq.biased(logits)
             if seq.constraint is not None:  # structured output: a row the grammar allows (masked logits for logprobs)
                 row, logits = seq.constraint.sample(seq.sampler, logits, seq.logprobs is not None)
             else:

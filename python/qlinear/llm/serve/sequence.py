@@ -14,11 +14,12 @@ class Sequence:
     """One request's generation. ``emit(kind, value)`` is called from the scheduler thread:
     ("token", id) per generated token, then ("done", "stop" | "length" | "cancelled") or
     ("error", message). ``speculation``: decode it speculatively (None: one token per step);
-    ``constraint``: the grammar its tokens follow (``structured.Constraint``; None: free)."""
+    ``constraint``: the grammar its tokens follow (``structured.Constraint``; None: free);
+    ``logit_bias``: (rows, values) added to the logits before sampling (OpenAI's logit_bias)."""
 
     def __init__(self, ids: Seq[int], max_tokens: int, sampling: Sampling, emit: Callable[[str, object], None],
                  ignore_eos: bool = False, speculation: Optional[Speculation] = None, logprobs: Optional[int] = None,
-                 constraint=None):
+                 constraint=None, logit_bias: Optional[tuple] = None):
         if not len(ids):
             raise ValueError("the prompt is empty")
         if max_tokens < 1:
@@ -33,7 +34,8 @@ class Sequence:
         # structured output (serve.structured.Constraint): its logits masked before sampling. It
         # decodes one token per step: drafts would need a mask per verification row
         self.constraint = constraint
-        self.speculation = None if constraint is not None else speculation
+        self.logit_bias = logit_bias  # (lm head rows, values) added to their logits before sampling; None: none
+        self.speculation = None if constraint is not None or logit_bias is not None else speculation
         self.speculator: Optional[Speculator] = None  # the scheduler's, while it runs
         self.cache: Optional[KVCache] = None
         self.cached_tokens = 0  # the prompt's leading tokens whose KV rows the prefix cache held
@@ -43,6 +45,14 @@ class Sequence:
         self.tokens = list(self.ids)  # the prompt and the tokens generated (what drafts follow)
         self.generated = 0
         self.next_token: Optional[int] = None
+
+    def biased(self, logits):
+        """``logits`` with the request's logit_bias added (a copy; the same array if it has none)."""
+        if self.logit_bias is None:
+            return logits
+        out = logits.copy()
+        out[self.logit_bias[0]] += self.logit_bias[1]
+        return out
 
     def cancel(self) -> None:
         """Stop generating (from any thread): the scheduler frees the sequence at its next step."""

@@ -9,25 +9,15 @@ import threading
 from ..runtime.tokenizer import StreamDecoder, Tokenizer
 
 
-class TextStream:
-    """Generated token ids to text pieces, cut before the first stop string (text that could be
-    the start of one is held back until it is known not to be)."""
+class StopStrings:
+    """Text cut before the first stop string; text that could be the start of one is held back
+    until it is known not to be."""
 
-    def __init__(self, tokenizer: Tokenizer, stop: list):
-        self.decoder, self.stop = StreamDecoder(tokenizer), stop
-        self.pending = ""
-        self.stopped = False
+    def __init__(self, stop: list):
+        self.stop, self.pending, self.stopped = stop, "", False
 
-    def push(self, token: int) -> str:
-        self.pending += self.decoder.push(token)
-        return self._release(hold_back=True)
-
-    def flush(self) -> str:
-        """The rest, at the end (an incomplete character included, as decode gives it)."""
-        self.pending += self.decoder.flush()
-        return self._release(hold_back=False)
-
-    def _release(self, hold_back: bool) -> str:
+    def push(self, text: str, hold_back: bool = True) -> str:
+        self.pending += text
         cuts = [i for i in (self.pending.find(s) for s in self.stop) if i >= 0]
         if cuts:
             self.stopped = True
@@ -37,6 +27,26 @@ class TextStream:
         hold = hold if hold_back else 0
         out, self.pending = self.pending[:len(self.pending) - hold], self.pending[len(self.pending) - hold:]
         return out
+
+
+class TextStream:
+    """Generated token ids to text pieces, cut before the first stop string."""
+
+    harmony = False
+
+    def __init__(self, tokenizer: Tokenizer, stop: list):
+        self.decoder, self.cut = StreamDecoder(tokenizer), StopStrings(stop)
+
+    @property
+    def stopped(self) -> bool:
+        return self.cut.stopped
+
+    def push(self, token: int) -> str:
+        return self.cut.push(self.decoder.push(token))
+
+    def flush(self) -> str:
+        """The rest, at the end (an incomplete character included, as decode gives it)."""
+        return self.cut.push(self.decoder.flush(), hold_back=False)
 
 
 class Mailbox:

@@ -48,9 +48,9 @@ def check_grammar(grammar: str, param: str) -> str:
     return grammar
 
 
-def response_format(body: dict) -> Optional[str]:
-    """The grammar a request's ``response_format`` asks for (None: free text); ApiError 400 for a
-    malformed one (a schema llguidance rejects: at ``Grammars.constraint``)."""
+def response_schema(body: dict) -> Optional[dict]:
+    """The JSON Schema a request's ``response_format`` asks for (None: free text); ApiError 400 for
+    a malformed one (a schema llguidance rejects: at ``Grammars.constraint``)."""
     fmt = body.get("response_format")
     if fmt is None:
         return None
@@ -58,7 +58,7 @@ def response_format(body: dict) -> Optional[str]:
     if kind == "text":
         return None
     if kind == "json_object":
-        return json_grammar({"type": "object"})
+        return {"type": "object"}
     if kind != "json_schema":
         raise ApiError(400, "'response_format' must be an object with 'type' \"text\", \"json_object\" or "
                             f"\"json_schema\", got {json.dumps(fmt)[:80]}", param="response_format")
@@ -70,7 +70,7 @@ def response_format(body: dict) -> Optional[str]:
     if not isinstance(schema, dict):
         raise ApiError(400, "'response_format.json_schema.schema' must be a JSON Schema object, got "
                             f"{json.dumps(schema)[:80]}", param="response_format")
-    return json_grammar(schema)  # compiled (and its errors found) by Grammars.constraint, once
+    return schema
 
 
 class Grammars:

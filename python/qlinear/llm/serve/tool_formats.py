@@ -1,5 +1,5 @@
 """Tool-call formats: how a model family writes a call (Qwen's ``<tool_call>``, Llama 3's JSON,
-Mistral's ``[TOOL_CALLS]`` list), parsed back into OpenAI's ``tool_calls``, constrained by a grammar
+Mistral's ``[TOOL_CALLS]`` list, GPT-OSS's harmony commentary), parsed back into OpenAI's ``tool_calls``, constrained by a grammar
 (``tool_choice`` required / named), and split into OpenAI's streamed deltas."""
 
 from __future__ import annotations
@@ -74,7 +74,31 @@ def _json(s: str):
         return None
 
 
+class HarmonyFormat(Format):
+    """GPT-OSS's calls: a commentary message ``to=functions.NAME``, its text the arguments; the
+    reply is read by channel (``serve.harmony``), so only the grammar is this class's."""
+
+    def grammar(self, tools: list) -> str:
+        """One call of one of ``tools`` after the model's reasoning, if it reasons first."""
+        calls = [f"call_{i}: <|channel|> {_lark('commentary to=functions.' + t['function']['name'] + ' ')} "
+                 f"<|constrain|> \"json\" <|message|> args_{i}\nargs_{i}: {_args(t)}" for i, t in enumerate(tools)]
+        return check_grammar(json_lark("start: analysis? (" + " | ".join(f"call_{i}" for i in range(len(tools)))
+                                       + ")\n" + HARMONY_ANALYSIS + "\n".join(calls)), "tools")
+
+
+# a harmony reply's analysis message, then the next message's header up to its channel
+HARMONY_ANALYSIS = 'analysis: <|channel|> "analysis" <|message|> /(?s:.*)/ <|end|> <|start|> "assistant"\n'
+
+
+def harmony_answer_grammar(schema: dict) -> str:
+    """A harmony reply whose answer (the final channel) is JSON under ``schema`` (response_format),
+    after the model's reasoning if it reasons first."""
+    body = "%json " + json.dumps({**schema, "x-guidance": JSON_OPTIONS})
+    return json_lark(f'start: analysis? <|channel|> "final" <|message|> body\n{HARMONY_ANALYSIS}body: {body}')
+
+
 QWEN = Format("qwen", "<tool_call>", "<tool_call>\n", "\n</tool_call>", "arguments")
+HARMONY = HarmonyFormat("harmony", "", "", "", "arguments")
 LLAMA3 = Format("llama3", "{", "", "", "parameters")
 MISTRAL = Format("mistral", "[", "[", "]", "arguments")
 
@@ -83,6 +107,8 @@ def detect(template: Optional[str]) -> Format:
     if not template or "tools" not in template:
         raise ApiError(400, "this model's chat template does not render tools, so the model cannot be offered any",
                        param="tools")
+    if "<|channel|>" in template:
+        return HARMONY
     if "[TOOL_CALLS]" in template:
         return MISTRAL
     if "<|python_tag|>" in template or "ipython" in template:

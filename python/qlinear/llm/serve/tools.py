@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .protocol import ApiError, _content_text
-from .structured import check_grammar, json_grammar, response_format
-from .tool_formats import LLAMA3, MISTRAL, QWEN, Format, ToolStream, answer, detect  # noqa: F401  (tools.*)
+from .structured import check_grammar, json_grammar, response_schema
+from .tool_formats import (HARMONY, LLAMA3, MISTRAL, QWEN, Format, ToolStream, answer, detect,  # noqa: F401
+                           harmony_answer_grammar)
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -110,14 +111,20 @@ def plan(body: dict, chat: bool, template: Optional[str]) -> Optional[ToolPlan]:
     return ToolPlan(tools, fmt, choice != "none", fmt.grammar(tools) if choice == "required" else None)
 
 
-def request(body: dict, req, template: Optional[str]) -> tuple:
+def request(body: dict, req, template: Optional[str], harmony: bool = False) -> tuple:
     """(the grammar the answer follows or None, the tool plan or None) of a request's
     ``response_format``, ``tools`` and ``tool_choice``; its tool messages and assistant tool calls
-    (in ``req.prompt``, as protocol left them) checked and shaped for the chat template."""
+    (in ``req.prompt``, as protocol left them) checked and shaped for the chat template.
+    ``harmony``: the model replies in harmony (response_format then shapes its final channel)."""
     if req.chat:
         req.prompt = [message(m, f"messages[{i}]", req.prompt[:i]) if m["role"] == "tool" or "tool_calls" in m
                       else m for i, m in enumerate(req.prompt)]
-    grammar, tools = response_format(body), plan(body, req.chat, template)
+    schema = response_schema(body)
+    if schema is None:
+        grammar = None
+    else:
+        grammar = harmony_answer_grammar(schema) if harmony and req.chat else json_grammar(schema)
+    tools = plan(body, req.chat, template)
     if tools is not None and tools.grammar is not None:
         if grammar is not None:
             raise _fail("'response_format' cannot be combined with a 'tool_choice' that forces a call",
@@ -157,6 +164,8 @@ def message(m: dict, where: str, earlier: list) -> dict:
         if not isinstance(args, dict):
             raise _fail(f"{w}.function.arguments must be a JSON object in a string", "messages")
         calls.append({"id": c["id"], "type": "function", "function": {"name": f["name"], "arguments": args}})
-    content = m.get("content")
+    content, reasoning = m.get("content"), m.get("reasoning_content")
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise _fail(f"{where}: 'reasoning_content' must be a string", "messages")
     return {"role": "assistant", "content": "" if content is None else _content_text(content, where),
-            "tool_calls": calls}
+            "tool_calls": calls, **({} if reasoning is None else {"reasoning_content": reasoning})}

@@ -1,0 +1,90 @@
+"""Harmony replies (GPT-OSS) in OpenAI's chat shape: the analysis channel as ``reasoning_content``,
+the final channel (and commentary preambles) as ``content``, calls to offered functions as
+``tool_calls`` (``finish_reason`` "tool_calls"); streamed as deltas of the same fields, a call's
+arguments as they are generated. Stop strings cut the content only."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Optional
+
+from ..runtime.harmony import ReplyParser, parse
+from .streams import StopStrings
+
+
+def functions(plan) -> Optional[set]:
+    """The names a reply's calls may go to (None: calls are not parsed back)."""
+    return {t["function"]["name"] for t in plan.tools} if plan is not None and plan.parse else None
+
+
+class HarmonyText:
+    """A sequence's token ids to delta dicts ({"content", "reasoning_content", "tool_calls"}, each
+    only when there is some), with TextStream's interface."""
+
+    harmony = True
+
+    def __init__(self, tokenizer, stop: list, plan=None):
+        self.parser = ReplyParser(tokenizer, tokenizer.harmony, functions(plan))
+        self.cut, self.calls = StopStrings(stop), 0
+
+    @property
+    def stopped(self) -> bool:
+        return self.cut.stopped
+
+    def push(self, token: int) -> dict:
+        return self._delta(self.parser.push(token), hold_back=True)
+
+    def flush(self) -> dict:
+        return self._delta(self.parser.flush(), hold_back=False)
+
+    def _delta(self, parts: list, hold_back: bool) -> dict:
+        content, reasoning, calls = "", "", []
+        for p in parts:
+            if self.cut.stopped:
+                break
+            if p.kind == "content":
+                content += self.cut.push(p.text)
+            elif p.kind == "reasoning":
+                reasoning += p.text
+            elif p.kind == "call":
+                calls.append({"index": self.calls, "id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                              "function": {"name": p.text, "arguments": ""}})
+                self.calls += 1
+            else:
+                calls.append({"index": self.calls - 1, "function": {"arguments": p.text}})
+        if not hold_back and not self.cut.stopped:
+            content += self.cut.push("", hold_back=False)
+        return {k: v for k, v in (("content", content), ("reasoning_content", reasoning), ("tool_calls", calls)) if v}
+
+
+def message(deltas: list) -> dict:
+    """The whole reply of a request's deltas: {"content" (None if empty), "reasoning_content",
+    "tool_calls"}."""
+    content = "".join(d.get("content", "") for d in deltas)
+    reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
+    calls: list = []
+    for d in deltas:
+        for c in d.get("tool_calls", ()):
+            if "id" in c:
+                calls.append({"id": c["id"], "type": "function", "function": dict(c["function"])})
+            else:
+                calls[c["index"]]["function"]["arguments"] += c["function"]["arguments"]
+    return {"content": content or None if calls else content, "reasoning_content": reasoning, "tool_calls": calls}
+
+
+def template_messages(messages: list) -> list:
+    """Messages for a harmony template: an assistant's ``reasoning_content`` as its ``thinking``
+    (the template keeps a call's reasoning until the final answer after it)."""
+    out = []
+    for m in messages:
+        if m.get("role") == "assistant" and m.get("reasoning_content"):
+            m = {**m, "thinking": m["reasoning_content"]}
+            if m.get("tool_calls") and m.get("content"):  # the template takes one or the other
+                m["thinking"], m["content"] = m["content"] + "\n" + m["thinking"], ""
+        out.append(m)
+    return out
+
+
+def final_text(tokenizer, ids: list) -> str:
+    """A reply's answer (its final channel), as the next turn's prompt carries it."""
+    return parse(tokenizer, tokenizer.harmony, ids)["content"]
