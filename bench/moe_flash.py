@@ -300,6 +300,9 @@ def main() -> None:
                    help="qlinear runs llama.cpp's Q4_0 file itself (its experts read from the stacked tensors)")
     p.add_argument("--from-gguf", action="store_true",
                    help="qlinear runs llama.cpp's Q4_0 file converted (llm.convert keeps its codes) instead of the checkpoint's")
+    p.add_argument("--gguf", type=Path, default=None,
+                   help="a MoE GGUF file to run instead of the synthetic Qwen3-MoE (e.g. bench/llamacpp_vs.py's "
+                        "gpt-oss-20b-l5 file): qlinear reads its experts from it (as --same-file), llama.cpp the same file")
     p.add_argument("--read-ahead-kb", type=int, default=None,
                    help="set the model's block device's read_ahead_kb for the runs (restored after): "
                         "llama.cpp's page faults read ahead by it; 128 is the kernel's default")
@@ -319,7 +322,7 @@ def main() -> None:
     import llamacpp_vs as lv
 
     made = [x for x in (ROOT / NAME, ROOT / f"{NAME}-q4g32", lv.CACHE / f"{NAME}-Q4_0.gguf", lv.CACHE / f"{NAME}-F32.gguf")
-            if not x.exists()]
+            if not x.exists()] if args.gguf is None else []
     tmp = Path(tempfile.mkdtemp(prefix="qlinear-moe-flash-"))
     from qlinear.llm.flash.reader import read_ahead_path
     ra = read_ahead_path(ROOT)
@@ -343,10 +346,15 @@ def main() -> None:
 
 def run(args, lv, tmp: Path) -> None:
     import platform
-    model = converted()
     have_llamacpp = lv.tool("llama-bench").exists() and not args.skip_llamacpp
-    need_gguf = have_llamacpp or args.same_file or args.from_gguf
-    gguf = lv.checkpoint_gguf(checkpoint(), "Q4_0", pre="qwen2") if need_gguf and lv.tool("llama-quantize").exists() else None
+    if args.gguf is not None:  # a file of its own: run as it is, by both
+        if not args.gguf.is_file():
+            raise SystemExit(f"{args.gguf}: no such file")
+        model, gguf, args.same_file, args.from_gguf = None, args.gguf, True, False
+    else:
+        model = converted()
+        need_gguf = have_llamacpp or args.same_file or args.from_gguf
+        gguf = lv.checkpoint_gguf(checkpoint(), "Q4_0", pre="qwen2") if need_gguf and lv.tool("llama-quantize").exists() else None
     if (args.from_gguf or args.same_file) and gguf is None:
         raise SystemExit("--from-gguf / --same-file need llama.cpp's GGUF file (python bench/llamacpp_vs.py --build)")
     if args.from_gguf:   # llama.cpp's file converted: its Q4_0 codes moved, the same weights
@@ -362,7 +370,7 @@ def run(args, lv, tmp: Path) -> None:
     print(f"qlinear file {qsize / 2**20:.0f} MB ("
           + (f"{gguf.name} itself: the same file as llama.cpp's" if args.same_file else
              f"{gguf.name} converted: its Q4_0 codes" if args.from_gguf else f"int4 g32 symmetric, converted from {NAME}") + ")"
-          + (f"; llama.cpp file {gguf.stat().st_size / 2**20:.0f} MB ({gguf.name}, Q4_0, the same checkpoint)" if gguf else
+          + (f"; llama.cpp file {gguf.stat().st_size / 2**20:.0f} MB ({gguf.name}{', the same file' if args.gguf else ', Q4_0, the same checkpoint'})" if gguf else
              "; llama.cpp: skipped" if args.skip_llamacpp else "; llama.cpp: not built (python bench/llamacpp_vs.py --build)"))
     print(f"memory limit {limit / 2**20:.0f} MB (RSS + page cache; the qlinear file is {qsize / limit:.2f}x it)")
     me = [sys.executable, __file__, "--model", str(gguf if args.same_file else model), "--threads", str(args.threads),
@@ -421,6 +429,8 @@ def run(args, lv, tmp: Path) -> None:
     best_l = max((x["tok_s"] for n, x in rows.items() if n.startswith("llama") and "tok_s" in x), default=None)
     if best_q and best_l:
         print(f"\nqlinear flash / llama.cpp (best of each): {best_q / best_l:.2f}x")
+    if args.gguf is not None:
+        return
     print("\nexpert cache hit rate, trained router (models/stdlib-qwen3moe, 4 layers x 8 experts, top 2; "
           "400 tokens of difflib.py, one per forward) vs experts drawn uniformly at random:")
     print("| slots (of 32) | trained router, LFU (the default): hit rate, experts read per token | LRU | LFU with "

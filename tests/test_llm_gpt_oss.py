@@ -365,15 +365,31 @@ def test_gguf_file_matches_its_checkpoint(tmp_path):
     assert c.mean() >= 0.998 and np.median(c) >= 0.9995
 
 
-def test_flash_refuses_experts_with_biases(checkpoints, tmp_path):
-    """memory='flash' does not stream experts with biases yet: a GGUF file and a converted model
-    of GPT-OSS are refused by name, not run without their biases."""
+@pytest.mark.parametrize("form", ["gguf", "converted"])
+@pytest.mark.parametrize("slots", [None, 1, 3])
+def test_flash_experts_with_biases_equal_the_in_memory_load(checkpoints, tmp_path, form, slots):
+    """memory='flash' on GPT-OSS: MXFP4 experts read from a GGUF file (or a converted model) into
+    slots, each run with its own biases (resident) and the clamped SwiGLU: the in-memory load's
+    logits and generated tokens bit for bit, whatever the cache's size (one slot: fewer than a
+    token's experts)."""
     from qlinear.llm.converted.convert import convert
+    from qlinear.llm.flash.loader import load_flash
+    from qlinear.llm.options import Options
 
-    gguf = pytest.importorskip("gguf")
-    path = write_gguf(checkpoints["mxfp4"], tmp_path / "q8.gguf", gguf.GGMLQuantizationType.Q8_0)
-    with pytest.raises(ValueError, match="biases"):
-        llm.load(path, memory="flash", max_context=64, progress=False)
-    out = convert(checkpoints["mxfp4"], tmp_path / "converted", bits=8, progress=False)
-    with pytest.raises(ValueError, match="biases"):
-        llm.load(out, memory="flash", max_context=64, progress=False)
+    if form == "gguf":
+        gguf = pytest.importorskip("gguf")
+        path = write_gguf(checkpoints["mxfp4"], tmp_path / "q8.gguf", gguf.GGMLQuantizationType.Q8_0)
+    else:
+        path = convert(checkpoints["mxfp4"], tmp_path / "converted", bits=8, progress=False)
+    ref = llm.load(path, max_context=256, progress=False)
+    want, want_gen = ref.logits(IDS), ref.generate_ids(IDS[:6], 10)
+    m = load_flash(path, Options(memory="flash").check(), 256, expert_slots=slots)
+    try:
+        assert m.info["flash_experts"] and all(b.expert_biases is not None and b.core_experts is not None
+                                               for b in m.blocks)
+        np.testing.assert_array_equal(m.logits(IDS), want)
+        m.reset()
+        assert m.generate_ids(IDS[:6], 10) == want_gen
+        assert m.flash.stats["misses"] > 0
+    finally:
+        m.close()

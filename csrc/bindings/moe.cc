@@ -130,7 +130,8 @@ struct PyMoeExperts {
   bool begun = false;
   decoder::ExpertActivation act;
   std::vector<decoder::StepLinear> gate_up, down;  // per slot
-  std::vector<float> x;
+  std::vector<float> x, gate_up_bias, down_bias;  // the layer's experts' biases ([experts, n]; empty: none)
+  std::vector<decoder::StepLinear> task_gate_up, task_down;  // a run's slots with its experts' biases
   std::vector<char> ran;  // per expert: run since begin
   decoder::MoeScratch scratch;
   std::mutex mutex;
@@ -164,7 +165,16 @@ py::object moe_experts(const py::list& slots, int64_t experts, int64_t top_k, bo
   return obj;
 }
 
-void experts_begin(PyMoeExperts& m, const py::array& x_in, const py::array& top, const py::array& w_in) {
+// An optional [experts, n] float32 bias per expert, copied (empty: none).
+std::vector<float> expert_biases(const py::object& b, const char* name, int64_t experts, int64_t n) {
+  if (b.is_none()) return {};
+  py::array a = f32_array(b, name, {experts, n});
+  const float* p = static_cast<const float*>(a.data());
+  return std::vector<float>(p, p + experts * n);
+}
+
+void experts_begin(PyMoeExperts& m, const py::array& x_in, const py::array& top, const py::array& w_in,
+                   const py::object& gate_up_bias, const py::object& down_bias) {
   py::array x = rows_of(x_in, m.hidden);
   const int64_t rows = x.shape(0), k = m.top_k;
   if (top.dtype().kind() != 'i' && top.dtype().kind() != 'u')
@@ -173,7 +183,10 @@ void experts_begin(PyMoeExperts& m, const py::array& x_in, const py::array& top,
   if (!idx || idx.ndim() != 2 || idx.shape(0) != rows || idx.shape(1) != k)
     throw py::value_error("top must be [" + std::to_string(rows) + ", " + std::to_string(k) + "]");
   py::array w = f32_array(w_in, "w", {rows, k});
+  std::vector<float> gub = expert_biases(gate_up_bias, "gate_up_bias", m.experts, 2 * m.inter),
+                     dnb = expert_biases(down_bias, "down_bias", m.experts, m.hidden);
   std::lock_guard<std::mutex> lock(m.mutex);
+  m.gate_up_bias.swap(gub), m.down_bias.swap(dnb);
   auto& s = m.scratch;
   const int32_t* ip = idx.data();
   for (int64_t p = 0; p < rows * k; ++p)
@@ -207,6 +220,14 @@ void experts_run(PyMoeExperts& m, const std::vector<int64_t>& experts, const std
     for (size_t j = 0; j < i; ++j)
       if (experts[j] == e) throw py::value_error("run: expert " + std::to_string(e) + " given twice");
     s.tasks.push_back(decoder::ExpertTask{e, &m.gate_up[slot], &m.down[slot]});
+  }
+  m.task_gate_up.resize(s.tasks.size()), m.task_down.resize(s.tasks.size());
+  for (size_t i = 0; i < s.tasks.size(); ++i) {  // the slot's weights, the expert's biases
+    auto& t = s.tasks[i];
+    m.task_gate_up[i] = *t.gate_up, m.task_down[i] = *t.down;
+    if (!m.gate_up_bias.empty()) m.task_gate_up[i].bias = m.gate_up_bias.data() + t.expert * 2 * m.inter;
+    if (!m.down_bias.empty()) m.task_down[i].bias = m.down_bias.data() + t.expert * m.hidden;
+    t.gate_up = &m.task_gate_up[i], t.down = &m.task_down[i];
   }
   for (const auto& t : s.tasks) m.ran[t.expert] = 1;  // all checked first: a refused call runs none
   py::gil_scoped_release release;
@@ -249,8 +270,10 @@ void register_moe(py::module_& m) {
         py::arg("swiglu_alpha") = 1.702, "Routed experts over packed weights: router [experts, hidden] float32 (bias [experts] or None), experts "
         "[(gate_up, down)] each a (PackedWeightHandle, bias or None, act_int8, act_block), top_k of them per row.");
   py::class_<PyMoeExperts>(m, "MoeExperts", py::dynamic_attr())
-      .def("begin", &experts_begin, py::arg("x"), py::arg("top"), py::arg("w"),
-           "Rows x [rows, hidden] and their experts top [rows, top_k] (integers) with weights w [rows, top_k].")
+      .def("begin", &experts_begin, py::arg("x"), py::arg("top"), py::arg("w"), py::arg("gate_up_bias") = py::none(),
+           py::arg("down_bias") = py::none(),
+           "Rows x [rows, hidden] and their experts top [rows, top_k] (integers) with weights w [rows, top_k]; the "
+           "layer's experts' biases gate_up_bias [experts, 2 inter] / down_bias [experts, hidden] float32, or None.")
       .def("run", &experts_run, py::arg("experts"), py::arg("slots"),
            "Run these experts of the rows begun, expert i's weights in slot slots[i] (the pool splits them).")
       .def("finish", &experts_finish, "y [rows, hidden]: the experts' outputs summed in ascending expert order.")

@@ -9,15 +9,11 @@ load, ties to the most recently used
 (``policy="lfu"``, the default; "lru": the least recently used). A trained router's 4 layers x
 8 experts, 400 tokens, caches of 4 / 8 / 16: LFU hits 15.7 / 46.7 / 77.9%, LRU 0 / 44.5 / 69.0%
 (a cache smaller than the experts a token cycles through is LRU's worst case: each evicted just
-before it is needed again). ``FlashMoeBlock`` routes as ``MoeBlock`` does (same softmax, top-k and
-ascending order of the sums), so the logits equal the in-memory model's bit for bit; it asks
-for all the experts it needs at once (the misses' reads start together, in the reader's
-threads), runs those whose slots are ready in one compiled call while the others are read
-(``_core.MoeExperts``: the in-memory MoeLayer's stages over the slots), and adds the outputs in
-ascending expert order. With ``prefetch="router"`` (``model.flash.experts.prefetch``), after a decode token's block
-the next layer's router applied to this residual (its attention not yet added) names experts to
-read while that layer's attention runs. Off by default: it raised the hit rate but also the bytes
-read per token in every case measured (bench/moe_flash.py, docs/flash.md).
+before it is needed again); the blocks that run them: ``moe_block``. With ``prefetch="router"``
+(``model.flash.experts.prefetch``), after a decode token's block the next layer's router applied
+to this residual (its attention not yet added) names experts to read while that layer's
+attention runs. Off by default: it raised the hit rate but also the bytes read per token in
+every case measured (bench/moe_flash.py, docs/flash.md).
 """
 
 from __future__ import annotations
@@ -33,8 +29,8 @@ from .expert_files import ExpertFile, GGUFExpertFile
 from .reader import FlashReader
 from ... import _core
 from ..._ops import core_handle
-from ..runtime.layers import Linear, rms_norm
-from ..runtime.moe import MoeBlock
+from ..runtime.layers import Linear
+from ..runtime.moe import expert_activation
 
 PREFETCH = ("router", "none")
 # Reader threads: reads in flight. A token's misses of a layer are read together, a GGUF file's
@@ -95,16 +91,15 @@ class ExpertCache:
         """The compiled routed MLP over the slots for ``layer`` (``_core.MoeExperts``, one for all
         layers of a kind: they run one after another), or None for an activation it lacks (then
         numpy runs the experts)."""
-        if cfg.hidden_act not in ("silu", "gelu_tanh"):
+        if cfg.hidden_act not in ("silu", "gelu_tanh", "clamped_swiglu"):
             return None
         kind = self.files.kind(layer)
         if kind not in self._compiled:
-            def spec(m: Linear):
+            def spec(m: Linear):  # (the experts' biases are given per layer, to begin())
                 return (core_handle(m.weight), None, m.act == "int8", int(m._block))
             self._compiled[kind] = _core.moe_experts([(spec(s.linears[kind][0]), spec(s.linears[kind][1]))
                                                       for s in self.slots],
-                                                     cfg.num_experts, cfg.experts_per_token,
-                                                     gelu=cfg.hidden_act == "gelu_tanh")
+                                                     cfg.num_experts, cfg.experts_per_token, **expert_activation(cfg))
         return self._compiled[kind]
 
     @property
@@ -221,78 +216,3 @@ class ExpertCache:
             if self._read(key, prefetch=True) is None:
                 return
             self.stats.prefetched += 1
-
-
-class FlashMoeBlock(MoeBlock):
-    """A MoE block whose experts come from ``cache``; ``next_block``: the next layer's (for prefetch)."""
-
-    def __init__(self, block: MoeBlock, layer: int, cache: ExpertCache):
-        vars(self).update(vars(block))
-        self.layer, self.cache, self.next_block = layer, cache, None
-        self.experts = None   # the placeholders build_model made: the weights are the cache's
-        self.core_moe = None  # (built over those placeholders)
-        self.core_experts = cache.compiled(self.cfg, layer)
-
-    def __call__(self, h: np.ndarray, cache, start: int) -> np.ndarray:
-        out = super().__call__(h, cache, start)
-        nb = self.next_block
-        if nb is not None and out.shape[0] == 1 and self.cache.prefetch == "router":
-            guess, _ = nb.route(rms_norm(out, nb.post_norm, self.cfg.rms_norm_eps))
-            self.cache.prefetch_layer(nb.layer, guess[0])
-        return out
-
-    def mlp(self, x: np.ndarray) -> np.ndarray:
-        x = np.ascontiguousarray(x, np.float32)
-        top, w = self.route(x)  # MoeBlock's compiled routing: the in-memory model's bits
-        needed = [int(e) for e in np.unique(top)]
-        core = self.core_experts
-        got = self.cache.request(self.layer, needed)
-        if core is not None:
-            core.begin(x, top, w)
-        outs, pending = {}, list(needed)
-        try:
-            while pending:
-                # the experts whose slots are ready, together; else the first read in flight, else
-                # one without a slot yet (read into a slot the others freed: a prefill's rows may
-                # need more experts than the cache holds)
-                ready = [e for e in pending if e in got and (got[e].job is None or got[e].job.done)]
-                if not ready:
-                    ready = [next((e for e in pending if e in got), pending[0])]
-                linears = [self.cache.get(self.layer, e, got) for e in ready]
-                if core is not None:
-                    core.run(ready, [got[e].index for e in ready])
-                else:
-                    for e, (gate_up, down) in zip(ready, linears):
-                        rows, slot = np.nonzero(top == e)
-                        outs[e] = (rows, down(self.act(gate_up(np.ascontiguousarray(x[rows])))) * w[rows, slot, None])
-                for e in ready:
-                    self.cache.release(got[e])
-                    pending.remove(e)
-                self.expert_bytes_read += len(ready) * self.cache.files.expert_bytes_of(self.layer)
-        except BaseException:
-            for e in pending:
-                if e in got and got[e].pins > 0:
-                    self.cache.release(got[e])
-            raise
-        if core is not None:
-            return core.finish()
-        y = np.zeros(x.shape, np.float32)
-        for e in needed:   # in ascending order, as MoeBlock adds them
-            rows, out = outs[e]
-            np.add.at(y, rows, out)
-        return y
-
-    @property
-    def expert_bytes(self) -> int:
-        return self.cache.files.E * self.cache.files.expert_bytes
-
-
-def flash_block(block: MoeBlock, layer: int, cache: ExpertCache) -> FlashMoeBlock:
-    """``block`` with its routed experts from ``cache``; a subclass's own MLP (Qwen2-MoE's shared
-    expert) kept: its class first, so that its ``mlp`` calls FlashMoeBlock's for the routed part."""
-    cls = FlashMoeBlock
-    if type(block) is not MoeBlock:
-        cls = type(f"Flash{type(block).__name__}", (type(block), FlashMoeBlock), {})
-    out = object.__new__(cls)
-    FlashMoeBlock.__init__(out, block, layer, cache)
-    return out

@@ -26,7 +26,8 @@ from ..gguf import source as gguf_source
 from ..gguf.config import read_config
 from ..gguf.file import GGUFFile
 from .expert_files import ExpertFile, GGUFExpertFile
-from .experts import EXPERT_READERS, ExpertCache, flash_block
+from .experts import EXPERT_READERS, ExpertCache
+from .moe_block import flash_block
 from .plan import PROCESS_RESERVE, MemoryPlan, kv_cache_bytes
 from .reader import DIRECT_ALIGN, FlashReader, checked_threads, read_plan
 from .resident import resident_source
@@ -96,9 +97,6 @@ def load_flash_moe_gguf(p: Path, opts: Options, max_context: int, memory_budget_
     if not cfg.num_experts:
         raise ValueError(f"{p}: memory='flash' reads the routed experts of a GGUF file, and this {cfg.arch} model "
                          "has none; stream a dense model's FFNs from a converted file (llm.convert)")
-    if "blk.0.ffn_gate_exps.bias" in f.tensors:
-        raise ValueError(f"{p}: memory='flash' does not read experts with biases ({cfg.arch}) yet; "
-                         "load it with memory='normal' or 'low'")
     files = GGUFExpertFile(f, cfg, staging=cfg.experts_per_token)
     embd = "token_embd.weight"
     resident = sum(int(t.n_bytes) for n, t in f.tensors.items()
@@ -126,8 +124,6 @@ def _model(path: Path, source, files, n: int, plan: MemoryPlan, opts: Options, m
     model = build_model(source, opts, max_context)
     del source, tensors
     first = model.blocks[0].experts[0]
-    if any(lin.bias is not None for b in model.blocks for pair in b.experts for lin in pair):
-        raise ValueError(f"{path}: experts with biases are not supported by memory='flash'")
     reader = FlashReader(path, read_plan(path, False, readers, direct=True))
     try:
         cache = ExpertCache(reader, files, n, first[0].act, opts.act_block, prefetch)

@@ -157,8 +157,6 @@ class _Weights:
         cfg, H = self.cfg, self.cfg.hidden_size
         E, M = cfg.num_experts, cfg.moe_intermediate_size
         out = self.router(b, o)
-        if b + "ffn_gate_inp.bias" in self.f.tensors:  # GPT-OSS: biases on the router and every expert
-            out.update(self._expert_biases(b, o))
         stacks = {part: self._stacked(f"{b}ffn_{part}_exps.weight", shape)
                   for part, shape in (("gate", (E, M, H)), ("up", (E, M, H)), ("down", (E, H, M)))}
         if cfg.shared_expert_size:  # Qwen3.5-MoE: the shared expert and its gate row (float)
@@ -189,12 +187,16 @@ class _Weights:
         return out
 
     def router(self, b: str, o: str) -> dict:
-        """The router (float, as the runtime keeps it) and its bias where the file has one."""
+        """The router (float, as the runtime keeps it) and its bias where the file has one; the
+        experts' biases too where it has them (GPT-OSS: small, resident also when the experts are
+        read from the file on demand)."""
         cfg = self.cfg
         out = {o + "router": np.array(self.f.dequantize(self.f.tensor(b + "ffn_gate_inp.weight",
                                                                      (cfg.num_experts, cfg.hidden_size))))}
         if b + "ffn_gate_inp.bias" in self.f.tensors:
             out[o + "router.bias"] = self.vector(b + "ffn_gate_inp.bias", cfg.num_experts)
+        if b + "ffn_gate_exps.bias" in self.f.tensors:
+            out.update(self._expert_biases(b, o))
         return out
 
     def _stacked(self, name: str, shape: tuple):
