@@ -431,11 +431,22 @@ void pack_block_rows(const WeightGeometry& g, const uint8_t* src, int64_t rows, 
       uint8_t* block = packed + p * g.panel_bytes + b * g.block_bytes;
       codes_from_file(g.format, fb, c);
       uint8_t* high = block + low_plane_bytes(g, f);
-      for (int64_t kk = 0; kk < f.super; ++kk) {
+      if (lo == 4) {  // a row's nibble bytes whole (both nibbles are its own): chunks 2q and 2q + 1 in one
+        for (int64_t q = 0; q < f.super / 8; ++q)
+          for (int i = 0; i < 4; ++i) block[q * 32 + r * 4 + i] = uint8_t((c[8 * q + i] & 15) | (c[8 * q + 4 + i] & 15) << 4);
+      }
+      for (int64_t kk = 0; (lo != 4 || hi) && kk < f.super; ++kk) {
         const int64_t chunk = kk / 4;
         const int i = int(kk % 4);
-        plane_put(block, lo, chunk, r, i, c[kk]);
+        if (lo != 4) plane_put(block, lo, chunk, r, i, c[kk]);
         if (hi) plane_put(high, hi, chunk, r, i, c[kk] >> lo);
+      }
+      if (g.format == Format::mxfp4) {  // its one meta byte, the E8M0 exponent
+        if (fb[0] == 0xFF)
+          throw std::invalid_argument("MXFP4 block " + std::to_string(b) + " of row " + std::to_string(row) +
+                                      " has a scale that is NaN or infinite");
+        block[g.code_bytes + r] = fb[0];
+        continue;
       }
       const RawMeta meta = read_file_meta(g.format, fb);
       // MXFP4's E8M0 scale has no infinity; 0xFF is its NaN (OCP MX spec).
