@@ -20,7 +20,8 @@ symmetric int4 in groups of 32, a float16 scale as Q4_0's; the same checkpoint a
 
 Each run is a fresh process inside the cgroup, the page cache dropped first (echo 3 >
 drop_caches). qlinear: load with memory_budget_mb = the limit (the expert cache gets what the
-limit holds beyond the resident part and a reserve), prefill 8 tokens, then 8 random tokens more
+limit holds beyond the resident part and a reserve; the random-routing run's budget also leaves
+room for its bound's scratch experts and reader), prefill 8 tokens, then 8 random tokens more
 as one prompt (timed: the prefill figure, against llama-bench's pp8, timed after its warm-up
 run), decode 8 (warm-up), then the measured decode, each step fed a random token (as llama-bench's generation test does); with
 the next layer's experts prefetched from its router applied early, and without. This random
@@ -213,7 +214,13 @@ def worker_throughput(args) -> dict:
         direct = reader.direct
     finally:
         reader.close()
-    return {"sequential": seq, "experts_random": rand, "layer_bursts": bursts, "direct": direct, "threads": plan.threads}
+    from qlinear.llm.flash.reader import DIRECT_ALIGN
+    scratch = 8 * (files.expert_bytes if isinstance(files, ExpertFile) else files.max_expert_read)
+    # what the random-routing run's bound holds beside its model: reads_of's 8 experts and a
+    # second reader's buffers (its budget leaves room for them)
+    bound = scratch + plan.threads * (files.max_read + 2 * DIRECT_ALIGN)
+    return {"sequential": seq, "experts_random": rand, "layer_bursts": bursts, "direct": direct, "threads": plan.threads,
+            "bound_bytes": bound}
 
 
 def drop_caches() -> None:
@@ -392,8 +399,9 @@ def run(args, lv, tmp: Path) -> None:
           f"(a decode token's reads without its compute) {tp['layer_bursts'] / 1e9:.2f} GB/s")
     rows = {}
     for pf, routing in (("router", "model"), ("none", "model"), ("none", "random")):
+        budget = (limit - (tp["bound_bytes"] if routing == "random" else 0)) / 2**20
         r, peak = in_cgroup(limit, f"q-{pf}-{routing}", me + ["--worker", "qlinear", "--prefetch", pf, "--routing", routing,
-                                                                "--budget-mb", str(limit / 2**20)])
+                                                                "--budget-mb", str(budget)])
         rows[f"qlinear flash, prefetch={pf}" + (", random routing" if routing == "random" else "")] = ({**json.loads(r.stdout.strip().splitlines()[-1]), "cgroup_peak_mb": peak}
                                                  if r.returncode == 0 else {"error": r.stderr[-500:], "cgroup_peak_mb": peak})
     for repack in (1, 0) if have_llamacpp else ():

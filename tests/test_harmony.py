@@ -64,7 +64,7 @@ def reply_ids(tok, turns, tools=None):
 
 def test_tokenizer_stops_at_call_and_return_not_at_end(tok):
     ids = {name: tok.hf.token_to_id(name) for name in SPECIALS}
-    assert tok.harmony is not None
+    assert tok.replies is not None
     assert ids["<|end|>"] not in tok.stop_ids
     assert {ids["<|call|>"], ids["<|return|>"]} <= tok.stop_ids
 
@@ -75,7 +75,7 @@ def test_replies_the_template_renders_read_back(tok):
     thinking, answer = "Paris is in France; the user wants weather. Ça va.", "It is sunny in Paris, 21 °C."
     ids = reply_ids(tok, [{"role": "assistant", "thinking": thinking, "content": answer}])
     assert ids[-1] == tok.hf.token_to_id("<|return|>")
-    assert harmony.parse(tok, tok.harmony, ids) == {"reasoning": thinking, "content": answer, "calls": []}
+    assert harmony.parse(tok, tok.replies, ids) == {"reasoning": thinking, "content": answer, "calls": []}
 
 
 @pytest.mark.parametrize("header", ["template", "channel_first"])
@@ -91,20 +91,20 @@ def test_tool_calls_read_back(tok, header):
     else:
         ids = tok.encode("<|channel|>analysis<|message|>I need the tool.<|end|><|start|>assistant<|channel|>"
                          "commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>")
-    got = harmony.parse(tok, tok.harmony, ids, {"get_weather"})
+    got = harmony.parse(tok, tok.replies, ids, {"get_weather"})
     assert got == {"reasoning": "I need the tool.", "content": "", "calls": [("get_weather", '{"city": "Paris"}')]}
-    unoffered = harmony.parse(tok, tok.harmony, ids, {"other"})
+    unoffered = harmony.parse(tok, tok.replies, ids, {"other"})
     assert unoffered["calls"] == [] and unoffered["reasoning"].endswith('{"city": "Paris"}')
-    assert harmony.parse(tok, tok.harmony, ids, None)["calls"] == []
+    assert harmony.parse(tok, tok.replies, ids, None)["calls"] == []
 
 
 def test_text_outside_the_format_is_content(tok):
     """A model that ignores the format: its text is the answer (held back only while it could
     still become a message's header)."""
     text = "Just an answer, no channels at all. " * 12
-    got = harmony.parse(tok, tok.harmony, tok.encode(text))
+    got = harmony.parse(tok, tok.replies, tok.encode(text))
     assert got == {"reasoning": "", "content": text, "calls": []}
-    cut = harmony.parse(tok, tok.harmony, tok.encode("<|channel|>final<|message|>cut off mid"))
+    cut = harmony.parse(tok, tok.replies, tok.encode("<|channel|>final<|message|>cut off mid"))
     assert cut["content"] == "cut off mid"
 
 
@@ -117,9 +117,9 @@ def test_streamed_parts_equal_the_whole_reply_on_random_tokens(tok):
     for _ in range(300):
         ids = [int(rng.choice(special)) if rng.random() < 0.25 else int(rng.choice(words))
                for _ in range(rng.integers(1, 80))]
-        parser = harmony.ReplyParser(tok, tok.harmony, {"get_weather"})
+        parser = harmony.ReplyParser(tok, tok.replies, {"get_weather"})
         parts = [p for t in ids for p in parser.push(t)] + parser.flush()
-        whole = harmony.parse(tok, tok.harmony, ids, {"get_weather"})
+        whole = harmony.parse(tok, tok.replies, ids, {"get_weather"})
         assert harmony.assemble(parts) == whole
         assert all(p.kind in ("reasoning", "content", "call", "arguments") for p in parts)
         assert not any(s in p.text for p in parts for s in SPECIALS)
@@ -127,11 +127,11 @@ def test_streamed_parts_equal_the_whole_reply_on_random_tokens(tok):
 
 def test_stop_strings_cut_the_answer_not_the_reasoning(tok):
     pytest.importorskip("starlette")
-    from qlinear.llm.serve.harmony import HarmonyText, message
+    from qlinear.llm.serve.replies import ReplyText, message
 
     ids = tok.encode("<|channel|>analysis<|message|>STOP is a word here<|end|><|start|>assistant<|channel|>final"
                      "<|message|>first part STOP second part<|return|>")
-    stream = HarmonyText(tok, ["STOP"])
+    stream = ReplyText(tok, ["STOP"])
     deltas = []
     for t in ids:
         deltas.append(stream.push(t))
@@ -148,7 +148,7 @@ def test_model_chat_answers_with_the_final_channel(checkpoint, tok):
     model = llm.load(checkpoint, bits=8, max_context=512, progress=False)
     messages = [{"role": "user", "content": "hello"}]
     ids = model.generate_ids(tok.prompt_ids(messages), 40, temperature=1.0, seed=5)
-    expected = harmony.parse(tok, tok.harmony, ids)
+    expected = harmony.parse(tok, tok.replies, ids)
     model.reset()
     assert model.chat("hello", 40, temperature=1.0, seed=5) == expected["content"]
     assert model.reasoning == expected["reasoning"]

@@ -25,6 +25,7 @@ LOOSE_HEADER = 64  # header tokens without <|channel|> / <|message|>: the model 
 class Harmony:
     """A tokenizer's harmony token ids."""
 
+    name = "harmony"
     start: int
     channel: int
     message: int
@@ -44,6 +45,9 @@ class Harmony:
     def stop_ids(self, ids) -> set:
         """A reply's stop tokens: <|end|> closes a message, not the reply; <|call|> and <|return|> end it."""
         return (set(ids) - {self.end}) | {self.call, self.ret}
+
+    def parser(self, tokenizer, functions: Optional[set] = None) -> "ReplyParser":
+        return ReplyParser(tokenizer, self, functions)
 
 
 @dataclass
@@ -141,9 +145,10 @@ class ReplyParser:
         return [Part(self.sink, text)] if text else []
 
 
-def parse(tokenizer, harmony: Harmony, ids, functions: Optional[set] = None) -> dict:
-    """A whole reply: {"reasoning": str, "content": str, "calls": [(name, arguments)]}."""
-    parser = ReplyParser(tokenizer, harmony, functions)
+def parse(tokenizer, fmt, ids, functions: Optional[set] = None) -> dict:
+    """A whole reply of a reply format (``Harmony``, ``gemma4_reply.Gemma4Replies``): {"reasoning": str,
+    "content": str, "calls": [(name, arguments)]}."""
+    parser = fmt.parser(tokenizer, functions)
     parts = [p for t in ids for p in parser.push(int(t))] + parser.flush()
     return assemble(parts)
 

@@ -19,7 +19,6 @@ from .speculative import Speculation, decode as speculative_decode
 from .layers import Block, Linear, rms_norm
 from .step import decode_step
 from ..options import KV_DTYPES
-from .harmony import ReplyParser
 from .tokenizer import Messages, StreamDecoder, Tokenizer
 
 @dataclass
@@ -46,7 +45,7 @@ class Model:
     def __post_init__(self):
         self.cache = self.new_cache(self.max_context)
         self.history: list[dict] = []
-        self.reasoning = ""  # a harmony model's reasoning (analysis channel) in its last chat reply
+        self.reasoning = ""  # a reasoning model's reasoning in its last chat reply (its reply format's)
         self._step, self._step_cache = None, None
 
     def new_cache(self, capacity: int) -> KVCache:
@@ -227,8 +226,8 @@ class Model:
         list of chat messages (rendered with the model's chat template)."""
         tok = self.tokenizer
         ids = self.stream_ids(tok.prompt_ids(prompt), max_new_tokens, **sampling)
-        if tok.harmony is not None and not isinstance(prompt, str):  # a chat reply: its final channel
-            yield from self._harmony_content(ids)
+        if tok.replies is not None and not isinstance(prompt, str):  # a chat reply: its answer
+            yield from self._answer(ids)
             return
         decoder = StreamDecoder(tok)
         for token in ids:
@@ -236,10 +235,10 @@ class Model:
             if piece:
                 yield piece
 
-    def _harmony_content(self, ids) -> Iterator[str]:
-        """The answer of a harmony reply (GPT-OSS), piece by piece; its reasoning (the analysis
-        channel) kept in ``self.reasoning``."""
-        parser, self.reasoning = ReplyParser(self.tokenizer, self.tokenizer.harmony), ""
+    def _answer(self, ids) -> Iterator[str]:
+        """The answer of a reply in a reply format (GPT-OSS's harmony: its final channel; Gemma 4's),
+        piece by piece; its reasoning kept in ``self.reasoning``."""
+        parser, self.reasoning = self.tokenizer.replies.parser(self.tokenizer), ""
 
         def parts():
             for t in ids:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
+from .gemma4_reply import Gemma4Replies
 from .harmony import Harmony
 from .stream_decoder import StreamDecoder  # noqa: F401  (tokenizer.StreamDecoder)
 
@@ -20,16 +21,17 @@ class Tokenizer:
         self.hf = tokenizer
         self.chat_template = chat_template
         self.bos_token = bos_token
-        # a template writing harmony (GPT-OSS) and the tokens for it: replies are read by channel
-        self.harmony = Harmony.of(tokenizer, chat_template)
+        # a template whose replies carry reasoning and calls in markers (GPT-OSS's harmony, Gemma
+        # 4's), and the tokens for them: replies are read by those (None: as plain text)
+        self.replies = Harmony.of(tokenizer, chat_template) or Gemma4Replies.of(tokenizer, chat_template)
         self.stop_ids = {i for i in (tokenizer.token_to_id(t) for t in stop_tokens) if i is not None}
         self._template = None
 
     @property
     def stop_ids(self) -> set:
         """The ids that end a reply (for harmony: <|call|> and <|return|>, not <|end|>, which
-        closes one message of the reply)."""
-        return self._stop_ids if self.harmony is None else self.harmony.stop_ids(self._stop_ids)
+        closes one message of the reply; for Gemma 4 also <|tool_response>)."""
+        return self._stop_ids if self.replies is None else self.replies.stop_ids(self._stop_ids)
 
     @stop_ids.setter
     def stop_ids(self, ids) -> None:

@@ -28,7 +28,7 @@ from ..runtime.drafters import check_compatible
 from ..runtime.generation import Sampling
 from ..runtime.model import Model
 from ..runtime.speculative import Speculation
-from . import harmony, metrics as prometheus, openapi, protocol, structured, tools
+from . import metrics as prometheus, openapi, protocol, replies, structured, tools
 from .logprobs import LogprobFormat
 from .protocol import ApiError
 from .scheduler import QueueFull, Scheduler, SchedulerClosed
@@ -66,7 +66,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
     tokenizer, max_context = model.tokenizer, model.max_context
     grammars = structured.Grammars(tokenizer, model.lm_rows)  # response_format's constraints
     created = int(time.time())
-    harmonic = tokenizer.harmony is not None  # replies in channels (GPT-OSS): read by serve.harmony
+    parsed = tokenizer.replies is not None  # replies in a reply format (GPT-OSS's, Gemma 4's): serve.replies
     mailbox: Optional[Mailbox] = None  # of the event loop serving the requests
 
     def check_auth(request: Request) -> None:
@@ -80,7 +80,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
     def prompt_ids(req: protocol.GenerationRequest, plan: Optional[tools.ToolPlan]) -> list:
         if isinstance(req.prompt, str) or req.chat:
             try:
-                return tokenizer.prompt_ids(harmony.template_messages(req.prompt) if harmonic and req.chat else req.prompt,
+                return tokenizer.prompt_ids(replies.template_messages(tokenizer, req.prompt) if req.chat else req.prompt,
                                             tools=plan and plan.tools, **req.variables)
             except (ValueError, TypeError) as e:
                 raise ApiError(400, str(e), param="messages" if req.chat else "prompt") from None
@@ -112,7 +112,8 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         check_auth(request)
         body = protocol.parse_json(await request.body())
         req = protocol.parse_request(body, chat, model_name, model.config.vocab_size)
-        grammar, plan = tools.request(body, req, tokenizer.chat_template, harmonic)  # structured output, tool calls
+        grammar, plan = tools.request(body, req, tokenizer.chat_template,
+                                      parsed and tokenizer.replies.name == "harmony")  # structured output, tool calls
         spec = speculation_of(req)
         ids = prompt_ids(req, plan)
         wanted = req.max_tokens or 1
@@ -131,7 +132,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
                        constraint=None if grammar is None else grammars.constraint(grammar),
                        logit_bias=bias_rows(req.logit_bias))
         if chat and plan is None:  # the next turn's prefix, prefilled while the client reads this answer
-            answer_of = (lambda g: harmony.final_text(tokenizer, g)) if harmonic else tokenizer.decode
+            answer_of = (lambda g: replies.final_text(tokenizer, g)) if parsed else tokenizer.decode
             seq.next_turn = lambda generated, history=req.prompt: tokenizer.encode(tokenizer.apply_chat_template(
                 history + [{"role": "assistant", "content": answer_of(generated)}], add_generation_prompt=False,
                 **req.variables))
@@ -143,7 +144,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         except SchedulerClosed as e:
             raise ApiError(503, str(e), kind="server_error") from None
         answer = protocol.Answer(chat, model_name)
-        text = harmony.HarmonyText(tokenizer, req.stop, plan) if harmonic and chat else TextStream(tokenizer, req.stop)
+        text = replies.ReplyText(tokenizer, req.stop, plan) if parsed and chat else TextStream(tokenizer, req.stop)
         logprobs = None if req.logprobs is None else LogprobFormat(tokenizer, chat)
         if req.stream:
             return StreamingResponse(stream(seq, events, text, answer, req, len(ids), logprobs, plan),
@@ -164,8 +165,8 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
             watcher.cancel()
             seq.cancel()
         use, entries = protocol.usage(len(ids), count, seq.cached_tokens), logprobs and logprobs(seq.entries[:count])
-        if text.harmony:
-            reply = harmony.message(pieces)
+        if text.parsed:
+            reply = replies.message(pieces)
             finish = "tool_calls" if reply["tool_calls"] and finish == "stop" else finish
             return JSONResponse(answer.complete(reply["content"], finish, use, entries, reply["reasoning_content"],
                                                 reply["tool_calls"]))
@@ -196,8 +197,8 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
 
     async def stream(seq, events, text, answer, req, prompt_tokens, logprobs, plan) -> AsyncIterator[str]:
         count = sent = 0  # the tokens seen, and those whose logprobs went out (a chunk carries those before it)
-        calls = tools.ToolStream(plan) if plan is not None and plan.parse and not text.harmony else None
-        called = False  # a harmony reply's tool call went out
+        calls = tools.ToolStream(plan) if plan is not None and plan.parse and not text.parsed else None
+        called = False  # a parsed reply's tool call went out
 
         def part():
             nonlocal sent
@@ -208,7 +209,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
             if req.chat:
                 yield _sse(answer.chunk("", first=True))
             async for kind, value in events_of(seq, events, text):
-                if kind in ("token", "piece") and text.harmony:
+                if kind in ("token", "piece") and text.parsed:
                     count += kind == "token"
                     called |= "tool_calls" in value
                     if value:

@@ -32,7 +32,7 @@ class StopStrings:
 class TextStream:
     """Generated token ids to text pieces, cut before the first stop string."""
 
-    harmony = False
+    parsed = False  # (serve.replies.ReplyText: True)
 
     def __init__(self, tokenizer: Tokenizer, stop: list):
         self.decoder, self.cut = StreamDecoder(tokenizer), StopStrings(stop)

@@ -86,6 +86,16 @@ class HarmonyFormat(Format):
                                        + ")\n" + HARMONY_ANALYSIS + "\n".join(calls)), "tools")
 
 
+class Gemma4Format(Format):
+    """Gemma 4's calls, ``<|tool_call>call:NAME{ARGS}<tool_call|>`` in its own argument syntax; the
+    reply is read by its markers (``runtime.gemma4_reply``). A forced call would need that syntax
+    as a grammar of the function's schema: not offered (a clear 400)."""
+
+    def grammar(self, tools: list) -> str:
+        raise ApiError(400, "'tool_choice' \"required\" or a named function is not supported for Gemma 4's call "
+                            "format; use \"auto\"", param="tool_choice")
+
+
 # a harmony reply's analysis message, then the next message's header up to its channel
 HARMONY_ANALYSIS = 'analysis: <|channel|> "analysis" <|message|> /(?s:.*)/ <|end|> <|start|> "assistant"\n'
 
@@ -99,6 +109,7 @@ def harmony_answer_grammar(schema: dict) -> str:
 
 QWEN = Format("qwen", "<tool_call>", "<tool_call>\n", "\n</tool_call>", "arguments")
 HARMONY = HarmonyFormat("harmony", "", "", "", "arguments")
+GEMMA4 = Gemma4Format("gemma4", "", "", "", "arguments")
 LLAMA3 = Format("llama3", "{", "", "", "parameters")
 MISTRAL = Format("mistral", "[", "[", "]", "arguments")
 
@@ -109,6 +120,8 @@ def detect(template: Optional[str]) -> Format:
                        param="tools")
     if "<|channel|>" in template:
         return HARMONY
+    if "<|tool_call>" in template:
+        return GEMMA4
     if "[TOOL_CALLS]" in template:
         return MISTRAL
     if "<|python_tag|>" in template or "ipython" in template:

@@ -1,14 +1,16 @@
-"""Harmony replies (GPT-OSS) in OpenAI's chat shape: the analysis channel as ``reasoning_content``,
-the final channel (and commentary preambles) as ``content``, calls to offered functions as
-``tool_calls`` (``finish_reason`` "tool_calls"); streamed as deltas of the same fields, a call's
-arguments as they are generated. Stop strings cut the content only."""
+"""Replies in a reply format (GPT-OSS's harmony, Gemma 4's markers: ``runtime.harmony``,
+``runtime.gemma4_reply``) in OpenAI's chat shape: the reasoning (harmony's analysis channel,
+Gemma 4's thought channel) as ``reasoning_content``, the answer (harmony's final channel and
+commentary preambles) as ``content``, calls to offered functions as ``tool_calls``
+(``finish_reason`` "tool_calls"); streamed as deltas of the same fields. Stop strings cut the
+content only."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Optional
 
-from ..runtime.harmony import ReplyParser, parse
+from ..runtime.harmony import parse
 from .streams import StopStrings
 
 
@@ -17,14 +19,14 @@ def functions(plan) -> Optional[set]:
     return {t["function"]["name"] for t in plan.tools} if plan is not None and plan.parse else None
 
 
-class HarmonyText:
+class ReplyText:
     """A sequence's token ids to delta dicts ({"content", "reasoning_content", "tool_calls"}, each
     only when there is some), with TextStream's interface."""
 
-    harmony = True
+    parsed = True
 
     def __init__(self, tokenizer, stop: list, plan=None):
-        self.parser = ReplyParser(tokenizer, tokenizer.harmony, functions(plan))
+        self.parser = tokenizer.replies.parser(tokenizer, functions(plan))
         self.cut, self.calls = StopStrings(stop), 0
 
     @property
@@ -72,9 +74,12 @@ def message(deltas: list) -> dict:
     return {"content": content or None if calls else content, "reasoning_content": reasoning, "tool_calls": calls}
 
 
-def template_messages(messages: list) -> list:
+def template_messages(tokenizer, messages: list) -> list:
     """Messages for a harmony template: an assistant's ``reasoning_content`` as its ``thinking``
-    (the template keeps a call's reasoning until the final answer after it)."""
+    (the template keeps a call's reasoning until the final answer after it). Gemma 4's reads
+    ``reasoning_content`` itself."""
+    if tokenizer.replies is None or tokenizer.replies.name != "harmony":
+        return messages
     out = []
     for m in messages:
         if m.get("role") == "assistant" and m.get("reasoning_content"):
@@ -86,5 +91,5 @@ def template_messages(messages: list) -> list:
 
 
 def final_text(tokenizer, ids: list) -> str:
-    """A reply's answer (its final channel), as the next turn's prompt carries it."""
-    return parse(tokenizer, tokenizer.harmony, ids)["content"]
+    """A reply's answer (harmony's final channel), as the next turn's prompt carries it."""
+    return parse(tokenizer, tokenizer.replies, ids)["content"]
