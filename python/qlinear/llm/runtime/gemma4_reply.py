@@ -86,7 +86,8 @@ class Gemma4Parser:
                 parts += self._call(body, closed=at >= 0)
                 self.state = "content"
                 continue
-            ends = (CHANNEL_END,) if self.state == "thought" else (CHANNEL, CALL, RESPONSE, TURN_END)
+            # (the template closes a thought with "\n<channel|>": that line break is not the reasoning's)
+            ends = ("\n" + CHANNEL_END, CHANNEL_END) if self.state == "thought" else (CHANNEL, CALL, RESPONSE, TURN_END)
             found = [(i, m) for m in ends if (i := self.buf.find(m)) >= 0]
             if not found:
                 hold = 0 if end else max((k for m in ends for k in range(1, len(m)) if self.buf.endswith(m[:k])),
@@ -97,10 +98,13 @@ class Gemma4Parser:
             at, marker = min(found)
             parts += self._text(self.buf[:at])
             self.buf = self.buf[at + len(marker):]
-            self.state = {CHANNEL: "name", CALL: "call", CHANNEL_END: "content"}.get(marker, "done")
+            self.state = {CHANNEL: "name", CALL: "call", CHANNEL_END: "content",
+                          "\n" + CHANNEL_END: "content"}.get(marker, "done")
         return parts
 
     def _text(self, text: str) -> list:
+        for m in self.marker_of.values():  # a misplaced marker token: dropped, as decoding drops special tokens
+            text = text.replace(m, "")
         return [Part("reasoning" if self.state == "thought" else "content", text)] if text else []
 
     def _call(self, body: str, closed: bool) -> list:
@@ -113,7 +117,7 @@ class Gemma4Parser:
             except (ValueError, IndexError):
                 args = None
         if args is None:  # not a call of an offered function: the text as the model wrote it
-            return [Part("content", CALL + body + (CALL_END if closed else ""))]
+            return self._text(CALL + body + (CALL_END if closed else ""))
         return [Part("call", m.group(1)), Part("arguments", json.dumps(args, ensure_ascii=False))]
 
 
@@ -146,5 +150,6 @@ def _value(s: str, i: int) -> tuple:
     j = i
     while j < len(s) and s[j] not in ",}]":
         j += 1
-    return json.loads(s[i:j].strip()), j
+    word = s[i:j].strip()
+    return (None if word == "None" else json.loads(word)), j  # (the template writes a null as None)
 
