@@ -429,13 +429,24 @@ void pack_block_rows(const WeightGeometry& g, const uint8_t* src, int64_t rows, 
     for (int64_t b = 0; b < g.nblocks; ++b) {
       const uint8_t* fb = src + (row - row0) * row_bytes + b * f.file_bytes;
       uint8_t* block = packed + p * g.panel_bytes + b * g.block_bytes;
-      codes_from_file(g.format, fb, c);
       uint8_t* high = block + low_plane_bytes(g, f);
-      if (lo == 4) {  // a row's nibble bytes whole (both nibbles are its own): chunks 2q and 2q + 1 in one
+      const int nibble_off = g.format == Format::mxfp4 ? 1 : g.format == Format::iq4_nl ? 2 : g.format == Format::q4_1 ? 4 : 0;
+      if (nibble_off) {  // 32 nibbles, value j low and j + 16 high in byte j: the panel's bytes straight from them
+        const uint8_t* qs = fb + nibble_off;
+        for (int i = 0; i < 4; ++i) {
+          block[r * 4 + i] = uint8_t((qs[i] & 15) | (qs[4 + i] & 15) << 4);
+          block[32 + r * 4 + i] = uint8_t((qs[8 + i] & 15) | (qs[12 + i] & 15) << 4);
+          block[64 + r * 4 + i] = uint8_t(qs[i] >> 4 | (qs[4 + i] & 0xF0));
+          block[96 + r * 4 + i] = uint8_t(qs[8 + i] >> 4 | (qs[12 + i] & 0xF0));
+        }
+      } else {
+        codes_from_file(g.format, fb, c);
+      }
+      if (lo == 4 && !nibble_off) {  // a row's nibble bytes whole (both nibbles are its own): chunks 2q and 2q + 1 in one
         for (int64_t q = 0; q < f.super / 8; ++q)
           for (int i = 0; i < 4; ++i) block[q * 32 + r * 4 + i] = uint8_t((c[8 * q + i] & 15) | (c[8 * q + 4 + i] & 15) << 4);
       }
-      for (int64_t kk = 0; (lo != 4 || hi) && kk < f.super; ++kk) {
+      for (int64_t kk = 0; !nibble_off && (lo != 4 || hi) && kk < f.super; ++kk) {
         const int64_t chunk = kk / 4;
         const int i = int(kk % 4);
         if (lo != 4) plane_put(block, lo, chunk, r, i, c[kk]);
