@@ -271,12 +271,12 @@ def test_compiled_token_is_the_same_at_every_level():
             np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("form", ["qwen3_5", "lfm2"])
+@pytest.mark.parametrize("form", ["qwen3_5", "qwen3_5_moe", "lfm2"])
 @pytest.mark.parametrize("kv_cache", ["float32", "float16"])
 def test_compiled_step_equals_the_python_blocks(checkpoints, kv_cache, form):
-    """The compiled decode step (Gated DeltaNet layers and gated attention in C++) gives the
-    Python blocks' logits, states and KV rows bit for bit, one token at a time and as a
-    speculative verification's block (step_block)."""
+    """The compiled decode step (Gated DeltaNet layers and gated attention in C++; the MoE's routed
+    and shared experts) gives the Python blocks' logits, states and KV rows bit for bit, one token
+    at a time and as a speculative verification's block (step_block)."""
     assert_compiled_step_equals_python(
         lambda: llm.load(checkpoints[form], bits=4, max_context=256, kv_cache=kv_cache, progress=False), IDS, 4)
 

@@ -191,12 +191,11 @@ def test_scheduler_on_hybrids(tmp_path, arch):
     draft = Speculation("draft", load(path, act="float"), max_draft=4, adaptive=False)
     jobs += [(ids, n, sampling, draft) for ids, n, sampling in jobs if not sampling]
     results, scheduler = run_scheduler(model, jobs, max_batch=4)
-    assert (scheduler._step is None) == (arch == "qwen3_5_moe")  # compiled, states per sequence (the MoE's
-    # shared expert: the Python blocks)
+    assert scheduler._step is not None  # compiled, states per sequence (the MoE's shared expert in it)
     for (ids, n, sampling, *_), (tokens, finish) in zip(jobs, results):
         assert tokens == reference_ids(reference, ids, n, **sampling)
-    if scheduler._step is not None:  # (the scheduler speculates with the compiled step only)
-        assert scheduler.speculative.draft_tokens > scheduler.speculative.accepted_tokens > 0
+    spec = scheduler.speculative  # drafts rejected and rolled back (the MoE's twin happens to agree on all)
+    assert spec.draft_tokens >= spec.accepted_tokens > 0 and (arch == "qwen3_5_moe" or spec.draft_tokens > spec.accepted_tokens)
     second = long_prompt + results[-1][0] + long_prompt[:30]  # the long prompt's next turn
     cache = model.new_cache(CONTEXT)
     start = scheduler.prefix.restore(cache, second)

@@ -1,6 +1,5 @@
-// Binds the decoder's operations for qlinear.llm (internal: shapes checked, float32 C-contiguous):
-// rms_norm, silu_mul / gelu_tanh_mul, softcap, attend_one (a decode step's attention) and
-// attend_prefill (a prompt's).
+// Binds the decoder's operations for qlinear.llm (internal: shapes checked, float32 C-contiguous): rms_norm, the
+// gated activations, softcap, attention (attend_one, attend_prefill), the delta / conv rows, shared_expert_add.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -8,6 +7,7 @@
 
 #include "bindings/bindings.h"
 #include "qlinear/llm/decoder.h"
+#include "qlinear/llm/moe.h"
 #include "qlinear/core/threadpool.h"
 
 namespace qlinear::bindings {
@@ -19,8 +19,7 @@ decoder::DeltaShape delta_shape(const py::dict& g, const std::string& what) {
     if (!g.contains(key)) throw py::value_error(what + ": the delta geometry has no '" + key + "'");
   s.k_heads = g["k_heads"].cast<int64_t>();
   s.v_heads = g["v_heads"].cast<int64_t>();
-  s.k_dim = g["k_dim"].cast<int64_t>();
-  s.v_dim = g["v_dim"].cast<int64_t>();
+  s.k_dim = g["k_dim"].cast<int64_t>(), s.v_dim = g["v_dim"].cast<int64_t>();
   s.kernel = g["kernel"].cast<int64_t>();
   s.tiled = g["tiled"].cast<bool>();
   s.eps = g["eps"].cast<float>();
@@ -96,6 +95,19 @@ F32Array py_gated_mul(const py::array& gu_in, const char* name) {
     Fn(gp + r0 * 2 * n, r1 - r0, n, yp + r0 * n);
   });
   return y;
+}
+
+// y += the shared expert of x (moe.h): for the blocks whose routed experts run elsewhere (flash).
+void py_shared_expert_add(const py::array& y_in, const py::array& x_in, const py::tuple& shared, bool gelu) {
+  py::array x = f32_array(x_in, "x", {-1, -1}), y = f32_array(y_in, "y", {x.shape(0), x.shape(1)}, true);
+  py::array gate = f32_array(shared[2], "shared gate", {x.shape(1)});
+  decoder::MoeLayer L;  // its shared expert only
+  decoder::MoeScratch s;
+  py::list refs;
+  L.hidden = x.shape(1), L.act.gelu = gelu, L.shared_gate = static_cast<const float*>(gate.data());
+  L.shared_gate_up = step_linear(shared[0], "shared gate_up", -1, L.hidden, refs), L.shared_inter = L.shared_gate_up.w->n / 2;
+  L.shared_down = step_linear(shared[1], "shared down", L.hidden, L.shared_inter, refs);
+  decoder::shared_expert(L, static_cast<const float*>(x.data()), x.shape(0), static_cast<float*>(y.mutable_data()), s, false);
 }
 
 F32Array py_softcap(const py::array& x_in, float cap) {
@@ -264,6 +276,16 @@ void register_decoder(py::module_& m) {
         py::arg("gate_up"));
   m.def("gelu_tanh_mul", [](const py::array& gu) { return py_gated_mul<decoder::gelu_tanh_mul>(gu, "gelu_tanh_mul"); },
         py::arg("gate_up"));
+  m.def("clamped_swiglu_mul", [](const py::array& gu_in, double limit, double alpha) {
+        if (!(limit > 0) || !std::isfinite(alpha)) throw py::value_error("clamped_swiglu_mul: limit must be > 0");
+        py::array gu = f32_array(gu_in, "gate_up", {-1, -1});
+        if (gu.shape(1) % 2) throw py::value_error("clamped_swiglu_mul: gate_up must have an even number of columns");
+        py::array_t<float> y({gu.shape(0), gu.shape(1) / 2});
+        decoder::clamped_swiglu_mul(static_cast<const float*>(gu.data()), gu.shape(0), gu.shape(1) / 2,
+                                    static_cast<float>(limit), static_cast<float>(alpha), y.mutable_data());
+        return y;
+      }, py::arg("gate_up"), py::arg("limit"), py::arg("alpha") = 1.702, "GPT-OSS's clamped SwiGLU of gate_up [rows, 2n] (gate first).");
+  m.def("shared_expert_add", &py_shared_expert_add, py::arg("y"), py::arg("x"), py::arg("shared"), py::arg("gelu") = false);
   m.def("softcap", &py_softcap, py::arg("x"), py::arg("cap"));
   m.def("attend_one", &py_attend_one, py::arg("qkv"), py::arg("cos"), py::arg("sin"), py::arg("pos"),
         py::arg("k_cache"), py::arg("v_cache"), py::arg("heads"), py::arg("scale"), py::arg("window") = 0,

@@ -1,7 +1,6 @@
-// Binds routed experts for qlinear.llm (internal API, every array checked here): MoeLayer, a
-// layer's router and experts over packed weights, called on rows (the Python path's routed MLP)
-// or handed to decode_step; MoeExperts, the same MLP over weight slots the caller refills (flash);
-// and moe_route, the router's choice alone (all: qlinear/moe.h).
+// Binds routed experts for qlinear.llm (internal API, every array checked here): MoeLayer, a layer's router,
+// experts (and shared expert) over packed weights, called on rows (the Python path) or handed to decode_step;
+// MoeExperts, the same MLP over slots the caller refills (flash); moe_route, the router's choice (llm/moe.h).
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -56,7 +55,8 @@ decoder::ExpertActivation activation(bool gelu, double swiglu_limit, double swig
 }
 
 py::object moe_layer(const py::array& router, const py::object& router_bias, const py::list& experts,
-                     int64_t top_k, bool norm_topk_prob, bool gelu, double swiglu_limit, double swiglu_alpha) {
+                     int64_t top_k, bool norm_topk_prob, bool gelu, double swiglu_limit, double swiglu_alpha,
+                     const py::object& shared) {
   auto m = std::make_unique<PyMoeLayer>();
   decoder::MoeLayer& L = m->layer;
   py::list refs;
@@ -79,6 +79,14 @@ py::object moe_layer(const py::array& router, const py::object& router_bias, con
                             " rows: not 2 x the experts' width");
     L.inter = inter;
     L.down.push_back(step_linear(t[1], p + "down", L.hidden, inter, refs));
+  }
+  if (!shared.is_none()) {  // (gate_up, down, gate [hidden]): the shared expert
+    const auto t = shared.cast<py::tuple>();
+    L.shared_gate_up = step_linear(t[0], "shared gate_up", -1, L.hidden, refs);
+    L.shared_inter = L.shared_gate_up.w->n / 2;
+    L.shared_down = step_linear(t[1], "shared down", L.hidden, L.shared_inter, refs);
+    py::array g = f32_array(t[2], "shared gate", {L.hidden});
+    refs.append(g), L.shared_gate = static_cast<const float*>(g.data());
   }
   py::object obj = py::cast(std::move(m));
   obj.attr("_refs") = refs;
@@ -267,8 +275,9 @@ void register_moe(py::module_& m) {
                              "Packed bytes of the experts run, over all calls (this object's and a decode step's).");
   m.def("moe_layer", &moe_layer, py::arg("router"), py::arg("router_bias"), py::arg("experts"), py::arg("top_k"),
         py::arg("norm_topk_prob"), py::arg("gelu") = false, py::arg("swiglu_limit") = 0.0,
-        py::arg("swiglu_alpha") = 1.702, "Routed experts over packed weights: router [experts, hidden] float32 (bias [experts] or None), experts "
-        "[(gate_up, down)] each a (PackedWeightHandle, bias or None, act_int8, act_block), top_k of them per row.");
+        py::arg("swiglu_alpha") = 1.702, py::arg("shared") = py::none(), "Routed experts over packed weights: router [experts, hidden] float32 (bias [experts] or None), experts "
+        "[(gate_up, down)] each a (PackedWeightHandle, bias or None, act_int8, act_block), top_k of them per row; shared: "
+        "(gate_up, down, gate [hidden]) of a shared expert every row runs, scaled by sigmoid(x . gate), or None.");
   py::class_<PyMoeExperts>(m, "MoeExperts", py::dynamic_attr())
       .def("begin", &experts_begin, py::arg("x"), py::arg("top"), py::arg("w"), py::arg("gate_up_bias") = py::none(),
            py::arg("down_bias") = py::none(),
@@ -282,15 +291,6 @@ void register_moe(py::module_& m) {
   m.def("moe_experts", &moe_experts, py::arg("slots"), py::arg("experts"), py::arg("top_k"), py::arg("gelu") = false,
         py::arg("swiglu_limit") = 0.0, py::arg("swiglu_alpha") = 1.702, "Routed experts over weight slots [(gate_up, down)] (each a (PackedWeightHandle, bias or None, act_int8, "
         "act_block)) refilled by the caller: a layer of `experts` experts, top_k per row.");
-  m.def("clamped_swiglu_mul", [](const py::array& gu_in, double limit, double alpha) {
-        if (!(limit > 0) || !std::isfinite(alpha)) throw py::value_error("clamped_swiglu_mul: limit must be > 0");
-        py::array gu = f32_array(gu_in, "gate_up", {-1, -1});
-        if (gu.shape(1) % 2) throw py::value_error("clamped_swiglu_mul: gate_up must have an even number of columns");
-        py::array_t<float> y({gu.shape(0), gu.shape(1) / 2});
-        decoder::clamped_swiglu_mul(static_cast<const float*>(gu.data()), gu.shape(0), gu.shape(1) / 2,
-                                    static_cast<float>(limit), static_cast<float>(alpha), y.mutable_data());
-        return y;
-      }, py::arg("gate_up"), py::arg("limit"), py::arg("alpha") = 1.702, "GPT-OSS's clamped SwiGLU of gate_up [rows, 2n] (gate first).");
   m.def("moe_route", &moe_route, py::arg("x"), py::arg("router"), py::arg("router_bias"), py::arg("top_k"),
         py::arg("norm_topk_prob"),
         "The experts of each row of x [rows, hidden] (int32 [rows, top_k], highest first, ties the lower) and "

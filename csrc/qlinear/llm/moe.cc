@@ -164,6 +164,23 @@ void moe_mlp(const MoeLayer& L, const float* x, int64_t rows, float* y, MoeScrat
   L.bytes_read += bytes;
   run_experts(s.tasks.data(), static_cast<int64_t>(s.tasks.size()), x, L.hidden, L.inter, k, L.act, s, float_rows);
   sum_experts(s.idx.data(), s.w.data(), rows, k, L.hidden, s, y);
+  if (L.shared_gate) shared_expert(L, x, rows, y, s, float_rows);
+}
+
+void shared_expert(const MoeLayer& L, const float* x, int64_t rows, float* y, MoeScratch& s, bool float_rows) {
+  const int64_t H = L.hidden, S = L.shared_inter;
+  s.shared_gu.resize(rows * 2 * S), s.shared_act.resize(rows * S), s.shared_out.resize(rows * H);
+  run_linear(L.shared_gate_up, x, rows, s.shared_gu.data(), float_rows);
+  if (L.act.gelu) gelu_tanh_mul(s.shared_gu.data(), rows, S, s.shared_act.data());
+  else silu_mul(s.shared_gu.data(), rows, S, s.shared_act.data());
+  run_linear(L.shared_down, s.shared_act.data(), rows, s.shared_out.data(), float_rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    float logit;
+    dot_rows(x + r * H, L.shared_gate, 1, H, &logit);
+    const float g = 1.f / (1.f + std::exp(-logit));
+    const float* o = s.shared_out.data() + r * H;
+    for (int64_t i = 0; i < H; ++i) y[r * H + i] = y[r * H + i] + o[i] * g;
+  }
 }
 
 }  // namespace qlinear::decoder

@@ -1,4 +1,4 @@
-// Routed experts (Qwen3-MoE, OLMoE, Mixtral, GPT-OSS, Qwen2-MoE's routed part) for the LLM runtime: the
+// Routed experts (Qwen3-MoE, OLMoE, Mixtral, GPT-OSS, Qwen2-MoE with its shared expert) for the LLM runtime: the
 // router, softmax and top-k, and the routed MLP of a layer over any number of rows, one function
 // for the compiled decode step (one token, or a batch of them) and for the per-layer Python path
 // (decode and prefill), so both compute the same bits (docs/llm.md, "Mixture of experts").
@@ -51,6 +51,11 @@ struct MoeLayer {
   bool norm_topk = false;              // the k weights divided by their sum
   ExpertActivation act;
   std::vector<StepLinear> gate_up, down;  // per expert: [2 inter, hidden], [hidden, inter]
+  // A shared expert every row runs (Qwen2-MoE, Qwen3.5-MoE; none while shared_gate is null): after
+  // the routed sum, y = y + down(act(gate_up(x))) * sigmoid(dot(x, shared_gate)) (std::exp).
+  StepLinear shared_gate_up, shared_down;
+  const float* shared_gate = nullptr;  // [hidden]
+  int64_t shared_inter = 0;
   mutable std::atomic<int64_t> bytes_read{0};  // packed bytes of the experts run (all calls)
 };
 
@@ -70,7 +75,7 @@ struct ExpertTask {
 
 // Buffers of moe_mlp and its stages (they only grow).
 struct MoeScratch {
-  std::vector<float> logits, w, xe, gu, act, out;
+  std::vector<float> logits, w, xe, gu, act, out, shared_gu, shared_act, shared_out;
   std::vector<int32_t> idx;
   std::vector<int64_t> count, start, pair, where, used;
   std::vector<ExpertTask> tasks;
@@ -94,5 +99,7 @@ void run_experts(const ExpertTask* tasks, int64_t n, const float* x, int64_t hid
 void clamped_swiglu_mul(const float* gu, int64_t rows, int64_t n, float limit, float alpha, float* out);
 void sum_experts(const int32_t* idx, const float* w, int64_t rows, int64_t k, int64_t hidden, const MoeScratch& s,
                  float* y);
+// y [rows, hidden] += the shared expert's output (MoeLayer), after the routed sum.
+void shared_expert(const MoeLayer& L, const float* x, int64_t rows, float* y, MoeScratch& s, bool float_rows);
 
 }  // namespace qlinear::decoder

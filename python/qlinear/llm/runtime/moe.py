@@ -49,12 +49,13 @@ class MoeBlock(Block):
                                                                     for m in linears):
             return None
 
-        def spec(m: Linear):
-            return (core_handle(m.weight), m.bias, m.act == "int8", int(m._block))
-
-        return _core.moe_layer(self._router_w, self.router.bias, [(spec(g), spec(d)) for g, d in self.experts],
+        shared = getattr(self, "shared", None)  # (moe_shared: a shared expert every token runs)
+        if shared is not None and not all(isinstance(m.weight, PackedWeight) for m in shared):
+            return None
+        return _core.moe_layer(self._router_w, self.router.bias, [(linear_spec(g), linear_spec(d)) for g, d in self.experts],
                                self.cfg.experts_per_token, bool(self.cfg.norm_topk_prob),
-                               **expert_activation(self.cfg))
+                               **expert_activation(self.cfg),
+                               shared=None if shared is None else (linear_spec(shared[0]), linear_spec(shared[1]), self.shared_gate))
 
     def route(self, x: np.ndarray) -> tuple:
         """(experts [rows, k] highest first, ties the lower; their weights [rows, k]) of x."""
@@ -93,6 +94,11 @@ class MoeBlock(Block):
     def expert_bytes(self) -> int:
         """The bytes of all the experts' weights of this block."""
         return sum(_nbytes(g) + _nbytes(d) for g, d in self.experts)
+
+
+def linear_spec(m: Linear) -> tuple:
+    """A packed Linear as the compiled routed MLP takes it: (handle, bias, act_int8, act_block)."""
+    return (core_handle(m.weight), m.bias, m.act == "int8", int(m._block))
 
 
 def expert_activation(cfg: ModelConfig) -> dict:

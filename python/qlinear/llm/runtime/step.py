@@ -18,7 +18,7 @@ def decode_step(blocks: list, norm: np.ndarray, lm_head: Linear, cache: KVCache)
     projections, RoPE, attention over ``cache``, MLP and residuals of every block, then the final
     norm and the lm head, without the GIL), or None when a layer's weights are kept in float or the
     model needs what the step lacks (routed experts kept in float, whole-projection q / k norms,
-    q/k/v clamps, a shared expert). Routed experts run as their blocks' ``step_moe`` (the compiled
+    q/k/v clamps). Routed experts (and a shared expert) run as their blocks' ``step_moe`` (the compiled
     routed MLP the blocks run too)."""
     moes = [getattr(b, "step_moe", None) for b in blocks]
     if not blocks or any(b.gate_up is None and m is None for b, m in zip(blocks, moes)):
