@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import os
 import sys
@@ -16,24 +15,19 @@ import threading
 import time
 from typing import AsyncIterator, Optional
 
-import numpy as np
-
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from ..runtime.drafters import check_compatible
-from ..runtime.generation import Sampling
 from ..runtime.model import Model
 from ..runtime.speculative import Speculation
-from . import metrics as prometheus, openapi, protocol, replies, structured, tools
+from . import metrics as prometheus, openapi, protocol, replies, tools
+from .engine import Engine, cancel_on_disconnect, events_of
 from .logprobs import LogprobFormat
 from .protocol import ApiError
-from .scheduler import QueueFull, Scheduler, SchedulerClosed
-from .sequence import Sequence
-from .streams import Mailbox, TextStream
+from .scheduler import Scheduler
 
 
 def _yield_to_decode(niceness: int = 5) -> None:
@@ -61,99 +55,23 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
     prefix cache's budget (prompts' KV rows kept for the requests that start alike; 0: none)."""
     scheduler = Scheduler(model, max_batch=max_batch, max_queue=max_queue, cache_mb=cache_mb)
     metrics = prometheus.Metrics(scheduler)
-    if speculation is not None and speculation.draft_model is not None:
-        check_compatible(model, speculation.draft_model)
-    tokenizer, max_context = model.tokenizer, model.max_context
-    grammars = structured.Grammars(tokenizer, model.lm_rows)  # response_format's constraints
-    created = int(time.time())
-    parsed = tokenizer.replies is not None  # replies in a reply format (GPT-OSS's, Gemma 4's): serve.replies
-    mailbox: Optional[Mailbox] = None  # of the event loop serving the requests
-
-    def check_auth(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), api_key.encode())):
-            raise ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)",
-                           code="invalid_api_key", kind="authentication_error")
-
-    def prompt_ids(req: protocol.GenerationRequest, plan: Optional[tools.ToolPlan]) -> list:
-        if isinstance(req.prompt, str) or req.chat:
-            try:
-                return tokenizer.prompt_ids(replies.template_messages(tokenizer, req.prompt) if req.chat else req.prompt,
-                                            tools=plan and plan.tools, **req.variables)
-            except (ValueError, TypeError) as e:
-                raise ApiError(400, str(e), param="messages" if req.chat else "prompt") from None
-        if max(req.prompt) >= model.config.vocab_size:
-            raise ApiError(400, f"token id {max(req.prompt)} is outside the vocabulary "
-                                f"({model.config.vocab_size})", param="prompt")
-        return req.prompt
-
-    def bias_rows(bias: dict) -> Optional[tuple]:
-        """A request's logit_bias as (lm head rows, values); tokens the (slimmed) head lacks are never sampled."""
-        if not bias:
-            return None
-        row_of = None if model.lm_rows is None else {int(t): r for r, t in enumerate(model.lm_rows)}
-        pairs = [(t if row_of is None else row_of.get(t), b) for t, b in bias.items()]
-        pairs = [(r, b) for r, b in pairs if r is not None]
-        return np.array([r for r, _ in pairs], np.intp), np.array([b for _, b in pairs], np.float32)
-
-    def speculation_of(req: protocol.GenerationRequest) -> Optional[Speculation]:
-        if req.speculative is None or (speculation is not None and req.speculative == speculation.method):
-            return speculation
-        if req.speculative == "none":
-            return None
-        if req.speculative == "draft":  # the server's default is n-gram lookup or none: no draft model
-            raise ApiError(400, "'speculative': \"draft\" needs a server started with a draft model "
-                                "(qlinear-llm serve --speculative draft --draft-model PATH)", param="speculative")
-        return Speculation(req.speculative, **({} if speculation is None else {"max_draft": speculation.max_draft}))
+    engine = Engine(model, model_name, scheduler, metrics, api_key, speculation)
+    check_auth, tokenizer, created = engine.check_auth, model.tokenizer, int(time.time())
 
     async def generate(request: Request, chat: bool):
         check_auth(request)
         body = protocol.parse_json(await request.body())
-        req = protocol.parse_request(body, chat, model_name, model.config.vocab_size)
-        grammar, plan = tools.request(body, req, tokenizer.chat_template,
-                                      parsed and tokenizer.replies.name == "harmony")  # structured output, tool calls
-        spec = speculation_of(req)
-        ids = prompt_ids(req, plan)
-        wanted = req.max_tokens or 1
-        if len(ids) + wanted > max_context:
-            raise ApiError(400, f"this model's context holds {max_context} tokens; the prompt has {len(ids)} "
-                                f"and {wanted} more were requested", param="messages" if chat else "prompt",
-                           code="context_length_exceeded")
-        nonlocal mailbox
-        if mailbox is None or mailbox.loop is not asyncio.get_running_loop():
-            mailbox = Mailbox(asyncio.get_running_loop())
-        events, box = asyncio.Queue(), mailbox
-        seq = Sequence(ids, req.max_tokens or max_context - len(ids),
-                       Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed),
-                       emit=metrics.emitter(request, lambda kind, value: box.post(events, (kind, value))),
-                       ignore_eos=req.ignore_eos, speculation=spec, logprobs=req.logprobs,
-                       constraint=None if grammar is None else grammars.constraint(grammar),
-                       logit_bias=bias_rows(req.logit_bias))
-        if chat and plan is None:  # the next turn's prefix, prefilled while the client reads this answer
-            answer_of = (lambda g: replies.final_text(tokenizer, g)) if parsed else tokenizer.decode
-            seq.next_turn = lambda generated, history=req.prompt: tokenizer.encode(tokenizer.apply_chat_template(
-                history + [{"role": "assistant", "content": answer_of(generated)}], add_generation_prompt=False,
-                **req.variables))
-        try:
-            scheduler.submit(seq)
-        except QueueFull as e:
-            raise ApiError(429, f"the server is busy: {e}; retry later", code="queue_full",
-                           kind="rate_limit_error") from None
-        except SchedulerClosed as e:
-            raise ApiError(503, str(e), kind="server_error") from None
+        job = engine.start(request, body, protocol.parse_request(body, chat, model_name, model.config.vocab_size))
+        req, seq, text, plan = job.req, job.seq, job.text, job.plan
         answer = protocol.Answer(chat, model_name)
-        text = replies.ReplyText(tokenizer, req.stop, plan) if parsed and chat else TextStream(tokenizer, req.stop)
         logprobs = None if req.logprobs is None else LogprobFormat(tokenizer, chat)
         if req.stream:
-            return StreamingResponse(stream(seq, events, text, answer, req, len(ids), logprobs, plan),
-                                     media_type="text/event-stream",
+            return StreamingResponse(stream(job, answer, logprobs), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         watcher = asyncio.ensure_future(cancel_on_disconnect(request, seq))
         try:
             pieces, count, finish = [], 0, None
-            async for kind, value in events_of(seq, events, text):
+            async for kind, value in events_of(job):
                 if kind in ("token", "piece"):
                     count += kind == "token"
                     pieces.append(value)
@@ -164,7 +82,8 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         finally:
             watcher.cancel()
             seq.cancel()
-        use, entries = protocol.usage(len(ids), count, seq.cached_tokens), logprobs and logprobs(seq.entries[:count])
+        use = protocol.usage(job.prompt_tokens, count, seq.cached_tokens)
+        entries = logprobs and logprobs(seq.entries[:count])
         if text.parsed:
             reply = replies.message(pieces)
             finish = "tool_calls" if reply["tool_calls"] and finish == "stop" else finish
@@ -173,29 +92,8 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         whole = answer.complete("".join(pieces), finish, use, entries)
         return JSONResponse(whole if plan is None or not plan.parse else tools.answer(plan, whole))
 
-    async def events_of(seq: Sequence, events: asyncio.Queue, text: TextStream) -> AsyncIterator[tuple]:
-        """("token", its text) per token, ("piece", text held back till the end) if any, then
-        ("done", finish_reason) or ("error", message). A stop string ends it (and the sequence)."""
-        while True:
-            kind, value = await events.get()
-            if kind == "token":
-                yield kind, text.push(value)
-                if text.stopped:
-                    seq.cancel()
-                    yield "done", "stop"
-                    return
-                continue
-            if kind == "done":
-                tail = text.flush()
-                if tail:
-                    yield "piece", tail
-                value = "stop" if text.stopped else value
-                if value == "cancelled":  # by the scheduler: it is stopping
-                    kind, value = "error", "cancelled: the server is shutting down"
-            yield kind, value
-            return
-
-    async def stream(seq, events, text, answer, req, prompt_tokens, logprobs, plan) -> AsyncIterator[str]:
+    async def stream(job, answer, logprobs) -> AsyncIterator[str]:
+        seq, text, req, plan = job.seq, job.text, job.req, job.plan
         count = sent = 0  # the tokens seen, and those whose logprobs went out (a chunk carries those before it)
         calls = tools.ToolStream(plan) if plan is not None and plan.parse and not text.parsed else None
         called = False  # a parsed reply's tool call went out
@@ -208,7 +106,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         try:
             if req.chat:
                 yield _sse(answer.chunk("", first=True))
-            async for kind, value in events_of(seq, events, text):
+            async for kind, value in events_of(job):
                 if kind in ("token", "piece") and text.parsed:
                     count += kind == "token"
                     called |= "tool_calls" in value
@@ -231,15 +129,10 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
                     value = "tool_calls" if called and value == "stop" else value
                     yield _sse(answer.chunk(None, finish_reason=value, logprobs=part()))
                     if req.include_usage:
-                        yield _sse(answer.usage_chunk(protocol.usage(prompt_tokens, count, seq.cached_tokens)))
+                        yield _sse(answer.usage_chunk(protocol.usage(job.prompt_tokens, count, seq.cached_tokens)))
             yield "data: [DONE]\n\n"
         finally:  # finished, failed or the client went away
             seq.cancel()
-
-    async def cancel_on_disconnect(request: Request, seq: Sequence) -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        seq.cancel()
 
     async def chat_completions(request: Request):
         return await generate(request, chat=True)
