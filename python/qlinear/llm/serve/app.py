@@ -1,4 +1,5 @@
-"""The HTTP side: a Starlette app with the OpenAI endpoints over a Scheduler.
+"""The HTTP side: a Starlette app with the OpenAI endpoints (and Anthropic's Messages:
+``anthropic``) over a Scheduler.
 
 Requests are checked and tokenized on the event loop, then handed to the scheduler's thread;
 its tokens come back through an asyncio queue per request and leave as one JSON body or as
@@ -23,7 +24,7 @@ from starlette.routing import Route
 
 from ..runtime.model import Model
 from ..runtime.speculative import Speculation
-from . import metrics as prometheus, openapi, protocol, replies, tools
+from . import anthropic, metrics as prometheus, openapi, protocol, replies, tools
 from .engine import Engine, cancel_on_disconnect, events_of
 from .logprobs import LogprobFormat
 from .protocol import ApiError
@@ -160,15 +161,15 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
                                              "verifications": spec.decode_steps,
                                              "tokens_per_step": round(spec.tokens_per_step, 4)}})
 
-    async def api_error(request: Request, exc: ApiError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+    async def api_error(request: Request, exc: ApiError, headers=None):  # Anthropic's shape on its routes
+        body = anthropic.error_body(exc) if request.url.path.startswith(anthropic.PATH) else exc.body()
+        return JSONResponse(body, status_code=exc.status, headers=headers)
 
     async def http_error(request: Request, exc: HTTPException):  # its headers kept (a 405's Allow)
-        return JSONResponse(ApiError(exc.status_code, exc.detail).body(), status_code=exc.status_code,
-                            headers=exc.headers)
+        return await api_error(request, ApiError(exc.status_code, exc.detail), exc.headers)
 
     async def server_error(request: Request, exc: Exception):
-        return JSONResponse(ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error").body(), status_code=500)
+        return await api_error(request, ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error"))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -185,6 +186,7 @@ def create_app(model: Model, model_name: str, max_batch: int = 8, max_queue: int
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         *[Route(path, documents, methods=["GET"]) for path in ("/metrics", "/openapi.json")],
+        *anthropic.routes(engine),
     ], exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error},
         lifespan=lifespan, middleware=[metrics.middleware()])
     app.state.scheduler = scheduler

@@ -98,14 +98,19 @@ class Engine:
                                 "(qlinear-llm serve --speculative draft --draft-model PATH)", param="speculative")
         return Speculation(req.speculative, **({} if speculation is None else {"max_draft": speculation.max_draft}))
 
+    def prepare(self, body: dict, req: protocol.GenerationRequest) -> tuple:
+        """(the grammar the answer follows or None, the tool plan or None, the prompt's ids) of a
+        request (``req``: its parse, its tool messages shaped for the template here)."""
+        grammar, plan = tools.request(body, req, self.tokenizer.chat_template,
+                                      self.parsed and self.tokenizer.replies.name == "harmony")
+        return grammar, plan, self.prompt_ids(req, plan)
+
     def start(self, request: Request, body: dict, req: protocol.GenerationRequest, top_k: int = 0) -> Job:
         """Check ``body``'s structured output and tools (``req``: its parse), render and tokenize the
         prompt, and submit its sequence; ApiError for a bad request, a full queue or a closing server."""
         tokenizer, chat = self.tokenizer, req.chat
-        grammar, plan = tools.request(body, req, tokenizer.chat_template,
-                                      self.parsed and tokenizer.replies.name == "harmony")  # structured output, tools
+        grammar, plan, ids = self.prepare(body, req)
         spec = self.speculation_of(req)
-        ids = self.prompt_ids(req, plan)
         wanted = req.max_tokens or 1
         if len(ids) + wanted > self.max_context:
             raise ApiError(400, f"this model's context holds {self.max_context} tokens; the prompt has {len(ids)} "

@@ -3,6 +3,7 @@ the endpoints, the request bodies' fields with their types, the answers and the 
 
 from __future__ import annotations
 
+from .anthropic_request import MAX_STOP_SEQUENCES, THINKING
 from .protocol import MAX_STOP_STRINGS, REASONING_EFFORT, SPECULATIVE
 
 
@@ -109,6 +110,58 @@ SCHEMAS = {
             "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}},
 }
 
+_TEXT_BLOCK = {"type": "object", "required": ["type", "text"], "properties": {
+    "type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}
+_BLOCK = {"oneOf": [  # Anthropic's content blocks this server reads (images and documents: 400)
+    _TEXT_BLOCK,
+    {"type": "object", "required": ["type", "id", "name", "input"], "properties": {
+        "type": {"type": "string", "enum": ["tool_use"]}, "id": {"type": "string", "minLength": 1},
+        "name": {"type": "string"}, "input": {"type": "object"}}},
+    {"type": "object", "required": ["type", "tool_use_id"], "properties": {
+        "type": {"type": "string", "enum": ["tool_result"]}, "tool_use_id": {"type": "string", "minLength": 1},
+        "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_BLOCK}]},
+        "is_error": {"type": "boolean"}}},
+    {"type": "object", "required": ["type", "thinking"], "properties": {
+        "type": {"type": "string", "enum": ["thinking"]}, "thinking": {"type": "string"},
+        "signature": {"type": "string"}}},
+    {"type": "object", "required": ["type"], "properties": {
+        "type": {"type": "string", "enum": ["redacted_thinking"]}}}]}
+_MESSAGES = {  # anthropic_request.translate
+    "model": _COMMON["model"],
+    "max_tokens": {"type": "integer", "minimum": 1},
+    "messages": {"type": "array", "minItems": 1, "items": {
+        "type": "object", "required": ["role", "content"], "properties": {
+            "role": {"type": "string", "enum": ["user", "assistant"]},
+            "content": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": _BLOCK}]}}},
+        "description": "user and assistant turns, the last the user's"},
+    "system": {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_BLOCK}]},
+    "stop_sequences": {"type": "array", "maxItems": MAX_STOP_SEQUENCES, "items": {"type": "string", "minLength": 1}},
+    "stream": _COMMON["stream"],
+    "temperature": {"type": "number", "minimum": 0, "maximum": 1, "default": 1},
+    "top_p": _COMMON["top_p"],
+    "top_k": {"type": "integer", "minimum": 0, "description": "0: off"},
+    "tools": {"type": "array", "items": {"type": "object", "required": ["name", "input_schema"], "properties": {
+        "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "description": {"type": "string"},
+        "input_schema": {"type": "object", "required": ["type"], "properties": {"type": {"const": "object"}}}}}},
+    "tool_choice": {"type": "object", "required": ["type"], "properties": {
+        "type": {"type": "string", "enum": ["auto", "any", "tool", "none"]}, "name": {"type": "string"},
+        "disable_parallel_tool_use": {"type": "boolean"}},
+        "if": {"properties": {"type": {"const": "tool"}}}, "then": {"required": ["type", "name"]},
+        "description": "any or a named tool: the output is constrained to one call"},
+    "metadata": {"type": "object", "description": "ignored"},
+    "thinking": {"type": "object", "required": ["type"], "properties": {
+        "type": {"type": "string", "enum": list(THINKING)}, "budget_tokens": {"type": "integer", "minimum": 0}},
+        "description": "disabled: a reasoning model's reasoning is not returned"},
+}
+SCHEMAS["MessagesRequest"] = {"type": "object", "required": ["model", "max_tokens", "messages"],
+                              "properties": _MESSAGES}
+SCHEMAS["CountTokensRequest"] = {"type": "object", "required": ["model", "messages"],
+                                 "properties": {k: v for k, v in _MESSAGES.items() if k != "max_tokens"}}
+SCHEMAS["AnthropicError"] = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"], "properties": {
+        "type": {"type": "string"}, "message": {"type": "string"}}}}}
+_ANTHROPIC_EVENT = {"type": "object", "required": ["type"], "description": "an event's data (its type also the "
+                                                                             "event's name)"}
 
 _EVENT = {"anyOf": [{"type": "object"}, {"const": "[DONE]"}], "description": "an event's data: a chunk, or [DONE]"}
 
@@ -122,6 +175,18 @@ def _generation(summary: str, request: str, answer: str, statuses: tuple) -> dic
                               "content": {"application/json": {"schema": {"type": "object"}},
                                           "text/event-stream": {"schema": _EVENT}}},
                       **{s: _json(ERRORS[s], _ref("Error")) for s in statuses}}}}
+
+
+def _messages(summary: str, request: str, answer: str, streams: bool) -> dict:
+    """An Anthropic Messages operation: its errors in Anthropic's shape."""
+    content = {"application/json": {"schema": {"type": "object"}},
+               **({"text/event-stream": {"schema": _ANTHROPIC_EVENT}} if streams else {})}
+    return {"post": {
+        "summary": summary,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+        "responses": {"200": {"description": answer, "content": content},
+                      **{s: _json(ERRORS[s], _ref("AnthropicError")) for s in ("400", "401", "404", "429", "503")
+                         if streams or s not in ("429", "503")}}}}
 
 
 def _get(summary: str, answer: dict, auth: bool = True) -> dict:
@@ -148,7 +213,8 @@ def document(model_name: str) -> dict:
     """The OpenAPI document of a server of ``model_name``."""
     return {
         "openapi": "3.1.0",
-        "info": {"title": "qlinear-llm serve", "version": "1", "description": f"An OpenAI-compatible API serving "
+        "info": {"title": "qlinear-llm serve", "version": "1", "description": f"An OpenAI-compatible API (and "
+                                                                               f"Anthropic's Messages) serving "
                                                                                f"'{model_name}'."},
         "paths": {
             "/v1/chat/completions": _generation("A chat completion (the model's chat template)",
@@ -156,6 +222,10 @@ def document(model_name: str) -> dict:
                                                 ("400", "401", "404", "429", "503")),
             "/v1/completions": _generation("A text completion", "CompletionRequest", "a text_completion",
                                            ("400", "401", "404", "429", "503")),
+            "/v1/messages": _messages("Anthropic's Messages API (the model's chat template)", "MessagesRequest",
+                                      "a message; with stream: true, Anthropic's server-sent events", True),
+            "/v1/messages/count_tokens": _messages("The prompt's token count of a Messages request",
+                                                   "CountTokensRequest", "{\"input_tokens\": N}", False),
             "/v1/models": _get("The served model", _json("a list of one model", {"type": "object"})),
             "/health": _get("The server's state: running and waiting requests, decode figures",
                             _json("status ok and the scheduler's figures", {"type": "object"}), auth=False),
@@ -164,5 +234,5 @@ def document(model_name: str) -> dict:
             "/openapi.json": _get("This document", _json("an OpenAPI 3.1 document", {"type": "object"})),
         },
         "components": {"schemas": {**SCHEMAS, **{name: _served(SCHEMAS[name], model_name) for name in (
-            "ChatCompletionRequest", "CompletionRequest")}}},
+            "ChatCompletionRequest", "CompletionRequest", "MessagesRequest", "CountTokensRequest")}}},
     }

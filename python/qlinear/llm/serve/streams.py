@@ -11,17 +11,18 @@ from ..runtime.tokenizer import StreamDecoder, Tokenizer
 
 class StopStrings:
     """Text cut before the first stop string; text that could be the start of one is held back
-    until it is known not to be."""
+    until it is known not to be. ``matched``: the stop string it stopped at."""
 
     def __init__(self, stop: list):
-        self.stop, self.pending, self.stopped = stop, "", False
+        self.stop, self.pending, self.stopped, self.matched = stop, "", False, None
 
     def push(self, text: str, hold_back: bool = True) -> str:
         self.pending += text
-        cuts = [i for i in (self.pending.find(s) for s in self.stop) if i >= 0]
+        cuts = [(i, s) for i, s in ((self.pending.find(s), s) for s in self.stop) if i >= 0]
         if cuts:
+            at, self.matched = min(cuts, key=lambda c: c[0])  # the earliest; of two there, the first listed
             self.stopped = True
-            out, self.pending = self.pending[:min(cuts)], ""
+            out, self.pending = self.pending[:at], ""
             return out
         hold = max((k for s in self.stop for k in range(1, len(s)) if self.pending.endswith(s[:k])), default=0)
         hold = hold if hold_back else 0
