@@ -15,7 +15,8 @@ pytest.importorskip("safetensors")
 
 from _llm_reference import assert_compiled_step_equals_python  # noqa: E402
 from qlinear import _core, llm  # noqa: E402
-from qlinear.llm import synthetic, synthetic_gpt_oss  # noqa: E402
+from qlinear.llm import synthetic  # noqa: E402
+from qlinear.llm.synthetic import gpt_oss as synthetic_gpt_oss  # noqa: E402
 from qlinear.llm.runtime import prefix_cache  # noqa: E402
 
 # layers 0 and 2 slide over 16 positions (rings the 150-token prompt wraps), 1 and 3 attend to all

@@ -16,9 +16,9 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from . import synthetic_gpt_oss, synthetic_hybrid
-from .converted.convert import check_out_dir
-from .synthetic_hybrid import HYBRIDS  # noqa: F401  (the architectures make_checkpoint writes itself)
+from . import gpt_oss as synthetic_gpt_oss, hybrid as synthetic_hybrid
+from ..converted.convert import check_out_dir
+from .hybrid import HYBRIDS  # noqa: F401  (the architectures make_checkpoint writes itself)
 
 # Shapes worth having by name. "qwen2.5-0.5b" is Qwen2.5-0.5B's geometry (vocab included).
 DTYPES = ("float32", "bfloat16")
