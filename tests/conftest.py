@@ -19,7 +19,7 @@ def isa(request):
 
 @pytest.fixture(scope="session")
 def transformers5():
-    """(torch, transformers) with transformers 5.x (the 2026 families' classes: Qwen3.5, GPT-OSS);
+    """(torch, transformers) with transformers 5.x (the 2026 families' classes: Qwen3.5, GPT-OSS, Gemma 4);
     skipped without it, failed so with QLINEAR_REQUIRE_TRANSFORMERS5=1 (CI's transformers-5
     environment sets it)."""
     try:
@@ -28,7 +28,7 @@ def transformers5():
     except ImportError:
         transformers = None
     if transformers is None or int(transformers.__version__.split(".")[0]) < 5:
-        why = "needs transformers 5.x (Qwen3.5's and GPT-OSS's classes); CI runs it in its transformers-5 environment"
+        why = "needs transformers 5.x (Qwen3.5's, GPT-OSS's and Gemma 4's classes); CI runs it in its transformers-5 environment"
         if os.environ.get("QLINEAR_REQUIRE_TRANSFORMERS5"):
             pytest.fail(why)
         pytest.skip(why)

@@ -114,8 +114,13 @@ def build_model(source: Source, opts: Options, max_context: int) -> Model:
         return v
 
     H = cfg.hidden_size
-    rope, local_rope = ropes(cfg, max_context, source.rope_inv_freq)
-    blocks = [make_block(cfg, i, linear, vector, rope, local_rope) for i in range(cfg.num_layers)]
+    if cfg.arch == "gemma4_text":  # per-layer attention shapes, shared KV, per-layer inputs
+        from .runtime import gemma4  # noqa: PLC0415
+
+        blocks = gemma4.make_blocks(cfg, linear, vector, max_context)
+    else:
+        rope, local_rope = ropes(cfg, max_context, source.rope_inv_freq)
+        blocks = [make_block(cfg, i, linear, vector, rope, local_rope) for i in range(cfg.num_layers)]
     rows = tensors.get("lm_rows")
     rows = None if rows is None else np.asarray(rows, np.int64)
     head_shape = (cfg.vocab_size if rows is None else len(rows), H)
@@ -130,5 +135,25 @@ def build_model(source: Source, opts: Options, max_context: int) -> Model:
             "bits": source.quantization.get("bits"), "group_size": source.quantization.get("group_size"),
             "act": act, "memory": opts.memory, "disk_embedding": on_disk, "kv_cache": opts.kv_cache,
             "threads": _core.get_num_threads()}
-    return Model(cfg, source.tokenizer, embedding, blocks, norm, lm_head, rows, max_context, info,
-                 kv_cache=opts.kv_cache)
+    model = Model(cfg, source.tokenizer, embedding, blocks, norm, lm_head, rows, max_context, info,
+                  kv_cache=opts.kv_cache, per_layer=per_layer_inputs(source, opts, linear, vector))
+    if model.per_layer is not None:
+        model.resources.append(model.per_layer)
+    return model
+
+
+def per_layer_inputs(source: Source, opts: Options, linear: Callable, vector: Callable):
+    """Gemma 4's per-layer inputs (None without them): the table on disk unless
+    ``disk_embedding=False``, like the embedding's."""
+    cfg = source.config
+    if not cfg.per_layer_input_size:
+        return None
+    table = source.per_layer_embedding
+    if table is None:
+        raise ValueError(f"{source.path}: the model has per-layer inputs, and its source no per-layer embedding table")
+    from .runtime.gemma4 import PerLayerInputs  # noqa: PLC0415
+
+    P = cfg.per_layer_input_size
+    rows = ScaledEmbedding(table.open(on_disk=opts.disk_embedding), embed_scale(P, table.dtype))
+    return PerLayerInputs(cfg, rows, linear("ple_model_proj", (cfg.num_layers * P, cfg.hidden_size)),
+                          vector("ple_proj_norm", P))

@@ -72,6 +72,22 @@ class ModelConfig:
     # value head j reads key head j % key heads (llama.cpp's files: value heads "tiled"); else
     # j // (value heads / key heads), Hugging Face's grouping
     delta_tiled_heads: bool = False
+    # -- Gemma 4 --
+    # per-layer attention shapes (full layers' heads wider, fewer KV heads); None: head_dim and
+    # num_kv_heads everywhere
+    layer_head_dims: Optional[tuple] = None
+    layer_kv_heads: Optional[tuple] = None
+    # layer i attends over the keys and values of layer kv_layers[i]: itself, or the last earlier
+    # layer of its type that computes its own (KV sharing: no k / v projections of its own)
+    kv_layers: Optional[tuple] = None
+    values_from_keys: bool = False        # full layers' values are their keys' projection (attention_k_eq_v)
+    value_norm: bool = False              # values RMS-normed per head, without a weight
+    rope_proportion: float = 0.0          # full layers' proportional RoPE: this share of the frequencies turn
+    per_layer_input_size: int = 0         # per-layer embeddings: this many features per layer and token
+    per_layer_vocab_size: int = 0
+    layer_scalar: bool = False            # each block's output times a stored scalar
+    double_wide_mlp: bool = False         # the layers that share KV have MLPs twice as wide
+    dense_and_experts: bool = False       # the routed experts run beside a dense MLP, not instead of it
 
     @property
     def q_size(self) -> int:
@@ -80,6 +96,21 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    def layer_head_dim(self, layer: int) -> int:
+        return self.head_dim if self.layer_head_dims is None else self.layer_head_dims[layer]
+
+    def layer_kv_heads_of(self, layer: int) -> int:
+        return self.num_kv_heads if self.layer_kv_heads is None else self.layer_kv_heads[layer]
+
+    def kv_layer(self, layer: int) -> int:
+        """The layer whose keys and values layer ``layer`` attends over (itself, unless shared)."""
+        return layer if self.kv_layers is None else self.kv_layers[layer]
+
+    def mlp_size(self, layer: int) -> int:
+        """Layer ``layer``'s dense MLP width."""
+        wide = self.double_wide_mlp and self.kv_layer(layer) != layer
+        return self.intermediate_size * (2 if wide else 1)
 
     def mixer(self, layer: int) -> str:
         """Layer ``layer``'s token mixer: "attention", "delta" or "conv"."""
@@ -160,7 +191,7 @@ class ModelConfig:
         if missing or not set(d) <= names:
             raise ValueError(f"{where}: bad model config (missing {sorted(missing)}, "
                              f"unknown {sorted(set(d) - names)})")
-        for key in ("layer_types", "mixers"):  # lists in JSON
+        for key in ("layer_types", "mixers", "layer_head_dims", "layer_kv_heads", "kv_layers"):  # lists in JSON
             if d.get(key) is not None:
                 d = {**d, key: tuple(d[key])}
         return cls(**d)

@@ -33,6 +33,7 @@ class Source:
     quantization: dict              # {"bits", "group_size", "symmetric"} of the weights as held
     info: dict = field(default_factory=dict)   # source-specific additions to model.info
     rope_inv_freq: Optional[np.ndarray] = None  # when the source stores RoPE's frequencies
+    per_layer_embedding: Optional[EmbeddingFile] = None  # Gemma 4's per-layer embedding table
 
 
 def stop_ids(x) -> list[int]:

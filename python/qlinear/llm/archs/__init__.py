@@ -9,13 +9,13 @@ tensors (``layer_tensors``). One module per family; ``ARCHS`` maps ``model_type`
 
 from __future__ import annotations
 
-from . import gemma, gpt_oss, lfm2, llama, mistral, mixtral, olmoe, phi3, qwen2_moe, qwen3, qwen3_5, qwen3_moe
+from . import gemma, gemma4, gpt_oss, lfm2, llama, mistral, mixtral, olmoe, phi3, qwen2_moe, qwen3, qwen3_5, qwen3_moe
 from .base import Arch
 
 ARCHS: dict[str, Arch] = {a.model_type: a for a in (
     llama.QWEN2, llama.LLAMA, qwen3.QWEN3, qwen3_moe.QWEN3_MOE, mistral.MISTRAL, gemma.GEMMA2, gemma.GEMMA3,
     phi3.PHI3, olmoe.OLMOE, mixtral.MIXTRAL, qwen2_moe.QWEN2_MOE, qwen3_5.QWEN3_5, qwen3_5.QWEN3_5_MOE, lfm2.LFM2,
-    gpt_oss.GPT_OSS)}
+    gpt_oss.GPT_OSS, gemma4.GEMMA4)}
 
 # model types that hold a text model we could read but in a checkpoint we do not: what to say
 NOT_TEXT_ONLY = {
@@ -25,7 +25,7 @@ NOT_TEXT_ONLY = {
 
 
 # multimodal model types whose text model we read (its fields under text_config) -> its model type
-TEXT_PARTS = dict(qwen3_5.MULTIMODAL)
+TEXT_PARTS = {**qwen3_5.MULTIMODAL, **gemma4.MULTIMODAL}
 
 
 def text_part(hf: dict, where: str = "config.json") -> dict:

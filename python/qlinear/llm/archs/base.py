@@ -29,12 +29,16 @@ MIXER_LINEARS = {"attention": ("qkv", "o"), "delta": ("delta_in", "delta_out"), 
 def layer_linears(cfg, layer: int = 0) -> list:
     """Our names of layer ``layer``'s quantized linears: its token mixer's (attention: qkv, o;
     Gated DeltaNet: delta_in, delta_out; short conv: conv_in, conv_out), then the MLP's: gate_up, down, or with routed experts
-    every expert's (``experts.E.gate_up`` / ``experts.E.down``; the router stays float)."""
+    every expert's (``experts.E.gate_up`` / ``experts.E.down``; the router stays float), or both
+    (Gemma 4), and Gemma 4's per-layer input gate and projection."""
     mixer = list(MIXER_LINEARS[cfg.mixer(layer)])
+    ple = ["ple_gate", "ple_proj"] if cfg.per_layer_input_size else []  # Gemma 4's per-layer input gate
     if not cfg.num_experts:
-        return mixer + ["gate_up", "down"]
+        return mixer + ["gate_up", "down"] + ple
     shared = ["shared_gate_up", "shared_down"] if cfg.shared_expert_size else []
-    return mixer + [f"experts.{e}.{n}" for e in range(cfg.num_experts) for n in ("gate_up", "down")] + shared
+    dense = ["gate_up", "down"] if cfg.dense_and_experts else []
+    return (mixer + dense + [f"experts.{e}.{n}" for e in range(cfg.num_experts) for n in ("gate_up", "down")] + shared
+            + ple)
 QK_NORMS = {"q_norm": ("self_attn.q_norm.weight",), "k_norm": ("self_attn.k_norm.weight",)}
 # where a routed MLP's tensors are (under model.layers.{i}.; "{e}": the expert's index)
 QWEN_EXPERTS = {"router": "mlp.gate.weight", "expert": "mlp.experts.{e}.", "gate": "gate_proj.weight",

@@ -17,7 +17,7 @@ from ..runtime.embedding import EmbeddingFile
 from ..source import trim_heap
 from ..options import Options
 from ..source import progress
-from . import gpt_oss
+from . import gemma4, gpt_oss
 from .safetensors_file import Checkpoint, to_float32
 from ..source import Source, slim_rows, stop_ids
 from ..runtime.tokenizer import Tokenizer
@@ -45,7 +45,8 @@ def read(d: Path, opts: Options, progress_bar: bool = True, bar_leave: bool = Fa
     tensors = _tensors(ckpt, cfg, opts, rows, progress_bar, bar_leave)
     return Source(KIND, d, cfg, tokenizer, embedding, tensors,
                   {"bits": opts.bits, "group_size": opts.group_size, "symmetric": opts.symmetric,
-                   **({"method": "rtn"} if opts.bits else {})})
+                   **({"method": "rtn"} if opts.bits else {})},
+                  per_layer_embedding=gemma4.per_layer_table(ckpt, cfg))
 
 
 def open_checkpoint(d: Path, opts: Options) -> tuple:
@@ -82,6 +83,8 @@ def _tensors(ckpt: Checkpoint, cfg: ModelConfig, opts: Options, rows: Optional[n
         bar.update(1)
     head = head_tensors(ckpt, cfg, rows)
     head["lm_head"] = quantize(head["lm_head"])
+    if "ple_model_proj" in head:
+        head["ple_model_proj"] = quantize(head["ple_model_proj"])
     out.update(head)
     bar.update(1)
     bar.close()
@@ -93,6 +96,8 @@ def layer_tensors(ckpt: Checkpoint, cfg: ModelConfig, i: int, packed: bool = Fal
     experts, PackedWeights as stored when ``packed``): the architecture's
     tensors (a hybrid's: its token mixer's too) fused along N (q/k/v, gate/up) with their biases,
     its norms (Gemma's and Qwen3.5's ``w - 1`` stored norms with the 1 added back) and vectors."""
+    if cfg.arch == "gemma4_text":  # per-layer attention shapes, shared KV, folded scalings
+        return gemma4.layer_tensors(ckpt, cfg, i)
     arch = archs.get(cfg.arch)
     p, out = f"model.layers.{i}.", {}
     linears = set(layer_linears(cfg, i))
@@ -193,7 +198,8 @@ def head_tensors(ckpt: Checkpoint, cfg: ModelConfig, rows: Optional[np.ndarray])
     """The final norm and the lm head (float32; with vocabulary slimming only the kept rows, and
     ``lm_rows``)."""
     arch = archs.get(cfg.arch)
-    out = {"norm": _norm(ckpt, arch, arch.final_norm)}
+    out = {"norm": _norm(ckpt, arch, arch.final_norm), **(gemma4.model_tensors(ckpt, cfg) if cfg.arch == "gemma4_text"
+                                                         else {})}
     head = EMBEDDING if cfg.tie_word_embeddings or "lm_head.weight" not in ckpt else "lm_head.weight"
     if rows is None:
         out["lm_head"] = ckpt.float32(head)

@@ -56,12 +56,19 @@ class KVCache:
         self.replayable = True    # the guarded run's rows were one-token steps (recorded)
         self.snapshot = None  # (position, states) a prefill kept: where a next prompt may resume
         self.windows = [c if c < capacity else 0 for c in caps]
-        if len(set(caps)) == 1:
-            shape = (cfg.num_layers, cfg.num_kv_heads, caps[0], cfg.head_dim)
-            self.k, self.v = _lazy_zeros(shape, dtype), _lazy_zeros(shape, dtype)
+        shapes = [(cfg.layer_kv_heads_of(i), c, cfg.layer_head_dim(i)) for i, c in enumerate(caps)]
+        self.kv_layers = [cfg.kv_layer(i) for i in range(cfg.num_layers)]  # whose rows each layer holds
+        self.shared_rows: dict = {}  # layer -> its keys and values of the running forward, for layers sharing them
+        if len(set(shapes)) == 1 and cfg.kv_layers is None:
+            self.k, self.v = (_lazy_zeros((cfg.num_layers, *shapes[0]), dtype) for _ in "kv")
         else:
-            self.k = [_lazy_zeros((cfg.num_kv_heads, c, cfg.head_dim), dtype) for c in caps]
-            self.v = [_lazy_zeros((cfg.num_kv_heads, c, cfg.head_dim), dtype) for c in caps]
+            self.k, self.v = [], []
+            for i, shape in enumerate(shapes):
+                # a layer that shares another's keys and values holds that layer's arrays (it
+                # writes the rows that layer wrote, the same bits, so that it runs as any layer)
+                j = cfg.kv_layer(i)
+                self.k.append(self.k[j] if j != i else _lazy_zeros(shape, dtype))
+                self.v.append(self.v[j] if j != i else _lazy_zeros(shape, dtype))
         self.capacity = capacity
         self.length = 0          # positions filled (the same for every layer after a forward)
         self.ids: list[int] = []  # the tokens those positions hold (for prefix reuse)
@@ -70,7 +77,8 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        rows = sum(a.nbytes for a in (*self.k, *self.v)) if isinstance(self.k, list) else self.k.nbytes + self.v.nbytes
+        rows = (sum(a.nbytes for a in {id(a): a for a in (*self.k, *self.v)}.values()) if isinstance(self.k, list)
+                else self.k.nbytes + self.v.nbytes)
         return rows + sum(a.nbytes for st in self.states if st is not None for a in st)
 
     @property

@@ -103,8 +103,8 @@ class Rope:
     (``rope_local_theta``, unscaled)."""
 
     def __init__(self, cfg: ModelConfig, max_positions: int, inv_freq: Optional[np.ndarray] = None,
-                 local: bool = False):
-        d = cfg.head_dim
+                 local: bool = False, head_dim: int = 0):
+        d = head_dim or cfg.head_dim
         factor = 1.0
         if inv_freq is None:
             theta = cfg.rope_local_theta if local else cfg.rope_theta

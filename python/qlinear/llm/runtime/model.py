@@ -16,6 +16,7 @@ from .stats import Stats
 from .kv_cache import KVCache
 from .prefix_cache import STATE_ALIGN, PrefixCache, prefill_chunks
 from .speculative import Speculation, decode as speculative_decode
+from .gemma4 import run_blocks as run_gemma4_blocks
 from .layers import Block, Linear, rms_norm
 from .step import decode_step
 from ..options import KV_DTYPES
@@ -37,6 +38,7 @@ class Model:
     kv_cache: str = "float32"          # the KV cache's element type ("float16": half the memory)
     # prompt prefixes kept across calls (budget 0: only what the model's own cache holds is reused)
     prefix_cache: PrefixCache = field(default_factory=PrefixCache, repr=False)
+    per_layer: object = None           # Gemma 4's per-layer inputs (runtime.gemma4.PerLayerInputs)
 
     # Decode steps run as one compiled call over all blocks (False: block by block in Python,
     # the same operations and results).
@@ -100,8 +102,11 @@ class Model:
             self.cache.ids[start:] = list(ids)
             return logits
         h = self.embedding(ids)
-        for block in self.blocks:
-            h = block(h, cache, start)
+        if self.per_layer is not None or self.config.kv_layers is not None:
+            h = run_gemma4_blocks(self, ids, h, cache, start, all_positions)
+        else:
+            for block in self.blocks:
+                h = block(h, cache, start)
         cache.length = start + len(ids)
         cache.ids[start:] = list(ids)
         if not all_positions:

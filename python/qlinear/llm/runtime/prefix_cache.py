@@ -224,7 +224,7 @@ class PrefixCache:
         end = found[-1][2]
         for i, need in enumerate(self._needed(cache, own, end)):
             w = cache.windows[i]
-            if not cache.k[i].shape[1]:  # a recurrent layer: no rows
+            if not cache.k[i].shape[1] or cache.kv_layers[i] != i:  # a recurrent layer, or another's rows
                 continue
             for b, first, last in found:
                 lo = max(need, first)
@@ -260,6 +260,10 @@ class PrefixCache:
                 if not cache.k[i].shape[1]:  # a recurrent layer: no rows
                     k.append(None), v.append(None), lo.append(0)
                     continue
+                j = cache.kv_layers[i]
+                if j != i:  # a layer that holds another's rows: the same rows
+                    k.append(k[j]), v.append(v[j]), lo.append(lo[j])
+                    continue
                 if have is not None and have.lo[i] <= held:
                     k.append(have.k[i]), v.append(have.v[i]), lo.append(have.lo[i])
                     continue
@@ -270,7 +274,7 @@ class PrefixCache:
                 lo.append(held)
             if states is None and have is not None:
                 states = have.states
-            nbytes = sum(a.nbytes for a in k + v if a is not None)
+            nbytes = sum(a.nbytes for a in {id(a): a for a in k + v if a is not None}.values())
             nbytes += sum(a.nbytes for st in states or () if st is not None for a in st)
             self.nbytes += nbytes - (have.nbytes if have is not None else 0)
             self._blocks[key] = _Block(tuple(cache.ids[first:last]), k, v, lo, nbytes, states)

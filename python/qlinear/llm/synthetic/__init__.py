@@ -16,7 +16,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from . import gpt_oss as synthetic_gpt_oss, hybrid as synthetic_hybrid
+from . import gemma4 as synthetic_gemma4, gpt_oss as synthetic_gpt_oss, hybrid as synthetic_hybrid
 from ..converted.convert import check_out_dir
 from .hybrid import HYBRIDS  # noqa: F401  (the architectures make_checkpoint writes itself)
 
@@ -94,6 +94,7 @@ ARCHS = {
     "qwen2_moe": ("Qwen2MoeConfig", {"num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": False}, CHATML),
     "gpt_oss": (None, {}, ChatFormat(synthetic_gpt_oss.HARMONY_TEMPLATE, None, "<|return|>", "<|endoftext|>",
                                      synthetic_gpt_oss.HARMONY_SPECIAL)),  # written in numpy (MXFP4 experts)
+    "gemma4": (None, {}, GEMMA),  # written in numpy (transformers 5's layout)
     # conv layers around attention ones (layers 1 and 3 attend), the MLP's width as given
     "lfm2": ("Lfm2Config", {"block_auto_adjust_ff_dim": False, "full_attn_idxs": [1, 3], "tie_word_embeddings": True}, CHATML),
 }
@@ -151,7 +152,7 @@ def make_checkpoint(out_dir, arch: str = "qwen2", shape: str = "tiny", seed: int
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join([*ARCHS, *HYBRIDS])}")
     out = Path(out_dir)
     check_out_dir(out, force)
-    if arch in HYBRIDS or arch == "gpt_oss":  # written here in numpy (transformers 4.x has no class for them)
+    if arch in HYBRIDS or arch in ("gpt_oss", "gemma4"):  # written in numpy (transformers 4.x has no class for them)
         if dtype != "float32":
             raise ValueError(f"{arch} checkpoints are written in float32 (got dtype {dtype!r})")
         fields = {**SHAPES[shape], **overrides}
@@ -162,6 +163,8 @@ def make_checkpoint(out_dir, arch: str = "qwen2", shape: str = "tiny", seed: int
                "pad_token_id": tok.token_to_id(chat.pad)}
         if arch == "gpt_oss":
             return synthetic_gpt_oss.write(out, fields, ids, seed, norm_noise)
+        if arch == "gemma4":
+            return synthetic_gemma4.write(out, fields, ids, seed, norm_noise)
         return synthetic_hybrid.write(out, arch, fields, ids, seed, norm_noise)
 
     import torch
