@@ -201,3 +201,148 @@ def test_hostile_configs_are_refused(checkpoints, tmp_path, fields, message):
     path = _edit(checkpoints["dense"], tmp_path / "bad", **fields)
     with pytest.raises(ValueError, match=message):
         load(path)
+
+
+# -- GGUF: llama.cpp's gemma4 files -------------------------------------------------------------------
+def write_gguf(ckpt, path, linear_type):
+    """``ckpt`` (dense) as llama.cpp's converter writes a Gemma 4 file: per-layer MLP widths, the
+    full layers' head size as key_length (the sliding ones' as key_length_swa), the proportional
+    RoPE as rope_freqs divisors (1, then 1e30), norms as stored, the per-layer table as
+    per_layer_token_embd, the linears in ``linear_type`` (F32 or Q8_0; K = 16 projections F32, as
+    its converter leaves them); the tokenizer as its 'gemma4' BPE."""
+    gguf = pytest.importorskip("gguf")
+    from safetensors.numpy import load_file
+
+    T = gguf.GGMLQuantizationType
+    cfg = json.loads((ckpt / "config.json").read_text())
+    tj = json.loads((ckpt / "tokenizer.json").read_text())
+    st = load_file(str(ckpt / "model.safetensors"))
+    n, H, d, d_full = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["head_dim"], cfg["global_head_dim"]
+    first = n - cfg["num_kv_shared_layers"]
+    types = cfg["layer_types"]
+    w = gguf.GGUFWriter(str(path), "gemma4")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(H)
+    w.add_block_count(n)
+    w.add_feed_forward_length([cfg["intermediate_size"] * (2 if i >= first else 1) for i in range(n)])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(cfg["rope_parameters"]["full_attention"]["rope_theta"])
+    w.add_rope_freq_base_swa(cfg["rope_parameters"]["sliding_attention"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_key_length(d_full)
+    w.add_value_length(d_full)
+    w.add_key_length_swa(d)
+    w.add_value_length_swa(d)
+    w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_shared_kv_layers(cfg["num_kv_shared_layers"])
+    w.add_embedding_length_per_layer_input(cfg["hidden_size_per_layer_input"])
+    w.add_sliding_window_pattern([t == "sliding_attention" for t in types])
+    w.add_rope_dimension_count(d_full)
+    w.add_rope_dimension_count_swa(d)
+    tokens, ttypes = [None] * cfg["vocab_size"], [1] * cfg["vocab_size"]
+    for t, i in tj["model"]["vocab"].items():
+        tokens[i] = t
+        ttypes[i] = 6 if t.startswith("<0x") and len(t) == 6 else 1
+    for a in tj["added_tokens"]:
+        tokens[a["id"]], ttypes[a["id"]] = a["content"], 3
+    for i, t in enumerate(tokens):
+        if t is None:
+            tokens[i], ttypes[i] = f"[PAD{i}]", 5
+    w.add_tokenizer_model("gemma4")
+    w.add_token_list(tokens)
+    w.add_token_scores([-1000.0] * len(tokens))
+    w.add_token_types(ttypes)
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+
+    def linear(name, a):
+        if linear_type == T.F32 or a.shape[1] % 32:
+            w.add_tensor(name, np.ascontiguousarray(a, np.float32))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(a, np.float32), linear_type),
+                         raw_dtype=linear_type)
+
+    share = cfg["rope_parameters"]["full_attention"]["partial_rotary_factor"]
+    turning = int(share * d_full // 2)
+    w.add_tensor("rope_freqs.weight", np.array([1.0] * turning + [1e30] * (d_full // 2 - turning), np.float32))
+    w.add_tensor("token_embd.weight", st["model.embed_tokens.weight"])
+    w.add_tensor("per_layer_token_embd.weight", st["model.embed_tokens_per_layer.weight"])
+    linear("per_layer_model_proj.weight", st["model.per_layer_model_projection.weight"])
+    w.add_tensor("per_layer_proj_norm.weight", st["model.per_layer_projection_norm.weight"])
+    w.add_tensor("output_norm.weight", st["model.norm.weight"])
+    norms = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
+             "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+             "post_per_layer_input_norm": "post_norm"}
+    for i in range(n):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        for theirs, ours in norms.items():
+            w.add_tensor(f"{b}{ours}.weight", st[f"{p}{theirs}.weight"])
+        w.add_tensor(b + "layer_output_scale.weight", st[p + "layer_scalar"])
+        for proj in ("q", "k", "v", "o"):
+            name = f"{p}self_attn.{proj}_proj.weight"
+            if name in st:
+                linear(f"{b}attn_{'output' if proj == 'o' else proj}.weight", st[name])
+        for norm in ("q_norm", "k_norm"):
+            if f"{p}self_attn.{norm}.weight" in st:
+                w.add_tensor(f"{b}attn_{norm}.weight", st[f"{p}self_attn.{norm}.weight"])
+        for proj in ("gate", "up", "down"):
+            linear(f"{b}ffn_{proj}.weight", st[f"{p}mlp.{proj}_proj.weight"])
+        linear(b + "inp_gate.weight", st[p + "per_layer_input_gate.weight"])
+        linear(b + "proj.weight", st[p + "per_layer_projection.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_gguf_file_matches_its_checkpoint(checkpoints, tmp_path):
+    """A gemma4 GGUF file (llama.cpp's layout, checked against its converter's output) of the
+    dense checkpoint: F32, the checkpoint's config and float logits, its tokenizer's ids; Q8_0,
+    the codes moved (nothing re-rounded but what the file keeps in float) and the logits as close
+    as the checkpoint's own int8 model's."""
+    gguf = pytest.importorskip("gguf")
+    T = gguf.GGMLQuantizationType
+    ckpt = checkpoints["dense"]
+    ref = load(ckpt)
+    a = load(write_gguf(ckpt, tmp_path / "f32.gguf", T.F32))
+    mine, theirs = a.config.to_dict(), ref.config.to_dict()
+    assert mine.pop("rms_norm_eps") == pytest.approx(theirs.pop("rms_norm_eps"))  # (the file's floats: float32)
+    assert mine == theirs
+    want = ref.logits(IDS)
+    np.testing.assert_allclose(a.logits(IDS), want, rtol=0, atol=1e-5 * np.abs(want).max())
+    text = "Hello world, this is a test.\n\nNew line: é ☃ <0x41>"
+    assert a.tokenizer.encode(text) == ref.tokenizer.encode(text)
+    assert a.tokenizer.decode(a.tokenizer.encode(text)) == text
+    q8 = load(write_gguf(ckpt, tmp_path / "q8.gguf", T.Q8_0), bits=8)
+    assert "blk.4.attn_q.weight (Q8_0)" in q8.info["gguf_moved"] and "blk.4.attn_k.weight (Q8_0)" not in q8.info["gguf_moved"]
+    c = cosines(q8.logits(IDS), want)
+    assert c.mean() >= 0.998, c.mean()
+
+
+def test_gguf_moe_files_are_refused(checkpoints, tmp_path):
+    path = write_gguf(checkpoints["dense"], tmp_path / "f32.gguf", pytest.importorskip("gguf").GGMLQuantizationType.F32)
+    gguf = pytest.importorskip("gguf")
+    r = gguf.GGUFReader(str(path))
+    w = gguf.GGUFWriter(str(tmp_path / "moe.gguf"), "gemma4")
+    for field in r.fields.values():  # the same file with an expert count
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        kind = field.types[0]
+        value = field.contents()
+        if kind == gguf.GGUFValueType.ARRAY:
+            w.add_array(field.name, value)
+        else:
+            w.add_key_value(field.name, value, kind)
+    w.add_expert_count(8)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="MoE"):
+        load(tmp_path / "moe.gguf")

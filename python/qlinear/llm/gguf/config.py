@@ -10,10 +10,10 @@ from ..config import ModelConfig
 from .file import GGUFFile
 
 ARCHS = ("qwen2", "llama", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "olmoe", "qwen35", "qwen35moe", "lfm2",
-         "gpt-oss")
+         "gpt-oss", "gemma4")
 # llama.cpp's architecture names where they differ from transformers' model_type
 _MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text",
-                "gpt-oss": "gpt_oss"}
+                "gpt-oss": "gpt_oss", "gemma4": "gemma4_text"}
 
 
 def read_config(f: GGUFFile) -> ModelConfig:
@@ -25,11 +25,13 @@ def read_config(f: GGUFFile) -> ModelConfig:
     embd = f.tensors.get("token_embd.weight")
     if embd is None or len(embd.shape) != 2 or int(embd.shape[0]) != hidden:
         raise f.error("tensor 'token_embd.weight' is missing or not [vocab, hidden]")
+    g4 = arch == "gemma4"  # (its widths and KV heads per layer: gguf.gemma4)
     hf = {"model_type": _MODEL_TYPES.get(arch, arch), "hidden_size": hidden, "num_attention_heads": heads,
           # (a file of routed experts only may leave the dense width out: Qwen3.5-MoE)
-          "intermediate_size": f.count(a + "feed_forward_length", f.meta(a + "expert_feed_forward_length", int)),
+          "intermediate_size": None if g4 else f.count(a + "feed_forward_length",
+                                                       f.meta(a + "expert_feed_forward_length", int)),
           "num_hidden_layers": f.count(a + "block_count"),
-          "num_key_value_heads": _kv_heads(f, a, heads),
+          "num_key_value_heads": None if g4 else _kv_heads(f, a, heads),
           "head_dim": f.count(a + "attention.key_length", hidden // heads),
           "vocab_size": int(embd.shape[1]),
           "rms_norm_eps": f.meta(a + "attention.layer_norm_rms_epsilon", float, 1e-6),
@@ -51,6 +53,10 @@ def read_config(f: GGUFFile) -> ModelConfig:
         hf.update(_experts_config(f, hf, arch))
     if arch == "gpt-oss":
         hf.update(_gpt_oss_config(f, hf))
+    if g4:
+        from . import gemma4  # noqa: PLC0415
+
+        hf.update(gemma4.config(f, hf))
     kind = f.meta(a + "rope.scaling.type", str, "none")
     if kind == "linear":
         hf["rope_scaling"] = {"rope_type": "linear", "factor": f.meta(a + "rope.scaling.factor", float, 1.0)}

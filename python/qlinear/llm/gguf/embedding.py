@@ -59,9 +59,12 @@ def write_tokenizer(tok: Tokenizer, out: Path) -> None:
         "eos_token": tok.hf.id_to_token(stop[0]) if stop else None}, indent=2))
 
 
-def embedding_of(f: GGUFFile, cfg: ModelConfig):
-    t = f.tensor("token_embd.weight", (cfg.vocab_size, cfg.hidden_size))
+def embedding_of(f: GGUFFile, cfg: ModelConfig, name: str = "token_embd.weight", shape=None):
+    """The table ``name`` ([vocab, width], the token embedding's by default) as an EmbeddingFile,
+    or a quantized one's reader."""
+    vocab, width = shape or (cfg.vocab_size, cfg.hidden_size)
+    t = f.tensor(name, (vocab, width))
     dtype = FLOAT_EMBEDDINGS.get(t.tensor_type.name)
     if dtype is not None:
-        return EmbeddingFile(str(f.path), int(t.data_offset), cfg.vocab_size, cfg.hidden_size, dtype)
-    return _QuantizedEmbedding(f, t, cfg.vocab_size, cfg.hidden_size)
+        return EmbeddingFile(str(f.path), int(t.data_offset), vocab, width, dtype)
+    return _QuantizedEmbedding(f, t, vocab, width)

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..._packed import PackedWeight, pack_blocks, pack_quantized, pack_weight, stack_weights
 from ..config import ModelConfig
-from . import hybrid
+from . import gemma4, hybrid
 from .config import read_config
 from .embedding import FLOAT_EMBEDDINGS, embedding_of as _embedding, write_tokenizer  # noqa: F401  (convert's)
 from .file import MAGIC, Blocks, GGUFFile, Moved, codes
@@ -62,6 +62,11 @@ def read(p: Path, opts: Options, progress_bar: bool = True, routed_experts: bool
     bar = progress(cfg.num_layers + 1, "repacking", progress_bar)
     for i in range(cfg.num_layers):
         b, o = f"blk.{i}.", f"layers.{i}."
+        if cfg.arch == "gemma4_text":  # per-layer shapes, shared KV, per-layer inputs
+            tensors.update(gemma4.layer_tensors(w, cfg, i))
+            f.drop_pages()
+            bar.update(1)
+            continue
         if cfg.mixer(i) == "delta":
             tensors.update(hybrid.delta_tensors(w, cfg, b, o))
         elif cfg.mixer(i) == "conv":
@@ -106,6 +111,7 @@ def read(p: Path, opts: Options, progress_bar: bool = True, routed_experts: bool
         bar.update(1)
     # (LFM2's final norm is its embedding_norm, which llama.cpp's converter names token_embd_norm)
     tensors["norm"] = w.vector("token_embd_norm.weight" if cfg.arch == "lfm2" else "output_norm.weight", H)
+    tensors.update(gemma4.model_tensors(w, cfg) if cfg.arch == "gemma4_text" else {})
     head = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
     tensors["lm_head"] = w.fused("lm_head", [(head, (cfg.vocab_size, H), None)])
     rows = slim_rows(opts.slim_vocab, cfg, tokenizer)
@@ -116,7 +122,7 @@ def read(p: Path, opts: Options, progress_bar: bool = True, routed_experts: bool
     bar.close()
     embedding = _embedding(f, cfg)
     inv_freq = None
-    if "rope_freqs.weight" in f.tensors:  # Llama 3.x: per-frequency divisors stored as a tensor
+    if "rope_freqs.weight" in f.tensors and cfg.arch != "gemma4_text":  # Llama 3.x: per-frequency divisors
         factors = f.dequantize(f.tensor("rope_freqs.weight", (hd // 2,)))
         inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)) / factors
     bits = {t.bits for t in tensors.values() if isinstance(t, PackedWeight)}
@@ -125,7 +131,8 @@ def read(p: Path, opts: Options, progress_bar: bool = True, routed_experts: bool
                     "group_size": groups.pop() if len(groups) == 1 else None, "symmetric": None}
     info.update(w.info())
     info["embedding"] = f.tensors["token_embd.weight"].tensor_type.name
-    return Source(KIND, p, cfg, tokenizer, embedding, tensors, quantization, info=info, rope_inv_freq=inv_freq)
+    return Source(KIND, p, cfg, tokenizer, embedding, tensors, quantization, info=info, rope_inv_freq=inv_freq,
+                  per_layer_embedding=gemma4.per_layer_table(f, cfg))
 
 
 def _unpermute(x: np.ndarray, heads: Optional[int]) -> np.ndarray:

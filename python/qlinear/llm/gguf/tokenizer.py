@@ -23,8 +23,9 @@ def read_tokenizer(f) -> tuple[Tokenizer, dict]:
     from tokenizers import AddedToken  # noqa: PLC0415
 
     kind = f.meta("tokenizer.ggml.model", str, required=True)
-    if kind not in ("gpt2", "llama"):
-        raise f.error(f"tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2', SentencePiece 'llama')")
+    if kind not in ("gpt2", "llama", "gemma4"):
+        raise f.error(f"tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2', SentencePiece 'llama', "
+                      "Gemma 4's 'gemma4')")
     tokens = f.meta("tokenizer.ggml.tokens", list, required=True)
     types = f.meta("tokenizer.ggml.token_type", list, default=[NORMAL] * len(tokens))
     if not all(isinstance(t, str) for t in tokens):
@@ -36,7 +37,8 @@ def read_tokenizer(f) -> tuple[Tokenizer, dict]:
         vocab.setdefault(t, i)
     pre = f.meta("tokenizer.ggml.pre", str, default="default")
     try:
-        hf = _sentencepiece(f, tokens, types, vocab) if kind == "llama" else _byte_level(f, vocab, pre)
+        hf = (_sentencepiece(f, tokens, types, vocab) if kind == "llama" else _spm_bpe(f, vocab) if kind == "gemma4"
+              else _byte_level(f, vocab, pre))
         hf.add_tokens([AddedToken(tokens[i], special=types[i] == CONTROL, normalized=False)
                        for i in range(len(tokens)) if types[i] in (CONTROL, USER_DEFINED)])
     except ValueError:
@@ -54,6 +56,8 @@ def read_tokenizer(f) -> tuple[Tokenizer, dict]:
                     bos_token=text("tokenizer.ggml.bos_token_id"))
     if kind == "llama":
         info = {"tokenizer": "SentencePiece BPE (merges from the scores, byte fallback)"}
+    elif kind == "gemma4":
+        info = {"tokenizer": "Gemma 4 BPE (spaces as U+2581, merges over raw UTF-8, byte fallback)"}
     else:
         info = {"tokenizer": f"gpt2 BPE, pre-tokenizer {pre!r}" +
                 ("" if pre in PRE_TOKENIZERS else " (unknown: GPT-2's rules used)")}
@@ -64,11 +68,8 @@ def _byte_level(f, vocab: dict, pre: str):
     from tokenizers import Regex, decoders, models, pre_tokenizers  # noqa: PLC0415
     from tokenizers import Tokenizer as HFTokenizer  # noqa: PLC0415
 
-    merges = f.meta("tokenizer.ggml.merges", list, required=True)
-    if not all(isinstance(m, str) and " " in m for m in merges):
-        raise f.error("tokenizer.ggml.merges must be strings 'a b'")
     pattern = PRE_TOKENIZERS.get(pre)
-    hf = HFTokenizer(models.BPE(vocab, [tuple(m.split(" ", 1)) for m in merges], ignore_merges=pattern is _LLAMA3))
+    hf = HFTokenizer(models.BPE(vocab, _merges(f), ignore_merges=pattern is _LLAMA3))
     if pattern is None:
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     else:
@@ -76,6 +77,26 @@ def _byte_level(f, vocab: dict, pre: str):
             pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     hf.decoder = decoders.ByteLevel()
+    return hf
+
+
+def _merges(f) -> list:
+    merges = f.meta("tokenizer.ggml.merges", list, required=True)
+    if not all(isinstance(m, str) and " " in m for m in merges):
+        raise f.error("tokenizer.ggml.merges must be strings 'a b'")
+    return [tuple(m.split(" ", 1)) for m in merges]
+
+
+def _spm_bpe(f, vocab: dict):
+    """Gemma 4's BPE, as llama.cpp runs it: spaces as U+2581 (none prepended), the text split at
+    newlines only, the merges over raw UTF-8, bytes outside the vocabulary as <0xXX> pieces."""
+    from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers  # noqa: PLC0415
+    from tokenizers import Tokenizer as HFTokenizer  # noqa: PLC0415
+
+    hf = HFTokenizer(models.BPE(vocab, _merges(f), byte_fallback=True))
+    hf.normalizer = normalizers.Replace(" ", "\u2581")
+    hf.pre_tokenizer = pre_tokenizers.Split(Regex("[^\n]+|[\n]+"), behavior="isolated")
+    hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
     return hf
 
 

@@ -5,8 +5,7 @@ routed MLP (``runtime.moe``) on one input:
 - the router's input RMSNorm(r) * scale * H^-0.5 (a norm without weight): scale * H^-0.5 folded
   into the router's columns;
 - the experts' input RMSNorm(r) * w (pre_feedforward_layernorm_2): w folded into gate_up's columns;
-- the routing weights times per_expert_scale[e]: folded into expert e's down rows.
-The per-layer embedding projection's H^-0.5 is folded into it likewise."""
+- the routing weights times per_expert_scale[e]: folded into expert e's down rows."""
 
 from __future__ import annotations
 
@@ -72,12 +71,11 @@ def _experts(ckpt: Checkpoint, cfg: ModelConfig, i: int, p: str, in_norm: np.nda
 
 
 def model_tensors(ckpt: Checkpoint, cfg: ModelConfig) -> dict:
-    """The per-layer embeddings' projection (H^-0.5 folded in) and its norm."""
+    """The per-layer embeddings' projection and its norm."""
     if not cfg.per_layer_input_size:
         return {}
     H, LP = cfg.hidden_size, cfg.num_layers * cfg.per_layer_input_size
-    proj = _shape(ckpt, "model.per_layer_model_projection.weight", (LP, H)) * np.float32(H ** -0.5)
-    return {"ple_model_proj": proj,
+    return {"ple_model_proj": _shape(ckpt, "model.per_layer_model_projection.weight", (LP, H)),
             "ple_proj_norm": _shape(ckpt, "model.per_layer_projection_norm.weight", (cfg.per_layer_input_size,))}
 
 

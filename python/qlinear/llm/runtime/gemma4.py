@@ -116,7 +116,7 @@ class Gemma4Block(Block):
 
 
 class PerLayerInputs:
-    """Every layer's input of each token, [tokens, layers, P]: (norm(proj(embedding)) + table
+    """Every layer's input of each token, [tokens, layers, P]: (norm(proj(embedding) / sqrt(H)) + table
     row * sqrt(P)) / sqrt(2), the table a MemoryEmbedding or a DiskEmbedding of [vocab, layers * P]
     (``ScaledEmbedding``: the sqrt(P) in the table's dtype, as transformers rounds it)."""
 
@@ -126,7 +126,8 @@ class PerLayerInputs:
 
     def __call__(self, ids, embedded: np.ndarray) -> np.ndarray:
         n, L, P = embedded.shape[0], self.cfg.num_layers, self.P
-        context = rms_norm(np.ascontiguousarray(self.proj(embedded)).reshape(n * L, P), self.norm, self.cfg.rms_norm_eps)
+        context = self.proj(embedded) * np.float32(self.cfg.hidden_size ** -0.5)
+        context = rms_norm(np.ascontiguousarray(context).reshape(n * L, P), self.norm, self.cfg.rms_norm_eps)
         rows = self.table(ids).reshape(n * L, P)
         return ((context + rows) * np.float32(2 ** -0.5)).reshape(n, L, P)
 

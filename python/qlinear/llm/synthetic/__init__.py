@@ -111,22 +111,33 @@ def local_text(limit_bytes: int = 1_000_000) -> Iterable[str]:
 
 
 def train_tokenizer(out_dir, vocab_size: int = 1024, text: Optional[Iterable[str]] = None,
-                    chat: ChatFormat = CHATML):
+                    chat: ChatFormat = CHATML, spm_bpe: bool = False):
     """Train a byte-level BPE tokenizer and save it HF-style into ``out_dir``, with ``chat``'s
-    template and special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    template and special tokens. ``spm_bpe``: Gemma's kind instead (spaces as U+2581, BPE over
+    raw UTF-8 split at newlines only, unknown characters as <0xNN> byte tokens)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(chat.special),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    tok = Tokenizer(models.BPE(byte_fallback=spm_bpe))
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)] if spm_bpe else []
+    if spm_bpe:
+        tok.normalizer = normalizers.Replace(" ", "\u2581")
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex("[^\n]+|[\n]+"), behavior="isolated")
+        tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    alphabet = [] if spm_bpe else pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(chat.special) + byte_tokens,
+                                  initial_alphabet=alphabet, show_progress=False)
     tok.train_from_iterator(text if text is not None else local_text(), trainer=trainer)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
+    if byte_tokens:  # the byte tokens are the model's vocabulary, not tokens matched in the text
+        saved = json.loads((out / "tokenizer.json").read_text())
+        saved["added_tokens"] = [t for t in saved["added_tokens"] if t["content"] not in set(byte_tokens)]
+        (out / "tokenizer.json").write_text(json.dumps(saved, ensure_ascii=False))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": chat.bos, "eos_token": chat.eos, "pad_token": chat.pad, "unk_token": None, "chat_template": chat.template, "model_max_length": 32768,
@@ -158,7 +169,8 @@ def make_checkpoint(out_dir, arch: str = "qwen2", shape: str = "tiny", seed: int
         fields = {**SHAPES[shape], **overrides}
         out.mkdir(parents=True, exist_ok=True)
         chat = CHATML if arch in HYBRIDS else ARCHS[arch][2]
-        tok = train_tokenizer(out, vocab_size=tokenizer_vocab or min(fields["vocab_size"], 4096), chat=chat)
+        tok = train_tokenizer(out, vocab_size=tokenizer_vocab or min(fields["vocab_size"], 4096), chat=chat,
+                              spm_bpe=arch == "gemma4")
         ids = {"bos_token_id": tok.token_to_id(chat.bos or chat.pad), "eos_token_id": tok.token_to_id(chat.eos),
                "pad_token_id": tok.token_to_id(chat.pad)}
         if arch == "gpt_oss":

@@ -28,15 +28,16 @@ def write(out: Path, fields: dict, token_ids: dict, seed: int = 0, norm_noise: f
            "global_head_dim": 2 * d, "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
            "max_position_embeddings": 131072, "tie_word_embeddings": True, "sliding_window": 16,
            "hidden_size_per_layer_input": 16, "num_kv_shared_layers": n // 3, "use_double_wide_mlp": True,
-           "attention_k_eq_v": False, "final_logit_softcapping": 30.0,
+           "attention_k_eq_v": False, "num_global_key_value_heads": None, "final_logit_softcapping": 30.0,
+           "enable_moe_block": False, "num_experts": None, "top_k_experts": None, "moe_intermediate_size": None,
            "layer_types": ["sliding_attention" if (i + 1) % 3 and i != n - 1 else "full_attention" for i in range(n)],
            "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                                   "rope_theta": 1000000.0}},
            **token_ids, "dtype": "float32", **fields}
-    if cfg.get("enable_moe_block"):
-        cfg = {"num_experts": 8, "top_k_experts": 2, "moe_intermediate_size": max(16, fields["intermediate_size"] // 4),
-               **cfg}
+    if cfg["enable_moe_block"]:
+        moe = {"num_experts": 8, "top_k_experts": 2, "moe_intermediate_size": max(16, fields["intermediate_size"] // 4)}
+        cfg.update({k: fields.get(k, v) for k, v in moe.items()})
     cfg.setdefault("vocab_size_per_layer_input", cfg["vocab_size"])
     types, P = cfg["layer_types"], cfg["hidden_size_per_layer_input"]
     first_shared = n - cfg["num_kv_shared_layers"]
