@@ -154,6 +154,18 @@ def test_per_layer_table_on_disk_equals_resident(checkpoints):
 
 # the peak RSS of this process (VmHWM: getrusage's maxrss would carry the parent's over fork and exec)
 _PEAK = "print(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1])"
+@pytest.mark.parametrize("form", ["dense", "moe"])
+def test_converted_model_equals_the_checkpoint(checkpoints, tmp_path, form):
+    """``convert`` keeps the per-layer table beside the embedding (read on disk alike): the
+    checkpoint's int8 logits bit for bit."""
+    from qlinear.llm.converted.convert import convert
+
+    out = convert(checkpoints[form], tmp_path / "conv", bits=8, progress=False)
+    model = load(out, bits=8)
+    assert isinstance(model.per_layer.table.inner, DiskEmbedding)
+    np.testing.assert_array_equal(model.logits(IDS), load(checkpoints[form], bits=8).logits(IDS))
+
+
 _RSS = """
 import sys
 from qlinear import llm

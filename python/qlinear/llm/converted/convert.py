@@ -96,8 +96,11 @@ def convert(src, out_dir, bits: Optional[int] = 4, group_size: Optional[int] = 6
     else:
         source = hf_source.read(src, opts, progress, bar_leave=True)
     tensors = source.tensors
-    raw = source.embedding.raw()
-    tensors[converted_source.EMBEDDING] = BFloat16Array(raw) if source.embedding.dtype == "bfloat16" else np.asarray(raw)
+    for name, table in ((converted_source.EMBEDDING, source.embedding),
+                        (converted_source.PER_LAYER_EMBEDDING, source.per_layer_embedding)):
+        if table is not None:  # (Gemma 4's per-layer table beside the embedding, read on disk alike)
+            raw = table.raw()
+            tensors[name] = BFloat16Array(raw) if table.dtype == "bfloat16" else np.asarray(raw)
     if "lm_rows" in tensors:
         tensors["lm_rows"] = np.asarray(tensors["lm_rows"], np.int32)
     out.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ KIND = FORMAT_NAME = "qlinear-llm"
 FORMAT_VERSION = 1
 MODEL_FILE = "model.qlinear"
 EMBEDDING = "embed"
+PER_LAYER_EMBEDDING = "per_layer_embed"  # Gemma 4's [vocab, layers x P] table
 
 
 def is_converted(d: Path) -> bool:
@@ -47,8 +48,14 @@ def read(d: Path, opts: Options, verify: bool = True) -> Source:
         raise ValueError(f"{path}: embedding table missing or of the wrong shape")
     offset, dtype, _ = array_location(path, EMBEDDING)
     embedding = EmbeddingFile(str(path), offset, cfg.vocab_size, cfg.hidden_size, dtype)
+    per_layer, width = tensors.pop(PER_LAYER_EMBEDDING, None), cfg.num_layers * cfg.per_layer_input_size
+    if per_layer is not None or width:
+        if per_layer is None or tuple(per_layer.shape) != (cfg.per_layer_vocab_size, width):
+            raise ValueError(f"{path}: per-layer embedding table missing or of the wrong shape")
+        offset, dtype, _ = array_location(path, PER_LAYER_EMBEDDING)
+        per_layer = EmbeddingFile(str(path), offset, cfg.per_layer_vocab_size, width, dtype)
     quantization = {"bits": q.get("bits"), "group_size": q.get("group_size"),
                     "symmetric": bool(q.get("symmetric"))}
     # how the weights were rounded ("rtn" / "gptq"; the calibration; SmoothQuant's alpha), for model.info
     info = {k: q[k] for k in ("method", "calibration", "gptq", "smooth") if k in q}
-    return Source(KIND, d, cfg, tokenizer, embedding, tensors, quantization, info)
+    return Source(KIND, d, cfg, tokenizer, embedding, tensors, quantization, info, per_layer_embedding=per_layer)
