@@ -21,6 +21,7 @@ from qlinear import llm  # noqa: E402
 from qlinear.llm import synthetic  # noqa: E402
 from qlinear.llm.runtime import prefix_cache  # noqa: E402
 from qlinear.llm.runtime.embedding import DiskEmbedding, MemoryEmbedding  # noqa: E402
+from qlinear.llm.runtime.speculative import Speculation  # noqa: E402
 
 # 6 layers: sliding, sliding, full, sliding | sliding, full sharing the KV of layers 3 and 2 (MLPs
 # twice as wide there); sliding layers' heads of 64 over 16 positions (rings the prompts wrap),
@@ -140,6 +141,38 @@ def test_speculative_decoding_gives_greedy_tokens(checkpoints):
     prompt = IDS[:30] + IDS[:30]
     plain = model.generate_ids(prompt, 40)
     assert model.generate_ids(prompt, 40, speculative="ngram") == plain
+
+
+def test_server_batch_equals_single_requests(checkpoints):
+    """The server's scheduler over the MoE variant (its sequences run one by one through the
+    blocks, each with its own cache): sequences joining and leaving the batch, greedy and sampled,
+    speculative or not, each one's tokens those of generate_ids alone."""
+    import threading
+
+    pytest.importorskip("starlette")
+    from qlinear.llm.runtime.generation import Sampling
+    from qlinear.llm.serve import Scheduler, Sequence
+
+    reference, model = load(checkpoints["moe"], bits=4), load(checkpoints["moe"], bits=4)
+    reference.tokenizer.stop_ids = model.tokenizer.stop_ids = set()
+    jobs = [(IDS[:n], m, {} if i % 2 else {"temperature": 0.9, "seed": i}, None)
+            for i, (n, m) in enumerate([(5, 20), (40, 3), (12, 25), (60, 9)])]
+    jobs += [(IDS[:30] + IDS[:30], 20, {}, Speculation("ngram", max_draft=4, adaptive=False))]
+    scheduler = Scheduler(model, max_batch=3, max_queue=len(jobs))
+    results, done = [[] for _ in jobs], threading.Semaphore(0)
+    for i, (ids, n, sampling, spec) in enumerate(jobs):
+        def on(kind, value, i=i):
+            results[i].append(value) if kind == "token" else done.release()
+        scheduler.submit(Sequence(ids, n, Sampling(**sampling), on, speculation=spec))
+    scheduler.start()
+    try:
+        for _ in jobs:
+            assert done.acquire(timeout=120)
+    finally:
+        scheduler.stop(30)
+    for (ids, n, sampling, _), tokens in zip(jobs, results):
+        reference.reset()
+        assert tokens == reference.generate_ids(ids, n, **sampling)
 
 
 def test_per_layer_table_on_disk_equals_resident(checkpoints):
