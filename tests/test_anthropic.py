@@ -366,6 +366,8 @@ BAD = [
     ({"messages": HI, "stop_sequences": "x"}, 400, "'stop_sequences' must be a list"),
     ({"messages": HI, "thinking": {"type": "sometimes"}}, 400, "'thinking' must be an object"),
     ({"messages": HI, "tools": [{"name": "f", "input_schema": {"type": "object"}}]}, 400, "does not render tools"),
+    ({"messages": HI, "tools": [{"name": "f", "input_schema": {"type": "object", "x": -2**63 - 1}}]}, 400,
+     "the schema cannot be used"),
     ({"messages": HI, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400,
      "the tool type \"web_search_20250305\" is not supported"),
     ({"messages": HI, "tool_choice": {"type": "any"}}, 400, "'tool_choice' needs 'tools'"),
@@ -420,6 +422,20 @@ def test_error_kinds():
     kinds = {s: error_body(ApiError(s, "m"))["error"]["type"] for s in (400, 401, 404, 413, 429, 500, 503)}
     assert kinds == {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                      413: "request_too_large", 429: "rate_limit_error", 500: "api_error", 503: "overloaded_error"}
+
+
+def test_answers_follow_the_openapi_document(server):
+    """A whole and a streamed answer (each event: its name, its JSON data) and an error, checked by
+    schemathesis against the served document."""
+    schemathesis = pytest.importorskip("schemathesis")
+    url, _ = server
+    schema = schemathesis.openapi.from_dict(httpx.get(url + "/openapi.json", timeout=WAIT).json())
+    for body in ({"stream": True}, {}, {"max_tokens": 0}):
+        case = schema["/v1/messages"]["POST"].Case(body={"model": NAME, "max_tokens": 3, "messages": HI, **body},
+                                                   media_type="application/json")
+        response = case.call(base_url=url, timeout=WAIT)
+        assert response.status_code == (400 if "max_tokens" in body else 200)
+        case.validate_response(response, excluded_checks=[schemathesis.checks.positive_data_acceptance])
 
 
 def test_openapi_describes_messages(server):

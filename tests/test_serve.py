@@ -505,6 +505,8 @@ BAD_REQUESTS = [
     ("/v1/completions", {"model": NAME, "prompt": "hi", "logit_bias": {"100000": 1}}, 400, "logit_bias"),
     ("/v1/completions", {"model": NAME, "prompt": "hi", "logit_bias": [1]}, 400, "logit_bias"),
     ("/v1/chat/completions", {**CHAT_HI, "reasoning_effort": 3}, 400, "reasoning_effort"),
+    ("/v1/chat/completions", {**CHAT_HI, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "a", "schema": {"type": "object", "x": -2**63 - 1}}}}, 400, "response_format"),
     ("/v1/chat/completions", {**CHAT_HI, "chat_template_kwargs": {"tools": []}}, 400, "chat_template_kwargs"),
     ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "model"),
     ("/v1/completions", {"prompt": "hi"}, 400, "model"),

@@ -196,6 +196,8 @@ BAD = [
      "\"get_time\", which is not among the tools (get_weather)"),
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", "'tool_choice' must be"),
     ({"tool_choice": "required"}, "tool_choice", "'tool_choice' needs 'tools'"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "x": -2**63 - 1}}}]},
+     "tools", "tools[0].function.parameters: the schema cannot be used"),  # beyond what llguidance reads
     ({"tools": [WEATHER, WEATHER]}, "tools", "names a function twice"),
     ({"messages": [*USER, {"role": "tool", "content": "21"}]}, "messages", "needs the 'tool_call_id'"),
     ({"messages": [*USER, {"role": "tool", "tool_call_id": "x", "content": "21"}]}, "messages",

@@ -160,8 +160,13 @@ SCHEMAS["CountTokensRequest"] = {"type": "object", "required": ["model", "messag
 SCHEMAS["AnthropicError"] = {"type": "object", "required": ["type", "error"], "properties": {
     "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"], "properties": {
         "type": {"type": "string"}, "message": {"type": "string"}}}}}
-_ANTHROPIC_EVENT = {"type": "object", "required": ["type"], "description": "an event's data (its type also the "
-                                                                             "event's name)"}
+EVENTS = ("message_start", "ping", "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
+          "message_stop", "error")
+_ANTHROPIC_EVENT = {"type": "object", "required": ["event", "data"], "properties": {
+    "event": {"type": "string", "enum": list(EVENTS)},
+    "data": {"type": "string", "contentMediaType": "application/json",
+             "contentSchema": {"type": "object", "required": ["type"], "properties": {"type": {"enum": list(EVENTS)}}}}},
+    "description": "an event: its name, and its data (a JSON object whose type is the name)"}
 
 _EVENT = {"anyOf": [{"type": "object"}, {"const": "[DONE]"}], "description": "an event's data: a chunk, or [DONE]"}
 

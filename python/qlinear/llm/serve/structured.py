@@ -34,9 +34,13 @@ def _llguidance():
     return llguidance
 
 
-def json_grammar(schema: dict) -> str:
-    """The llguidance grammar of JSON values that satisfy ``schema``."""
-    return _llguidance().LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+def json_grammar(schema: dict, param: str = "response_format") -> str:
+    """The llguidance grammar of JSON values that satisfy ``schema``; ApiError 400 for a schema it
+    cannot read (an integer beyond 64 bits in it)."""
+    try:
+        return _llguidance().LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+    except ValueError as e:
+        raise ApiError(400, f"'{param}': the schema cannot be used: {e}", param=param) from None
 
 
 def check_grammar(grammar: str, param: str) -> str:

@@ -63,16 +63,16 @@ def _tool(t, i: int) -> dict:
     params = f.get("parameters", {"type": "object", "properties": {}})
     if not isinstance(params, dict):
         raise _fail(f"{where}.function.parameters must be a JSON Schema object")
-    bad, messages = _validate(json_grammar(params))
+    bad, messages = _validate(params)
     if bad:
         raise _fail(f"{where}.function.parameters: the schema cannot be used: {messages}")
     return {"type": "function", "function": {**{k: v for k, v in f.items() if k in ("name", "description")},
                                              "parameters": params}}
 
 
-def _validate(grammar: str) -> tuple:
+def _validate(params: dict) -> tuple:
     try:
-        check_grammar(grammar, "tools")
+        check_grammar(json_grammar(params, "tools"), "tools")
         return False, ""
     except ApiError as e:
         return True, e.message.split(": ", 2)[-1]
