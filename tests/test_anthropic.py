@@ -200,6 +200,22 @@ def test_a_second_turn_reads_the_prefix_cache(server, reference):
     assert second.content[0].text == tok.decode(reference_ids(reference, ids, 8))
 
 
+def test_output_format_constrains_the_answer(server):
+    """output_config.format: the text is JSON under the schema (the grammar's end ends it:
+    end_turn), streamed alike."""
+    url, _ = server
+    c = client(url)
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
+              "additionalProperties": False}
+    request = dict(model=NAME, max_tokens=40, messages=[{"role": "user", "content": "Where?"}], extra_body=GREEDY,
+                   output_config={"format": {"type": "json_schema", "schema": schema}})
+    whole = c.messages.create(**request)
+    jsonschema.validate(json.loads(whole.content[0].text), schema)
+    assert whole.stop_reason == "end_turn"
+    message, _ = streamed(c, **request)
+    assert same_message(message, whole)
+
+
 # -- tools -----------------------------------------------------------------------------------------------
 def tool_uses(message) -> list:
     return [b for b in message.content if b.type == "tool_use"]
@@ -372,6 +388,8 @@ BAD = [
      "the tool type \"web_search_20250305\" is not supported"),
     ({"messages": HI, "tool_choice": {"type": "any"}}, 400, "'tool_choice' needs 'tools'"),
     ({"messages": HI, "tool_choice": {"type": "sometimes"}}, 400, "'tool_choice' must be"),
+    ({"messages": HI, "output_config": {"format": {"type": "xml"}}}, 400, "'output_config.format' must be"),
+    ({"messages": HI, "output_config": 3}, 400, "'output_config' must be an object"),
     ({"messages": HI, "model": "claude-sonnet-4-5"}, 404, "the model 'claude-sonnet-4-5' does not exist"),
 ]
 

@@ -60,6 +60,7 @@ def translate(body: dict, counting: bool = False, short_ids: bool = False) -> Me
     if tools is not None:
         chat["tools"] = tools
     chat.update(_tool_choice(body.get("tool_choice")))
+    chat.update(_output_format(body.get("output_config")))
     return MessagesRequest(chat, _stop(body.get("stop_sequences")), top_k or 0, _thinking(body.get("thinking")))
 
 
@@ -218,6 +219,21 @@ def _tools(tools):
             function["description"] = t["description"]
         out.append({"type": "function", "function": function})
     return out
+
+
+def _output_format(config) -> dict:
+    """output_config.format (a JSON schema the answer follows) as response_format; ``effort`` is
+    left to the model."""
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise _fail("'output_config' must be an object", "output_config")
+    fmt = config.get("format")
+    if fmt is None:
+        return {}
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise _fail("'output_config.format' must be {\"type\": \"json_schema\", \"schema\": {...}}", "output_config")
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}}
 
 
 def _tool_choice(choice) -> dict:

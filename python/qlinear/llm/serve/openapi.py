@@ -149,6 +149,10 @@ _MESSAGES = {  # anthropic_request.translate
         "if": {"properties": {"type": {"const": "tool"}}}, "then": {"required": ["type", "name"]},
         "description": "any or a named tool: the output is constrained to one call"},
     "metadata": {"type": "object", "description": "ignored"},
+    "output_config": {"type": "object", "properties": {"format": {
+        "type": "object", "required": ["type", "schema"], "properties": {
+            "type": {"type": "string", "enum": ["json_schema"]}, "schema": {"type": "object"}}}},
+        "description": "format: the answer is JSON under the schema (constrained decoding); effort is ignored"},
     "thinking": {"type": "object", "required": ["type"], "properties": {
         "type": {"type": "string", "enum": list(THINKING)}, "budget_tokens": {"type": "integer", "minimum": 0}},
         "description": "disabled: a reasoning model's reasoning is not returned"},
