@@ -202,7 +202,14 @@ HYBRIDS = {
 GPT_OSS = {"gpt-oss-20b-l5": ("gpt_oss", dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=5,
                                               num_attention_heads=64, num_key_value_heads=8, head_dim=64,
                                               num_local_experts=32, num_experts_per_tok=4, sliding_window=128))}
-SYNTHETIC = {**HYBRIDS, **GPT_OSS}  # written by synthetic.make_checkpoint in numpy
+# Gemma-4-E2B's geometry: 35 layers (5 sliding : 1 full, the last 20 sharing KV with MLPs twice as
+# wide), heads of 256 (sliding) / 512 (full) over one KV head, per-layer inputs of 256
+_E2B_TYPES = ["sliding_attention" if (i + 1) % 6 and i != 34 else "full_attention" for i in range(35)]
+GEMMA4 = {"gemma-4-e2b": ("gemma4", dict(hidden_size=1536, intermediate_size=6144, num_hidden_layers=35,
+                                         num_attention_heads=8, num_key_value_heads=1, head_dim=256,
+                                         global_head_dim=512, sliding_window=512, num_kv_shared_layers=20,
+                                         hidden_size_per_layer_input=256, layer_types=_E2B_TYPES))}
+SYNTHETIC = {**HYBRIDS, **GPT_OSS, **GEMMA4}  # written by synthetic.make_checkpoint in numpy
 
 
 def gguf_file(quant: str, arch: str = "qwen2") -> Path:
@@ -406,7 +413,8 @@ def main() -> None:
     ap.add_argument("--arch", nargs="+", default=["qwen2"], choices=["qwen2", "llama", "llama-spm", "phi3", *SYNTHETIC],
                     help="llama-spm: a small Llama with a SentencePiece tokenizer (for --tokenizer); "
                          "phi3: a small Phi-3 with LongRoPE; qwen3.5-*: Qwen3.5-shaped hybrids, gpt-oss-*: GPT-OSS-shaped "
-                         "(MXFP4 experts; Q8_0 is the converter's MXFP4 file with Q8_0 beside; random weights)")
+                         "(MXFP4 experts; Q8_0 is the converter's MXFP4 file with Q8_0 beside; random weights), "
+                         "gemma-4-e2b: Gemma-4-E2B-shaped (per-layer embeddings, shared KV)")
     ap.add_argument("--logits", action="store_true", help="compare logits instead of speed")
     ap.add_argument("--tokenizer", action="store_true", help="compare tokenizers instead of speed")
     ap.add_argument("--wall", action="store_true", help="qlinear's decode in weight GB/s beside a streaming read")

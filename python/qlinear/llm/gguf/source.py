@@ -143,6 +143,7 @@ def _unpermute(x: np.ndarray, heads: Optional[int]) -> np.ndarray:
     return x.reshape(heads, x.shape[0] // heads // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
 
 
+_LAYERS = ("blk.", "per_layer_model_proj.")  # (Gemma 4's projection of the embedding into every layer's input)
 _ABOVE_4_BITS = {"Q8_1", "Q8_K"}  # re-quantized at int8 at least (the others of more bits are moved)
 
 
@@ -152,9 +153,9 @@ class _Weights:
         self.moved, self.requantized = [], []
         # a float tensor among quantized ones was left float by llama-quantize (a width its
         # types do not fit): at int8 at least, not below the file (an all-float file: ``bits``)
-        self.floats_kept = {t.name for t in f.tensors.values() if t.name.startswith("blk.") and len(t.shape) >= 2
+        self.floats_kept = {t.name for t in f.tensors.values() if t.name.startswith(_LAYERS) and len(t.shape) >= 2
                             and t.tensor_type.name in FLOAT_EMBEDDINGS}
-        if len(self.floats_kept) == sum(1 for t in f.tensors.values() if t.name.startswith("blk.") and len(t.shape) >= 2):
+        if len(self.floats_kept) == sum(1 for t in f.tensors.values() if t.name.startswith(_LAYERS) and len(t.shape) >= 2):
             self.floats_kept = set()
 
     def experts(self, b: str, o: str) -> dict:
