@@ -3,7 +3,8 @@
     qlinear-llm serve MODEL --port 8000 --max-batch 8 --api-key KEY [--speculative ngram]
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``
-(streaming as server-sent events, or one JSON body), ``GET /health``, ``GET /metrics``
+(streaming as server-sent events, or one JSON body), Anthropic's ``POST /v1/messages``
+(``anthropic``, over the same generation path: ``engine``), ``GET /health``, ``GET /metrics``
 (Prometheus, ``metrics``) and ``GET /openapi.json`` (``openapi``). Concurrent requests
 decode together, one B-row matmul per weight per step (``scheduler``); prompts that start
 alike reuse the KV rows of their common prefix (``runtime.prefix_cache``); ``response_format``
