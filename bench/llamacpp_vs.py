@@ -202,9 +202,10 @@ HYBRIDS = {
 GPT_OSS = {"gpt-oss-20b-l5": ("gpt_oss", dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=5,
                                               num_attention_heads=64, num_key_value_heads=8, head_dim=64,
                                               num_local_experts=32, num_experts_per_tok=4, sliding_window=128))}
-# Gemma-4-E2B's geometry: 35 layers (5 sliding : 1 full, the last 20 sharing KV with MLPs twice as
-# wide), heads of 256 (sliding) / 512 (full) over one KV head, per-layer inputs of 256
-_E2B_TYPES = ["sliding_attention" if (i + 1) % 6 and i != 34 else "full_attention" for i in range(35)]
+# Gemma-4-E2B's geometry: 35 layers (4 sliding : 1 full, the last 20 sharing KV with MLPs twice as
+# wide: llama.cpp takes the shared KV from the last two layers before them, full then sliding), heads
+# of 256 (sliding) / 512 (full) over one KV head, per-layer inputs of 256
+_E2B_TYPES = ["sliding_attention" if (i + 1) % 5 else "full_attention" for i in range(35)]
 GEMMA4 = {"gemma-4-e2b": ("gemma4", dict(hidden_size=1536, intermediate_size=6144, num_hidden_layers=35,
                                          num_attention_heads=8, num_key_value_heads=1, head_dim=256,
                                          global_head_dim=512, sliding_window=512, num_kv_shared_layers=20,

@@ -57,7 +57,8 @@ def _run_measured(cmd: Sequence[str]) -> tuple:
     """Run ``cmd``; (stdout, stderr, the child's peak RSS in MB). The peak is the child's own
     VmHWM, read while it runs: the resource usage wait4 returns would also count the image of
     this process that the child was forked from (Linux keeps the larger of the two across exec)."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    # (its log may print a token's bytes cut inside a UTF-8 character: replaced, not fatal)
+    with tempfile.TemporaryFile("w+", errors="replace") as out, tempfile.TemporaryFile("w+", errors="replace") as err:
         proc = subprocess.Popen(list(cmd), stdout=out, stderr=err, text=True)
         peak_kb = 0
         while proc.poll() is None:
