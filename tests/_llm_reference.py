@@ -121,3 +121,23 @@ def assert_compiled_step_equals_python(load, ids, layers):
     for i in range(layers):
         for x, y in zip(*(m.cache.states[i] or (m.cache.k[i], m.cache.v[i]) for m in models)):
             np.testing.assert_array_equal(x, y)
+
+
+def assert_prefix_reuse_equals_fresh(load, ids, monkeypatch, cuts=(7, 64, 100), kept=140):
+    """A prefill cut into forwards anywhere (sliding rings wrapped between cuts) and a prefix
+    restored from the store give one pass's logits bit for bit. ``load()``: a fresh model of
+    max_context 512; ``ids``: at least ``kept`` + 50 tokens."""
+    from qlinear.llm.runtime import prefix_cache  # noqa: PLC0415
+
+    model = load()
+    one = model.logits(ids)
+    for cut in cuts:
+        monkeypatch.setattr(prefix_cache, "PREFILL_CHUNK", cut)
+        np.testing.assert_array_equal(model.logits(ids), one)
+    monkeypatch.undo()
+    store = prefix_cache.PrefixCache(64)
+    model.prefill_into(model.new_cache(512), ids[:kept], 0, store)
+    second = ids[:kept] + ids[10:60]
+    cache = model.new_cache(512)
+    assert store.restore(cache, second) == kept  # the first prompt's rows, the rings' included
+    np.testing.assert_array_equal(model.prefill_into(cache, second, kept, store)[0], load().prefill(second))

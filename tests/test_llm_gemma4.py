@@ -19,7 +19,7 @@ pytest.importorskip("safetensors")
 
 from qlinear import llm  # noqa: E402
 from qlinear.llm import synthetic  # noqa: E402
-from qlinear.llm.runtime import prefix_cache  # noqa: E402
+from _llm_reference import assert_prefix_reuse_equals_fresh  # noqa: E402
 from qlinear.llm.runtime.embedding import DiskEmbedding, MemoryEmbedding  # noqa: E402
 from qlinear.llm.runtime.speculative import Speculation  # noqa: E402
 
@@ -118,19 +118,8 @@ def test_shared_layers_hold_their_sources_rows(checkpoints):
 def test_prefix_reuse_equals_fresh(checkpoints, monkeypatch):
     """A prefill cut anywhere (the rings wrapped between cuts) and a prefix restored from the store
     (shared layers' rows kept once) give one pass's logits bit for bit."""
-    model = load(checkpoints["moe"], bits=8, max_context=512)
-    one = model.logits(IDS)
-    for cut in (7, 64, 100):
-        monkeypatch.setattr(prefix_cache, "PREFILL_CHUNK", cut)
-        np.testing.assert_array_equal(model.logits(IDS), one)
-    monkeypatch.undo()
-    store = prefix_cache.PrefixCache(64)
-    model.prefill_into(model.new_cache(512), IDS[:140], 0, store)
-    ids = IDS[:140] + IDS[10:60]
-    cache = model.new_cache(512)
-    assert store.restore(cache, ids) == 140
-    fresh = load(checkpoints["moe"], bits=8, max_context=512)
-    np.testing.assert_array_equal(model.prefill_into(cache, ids, 140, store)[0], fresh.prefill(ids))
+    assert_prefix_reuse_equals_fresh(
+        lambda: load(checkpoints["moe"], bits=8, max_context=512), IDS, monkeypatch)
 
 
 def test_speculative_decoding_gives_greedy_tokens(checkpoints):

@@ -13,11 +13,10 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("safetensors")
 
-from _llm_reference import assert_compiled_step_equals_python  # noqa: E402
+from _llm_reference import assert_compiled_step_equals_python, assert_prefix_reuse_equals_fresh  # noqa: E402
 from qlinear import _core, llm  # noqa: E402
 from qlinear.llm import synthetic  # noqa: E402
 from qlinear.llm.synthetic import gpt_oss as synthetic_gpt_oss  # noqa: E402
-from qlinear.llm.runtime import prefix_cache  # noqa: E402
 
 # layers 0 and 2 slide over 16 positions (rings the 150-token prompt wraps), 1 and 3 attend to all
 SHAPE = dict(hidden_size=128, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
@@ -121,20 +120,8 @@ def test_decode_equals_full_forward(checkpoints):
 def test_prefix_reuse_equals_fresh(checkpoints, monkeypatch):
     """Prefill cut into forwards anywhere (the rings wrapped between cuts) and a prefix restored
     from the store give one pass's logits bit for bit."""
-    model = llm.load(checkpoints["mxfp4"], bits=8, max_context=512, progress=False)
-    one = model.logits(IDS)
-    for cut in (7, 64, 100):
-        monkeypatch.setattr(prefix_cache, "PREFILL_CHUNK", cut)
-        np.testing.assert_array_equal(model.logits(IDS), one)
-    monkeypatch.undo()
-    store = prefix_cache.PrefixCache(64)
-    model.prefill_into(model.new_cache(512), IDS[:140], 0, store)
-    ids = IDS[:140] + IDS[10:60]
-    cache = model.new_cache(512)
-    start = store.restore(cache, ids)
-    assert start == 140  # the first prompt's rows, the rings' included
-    fresh = llm.load(checkpoints["mxfp4"], bits=8, max_context=512, progress=False)
-    np.testing.assert_array_equal(model.prefill_into(cache, ids, start, store)[0], fresh.prefill(ids))
+    assert_prefix_reuse_equals_fresh(
+        lambda: llm.load(checkpoints["mxfp4"], bits=8, max_context=512, progress=False), IDS, monkeypatch)
 
 
 def test_converted_model_equals_the_checkpoint(checkpoints, tmp_path):
