@@ -51,11 +51,6 @@ class Gemma4Attention(Attention):
         self.own_values = not (cfg.values_from_keys and self.window == 0)
         self._ones = np.ones(self.d, np.float32)
 
-    def width(self) -> int:
-        """The rows ``qkv`` must project."""
-        q, kv = self.cfg.num_heads * self.d, self.kv * self.d
-        return q if self.source is not None else q + kv * (2 if self.own_values else 1)
-
     def _heads(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
         n = x.shape[0]
         return rms_norm(np.ascontiguousarray(x).reshape(-1, self.d), weight, self.cfg.rms_norm_eps).reshape(n, -1)
